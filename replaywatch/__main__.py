@@ -1,0 +1,3 @@
+from replaywatch.cli import entrypoint
+
+entrypoint()

@@ -1,0 +1,122 @@
+"""The app factory: wires routers, error rendering, auth and security headers."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client.registry import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from replaywatch.api import routes_findings, routes_health, routes_tables
+from replaywatch.api.deps import ApiError, IncidentReader
+from replaywatch.config import ServeConfig
+from replaywatch.history import History
+from replaywatch.state import StateStore
+
+MAX_REQUEST_BYTES = 64 * 1024  # every endpoint is a GET; nothing needs a body
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+    "Cache-Control": "no-store",
+}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path"))
+    return f"invalid {where or 'request'}: {first.get('msg', 'bad value')}"
+
+
+def _needs_token(path: str, serve: ServeConfig) -> bool:
+    if path == "/metrics":
+        return serve.protect_metrics
+    if path in ("/healthz", "/readyz"):
+        return serve.protect_healthz
+    return True
+
+
+def create_app(
+    store: StateStore,
+    registry: CollectorRegistry,
+    history: History,
+    incidents: IncidentReader | None = None,
+    history_s: float = 900.0,
+    serve: ServeConfig = ServeConfig(),
+    extra_routers: tuple[Any, ...] = (),
+) -> FastAPI:
+    """Builds the API over the poller's published state; does no I/O itself."""
+    app = FastAPI(title="replaywatch", version="0.1.0", docs_url="/docs", redoc_url=None)
+    app.state.store = store
+    app.state.registry = registry
+    app.state.history = history
+    app.state.incidents = incidents
+    app.state.history_s = history_s
+    expected = serve.token.encode() if serve.token else None
+
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length and (not length.isdigit() or int(length) > MAX_REQUEST_BYTES):
+            response: Response = _error(413, f"request body over {MAX_REQUEST_BYTES} bytes")
+        elif expected is not None and _needs_token(request.url.path, serve) and not _token_ok(
+            request.headers.get("authorization", ""), expected
+        ):
+            response = _error(401, "missing or wrong bearer token")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="replaywatch"'
+        else:
+            response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return _error(404, f"no such endpoint {request.url.path[:200]!r}")
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Never a traceback to the client; the log keeps it.
+        import logging
+
+        logging.getLogger("replaywatch.api").exception("unhandled error")
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    app.include_router(routes_health.router)
+    app.include_router(routes_tables.router)
+    app.include_router(routes_findings.router)
+    for router in extra_routers:
+        app.include_router(router)
+    return app
+
+
+def _token_ok(header: str, expected: bytes) -> bool:
+    scheme, _, token = header.partition(" ")
+    # compare_digest runs in time independent of where the strings differ.
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected)

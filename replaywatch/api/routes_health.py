@@ -1,0 +1,39 @@
+"""Liveness, readiness and the Prometheus exposition."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from replaywatch.api.deps import IncidentsDep, PublishedDep
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process answers: nothing more is checked."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
+    """Ready once a poll cycle has published and the incident log accepts writes."""
+    problems = []
+    if state.cycle == 0:
+        problems.append("no poll cycle has completed yet")
+    log_error = state.incident_log_error or (incidents.last_error if incidents else None)
+    if log_error:
+        problems.append(f"incident log: {log_error}")
+    status = 503 if problems else 200
+    return JSONResponse(
+        {"status": "ready" if not problems else "not ready", "problems": problems,
+         "cycle": state.cycle},
+        status_code=status,
+    )
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

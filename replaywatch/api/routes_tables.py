@@ -1,0 +1,81 @@
+"""Targets, tables, their history and the trainer probes."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from replaywatch.api.deps import ApiError, HistoryDep, HistoryLimitDep, PublishedDep
+from replaywatch.api.schemas import (
+    HistoryOut,
+    ProbeOut,
+    ProbesOut,
+    TableOut,
+    TablesOut,
+    TargetOut,
+    TargetsOut,
+)
+from replaywatch.diagnosis.derived import derive
+from replaywatch.poller import RATE_WINDOW_S
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.get("/targets", response_model=TargetsOut)
+def targets(state: PublishedDep) -> TargetsOut:
+    statuses = sorted(state.sources.values(), key=lambda s: s.name)
+    return TargetsOut(
+        targets=[TargetOut.of(s) for s in statuses if s.kind == "reverb"],
+        probes=[TargetOut.of(s) for s in statuses if s.kind == "probe"],
+    )
+
+
+@router.get("/tables", response_model=TablesOut)
+def tables(
+    state: PublishedDep,
+    target: Annotated[str | None, Query(max_length=300)] = None,
+) -> TablesOut:
+    if target is not None and target not in state.sources:
+        raise ApiError(404, f"unknown target {target!r}")
+    return TablesOut(
+        tables=[
+            TableOut.of(snap, state.derived.get(key))
+            for key, snap in sorted(state.tables.items())
+            if target is None or key[0] == target
+        ]
+    )
+
+
+@router.get("/tables/{target}/{table}/history", response_model=HistoryOut)
+def table_history(
+    target: str,
+    table: str,
+    state: PublishedDep,
+    history: HistoryDep,
+    limit_s: HistoryLimitDep,
+    seconds: Annotated[float, Query(gt=0, description="window, at most the history kept")] = 60,
+) -> HistoryOut:
+    if seconds > limit_s:
+        raise ApiError(400, f"seconds ({seconds:g}) must be <= the history kept ({limit_s:g})")
+    if (target, table) not in state.tables:
+        if target not in state.sources:
+            raise ApiError(404, f"unknown target {target!r}")
+        raise ApiError(404, f"unknown table {table!r} on target {target!r}")
+    points = history.table(target, table, start=state.at - seconds)
+    # Each point carries the values derived from the rate window ending at it.
+    times = [p.observed_at for p in points]
+    out = [
+        TableOut.of(p, derive(points[bisect.bisect_left(times, p.observed_at - RATE_WINDOW_S) :
+                                     i + 1]))
+        for i, p in enumerate(points)
+    ]
+    return HistoryOut(target=target, table=table, seconds=seconds, points=out)
+
+
+@router.get("/probes", response_model=ProbesOut)
+def probes(state: PublishedDep) -> ProbesOut:
+    statuses = sorted((s for s in state.sources.values() if s.kind == "probe"),
+                      key=lambda s: s.name)
+    return ProbesOut(probes=[ProbeOut.of(s, state.probes.get(s.name)) for s in statuses])

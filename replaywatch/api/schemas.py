@@ -1,0 +1,181 @@
+"""Response models: the API's public shape, built from the domain dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel
+
+from replaywatch.diagnosis.derived import TableDerived
+from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.state import SourceStatus
+
+
+class ErrorOut(BaseModel):
+    error: str
+
+
+class TargetOut(BaseModel):
+    name: str
+    kind: str
+    target: str
+    up: bool
+    last_poll_at: float | None
+    last_ok_at: float | None
+    last_error: str | None
+    last_duration_s: float | None
+    consecutive_failures: int
+    polls_total: int
+    failures_total: int
+    late_polls_total: int
+
+    @classmethod
+    def of(cls, s: SourceStatus) -> TargetOut:
+        return cls(**dataclasses.asdict(s))
+
+
+class TargetsOut(BaseModel):
+    targets: list[TargetOut]
+    probes: list[TargetOut]
+
+
+class KeyDistributionOut(BaseModel):
+    kind: str
+    priority_exponent: float | None
+    min_heap: bool | None
+    is_deterministic: bool
+
+
+class RateLimiterOut(BaseModel):
+    samples_per_insert: float
+    min_diff: float
+    max_diff: float
+    min_size_to_sample: int
+    inserts: int
+    samples: int
+
+
+class WorkerTimeOut(BaseModel):
+    running_ms: int
+    sampling_ms: int
+    inserting_ms: int
+    sleeping_ms: int
+    waiting_for_sampling_ms: int
+    waiting_for_inserts_ms: int
+
+
+class DerivedOut(BaseModel):
+    cursor: float
+    sample_headroom: float
+    insert_headroom: float
+    can_sample: bool
+    can_insert: bool
+    insert_blocking_disabled: bool
+    warming_up: bool
+    insert_rate: float | None
+    sample_rate: float | None
+    observed_samples_per_insert: float | None
+    waiting_for_inserts_ms_per_s: float | None
+    waiting_for_sampling_ms_per_s: float | None
+    window_s: float
+
+
+class TableOut(BaseModel):
+    target: str
+    name: str
+    observed_at: float
+    max_size: int
+    current_size: int
+    max_times_sampled: int
+    num_episodes: int
+    num_deleted_episodes: int
+    num_unique_samples: int
+    sampler: KeyDistributionOut
+    remover: KeyDistributionOut
+    rate_limiter: RateLimiterOut
+    worker_time: WorkerTimeOut
+    has_signature: bool
+    derived: DerivedOut | None = None
+
+    @classmethod
+    def of(cls, snap: TableSnapshot, derived: TableDerived | None = None) -> TableOut:
+        doc: dict[str, Any] = dataclasses.asdict(snap)
+        if derived is not None:
+            doc["derived"] = dataclasses.asdict(derived)
+        return cls(**doc)
+
+
+class TablesOut(BaseModel):
+    tables: list[TableOut]
+
+
+class HistoryOut(BaseModel):
+    target: str
+    table: str
+    seconds: float
+    points: list[TableOut]
+
+
+class ProbeOut(BaseModel):
+    probe: str
+    target: str
+    up: bool
+    last_error: str | None
+    snapshot: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, status: SourceStatus, snap: ProbeSnapshot | None) -> ProbeOut:
+        return cls(
+            probe=status.name,
+            target=status.target,
+            up=status.up,
+            last_error=status.last_error,
+            snapshot=dataclasses.asdict(snap) if snap is not None else None,
+        )
+
+
+class ProbesOut(BaseModel):
+    probes: list[ProbeOut]
+
+
+class FindingOut(BaseModel):
+    id: str
+    kind: str
+    severity: str
+    target: str
+    table: str
+    summary: str
+    evidence: dict[str, Any]
+    fix: str
+    since: float
+    last_seen: float
+    resolved_at: float | None
+    incident_id: int | None = None
+
+    @classmethod
+    def of(cls, f: Finding, incident_id: int | None = None) -> FindingOut:
+        return cls(
+            id=f.finding_id,
+            kind=f.kind,
+            severity=f.severity.label,
+            target=f.target,
+            table=f.table,
+            summary=f.summary,
+            evidence=f.evidence,
+            fix=f.fix,
+            since=f.since,
+            last_seen=f.last_seen,
+            resolved_at=f.resolved_at,
+            incident_id=incident_id,
+        )
+
+
+class FindingsOut(BaseModel):
+    findings: list[FindingOut]
+    insufficient_data: list[str]
+
+
+class HealthOut(BaseModel):
+    status: str
+    detail: dict[str, Any] = {}

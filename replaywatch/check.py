@@ -1,0 +1,111 @@
+"""`replaywatch check`: poll for a while, then print each table and the findings."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from replaywatch.config import WatchConfig
+from replaywatch.model import Severity
+from replaywatch.state import Published
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1e300:
+        return "inf" if value > 0 else "-inf"
+    if abs(value) >= 1e6:
+        return f"{value:.3g}"
+    return f"{value:,.{digits}f}"
+
+
+def to_document(state: Published) -> dict[str, Any]:
+    """The `--json` document: targets, probes, tables (with derived) and findings."""
+    return {
+        "at": state.at,
+        "targets": [dataclasses.asdict(s) for s in state.sources.values() if s.kind == "reverb"],
+        "probes": [
+            {**dataclasses.asdict(s), "snapshot": dataclasses.asdict(state.probes[s.name])
+             if s.name in state.probes else None}
+            for s in state.sources.values() if s.kind == "probe"
+        ],
+        "tables": [
+            {**dataclasses.asdict(snap), "derived": dataclasses.asdict(state.derived[key])}
+            for key, snap in sorted(state.tables.items())
+        ],
+        "findings": [
+            {**dataclasses.asdict(f), "id": f.finding_id, "severity": f.severity.label}
+            for f in sorted(state.findings, key=lambda f: -f.severity)
+        ],
+        "insufficient_data": list(state.insufficient),
+    }
+
+
+def render_text(state: Published, out: TextIO) -> None:
+    for s in sorted(state.sources.values(), key=lambda s: (s.kind != "reverb", s.name)):
+        status = "up" if s.up else f"DOWN ({s.last_error})"
+        print(f"{s.kind:6} {s.name}: {status}", file=out)
+    header = ("target", "table", "size/max", "inserts", "samples", "spi cfg/obs", "cursor",
+              "headroom s/i", "ins/s", "smp/s", "can_sample")
+    rows = [header]
+    for (target, name), snap in sorted(state.tables.items()):
+        d = state.derived[(target, name)]
+        rl = snap.rate_limiter
+        rows.append((
+            target, name, f"{snap.current_size}/{snap.max_size}", str(rl.inserts), str(rl.samples),
+            f"{_num(rl.samples_per_insert, 2)}/{_num(d.observed_samples_per_insert, 2)}",
+            _num(d.cursor), f"{_num(d.sample_headroom)}/{_num(d.insert_headroom)}",
+            _num(d.insert_rate), _num(d.sample_rate), "yes" if d.can_sample else "no",
+        ))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        print(file=out)
+        for row in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+    for url, p in sorted(state.probes.items()):
+        blocked = f"blocked in next() for {p.blocked_for_s:.1f}s" if p.blocked_in_next else \
+            "not blocked"
+        print(f"\nprobe {url} ({p.name}, pid {p.pid}): {p.batches_retrieved} batches, "
+              f"{p.learner_steps} steps, {blocked}, ready={p.ready}, threads={p.thread_count}",
+              file=out)
+    print(file=out)
+    if not state.findings:
+        print("findings: none", file=out)
+    for f in sorted(state.findings, key=lambda f: -f.severity):
+        print(f"[{f.severity.label.upper()}] {f.kind} {f.target} {f.table}".rstrip(), file=out)
+        print(f"  {f.summary}", file=out)
+        for k, v in f.evidence.items():
+            print(f"    {k}: {v}", file=out)
+        print(f"  fix: {f.fix}", file=out)
+    for name in state.insufficient:
+        print(f"insufficient data: {name}", file=out)
+
+
+def run_check(config: WatchConfig, duration_s: float, as_json: bool,
+              out: TextIO = sys.stdout) -> int:
+    """Polls for `duration_s`; exit 1 if a critical finding is active at the end."""
+    from replaywatch.cli import make_poller
+    from replaywatch.evaluator import make_evaluator
+
+    evaluator, incidents = make_evaluator(dataclasses.replace(config, db_path=":memory:"))
+    poller, _, _ = make_poller(config, evaluator)
+    try:
+        deadline = time.monotonic() + duration_s
+        state = poller.tick()
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(config.poll.interval_s, left))
+            state = poller.tick()
+    finally:
+        poller.close()
+        if incidents is not None:
+            incidents.close()
+    if as_json:
+        json.dump(to_document(state), out, indent=2, default=str)
+        print(file=out)
+    else:
+        render_text(state, out)
+    return 1 if any(f.severity == Severity.CRITICAL for f in state.findings) else 0

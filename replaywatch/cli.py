@@ -1,0 +1,219 @@
+"""The composition root: flags -> config -> sources -> poller -> state -> app.
+
+`replaywatch watch` serves the API and metrics while polling in the background;
+`replaywatch check` polls for a few seconds and prints what it saw. Bad input is
+one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from replaywatch import config as cfg
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.errors import ConfigError
+from replaywatch.history import History
+from replaywatch.poller import Poller, SourceBinding
+from replaywatch.sources.probe import ProbeSource
+from replaywatch.sources.reverb import ReverbSource
+from replaywatch.state import StateStore
+
+log = logging.getLogger("replaywatch")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
+def _add_source_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reverb", action="append", default=[], metavar="HOST:PORT",
+                   help="a Reverb server to watch (repeatable)")
+    p.add_argument("--probe", action="append", default=[], metavar="[TARGET=]URL",
+                   help="a TrainerProbe URL; TARGET= names its Reverb server (repeatable)")
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
+                   help="poll interval (default 1.0)")
+    p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help="per-poll deadline (default 80%% of the interval, at most 5 s)")
+    p.add_argument("--config", metavar="FILE", help="TOML file with a [thresholds] table")
+    for name in Thresholds.field_names():
+        kind = int if isinstance(getattr(Thresholds(), name), int) else _positive_float
+        p.add_argument(f"--{name.replace('_', '-')}", dest=f"th_{name}", type=kind,
+                       default=None, help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="replaywatch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    watch = sub.add_parser("watch", help="watch a job and serve the API, /metrics and the page")
+    _add_source_flags(watch)
+    watch.add_argument("--listen", default="127.0.0.1:9321", metavar="HOST:PORT")
+    watch.add_argument("--history", type=_positive_float, default=900.0, metavar="SECONDS",
+                       help="history kept per table (default 900 = 15 minutes)")
+    watch.add_argument("--db", metavar="PATH", help="incident log (SQLite) path")
+    watch.add_argument("--trainer-pid", type=int, metavar="PID",
+                       help="take py-spy stacks of this trainer when a critical finding opens")
+    watch.add_argument("--token-file", metavar="FILE",
+                       help="bearer token for the API and page (or REPLAYWATCH_TOKEN)")
+    watch.add_argument("--protect-metrics", action="store_true",
+                       help="require the token on /metrics too")
+    watch.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"])
+    check = sub.add_parser("check", help="poll for a while and print what is wrong")
+    _add_source_flags(check)
+    check.add_argument("--duration", type=_positive_float, default=10.0, metavar="SECONDS")
+    check.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.WatchConfig:
+    """The one place flags, environment and config file become a WatchConfig."""
+    overrides: dict[str, Any] = cfg.load_config_file(args.config) if args.config else {}
+    overrides.update(cfg.threshold_overrides(
+        [(n, getattr(args, f"th_{n}")) for n in Thresholds.field_names()]
+    ))
+    thresholds = cfg.thresholds_from(overrides)
+    targets = tuple(cfg.parse_address(a, "--reverb") for a in args.reverb)
+    probes = tuple(cfg.parse_probe(p) for p in args.probe)
+    poll = cfg.PollConfig(
+        interval_s=args.interval,
+        timeout_s=args.timeout,
+        history_s=getattr(args, "history", max(900.0, 2 * args.interval)),
+    )
+    serve = cfg.ServeConfig()
+    if args.command == "watch":
+        host, port = cfg.parse_listen(args.listen)
+        serve = cfg.ServeConfig(
+            listen_host=host, listen_port=port,
+            token=cfg.read_token(environ, args.token_file),
+            protect_metrics=args.protect_metrics,
+        )
+    return cfg.WatchConfig(
+        targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,
+        db_path=getattr(args, "db", None), trainer_pid=getattr(args, "trainer_pid", None),
+    )
+
+
+def make_bindings(config: cfg.WatchConfig) -> list[SourceBinding]:
+    timeout = config.poll.effective_timeout_s
+    bindings = [SourceBinding(ReverbSource(t, timeout), t) for t in config.targets]
+    for probe in config.probes:
+        assert probe.target is not None  # resolved by WatchConfig
+        bindings.append(SourceBinding(ProbeSource(probe.url, timeout), probe.target))
+    return bindings
+
+
+def make_poller(config: cfg.WatchConfig, evaluator: Any) -> tuple[Poller, History, StateStore]:
+    history = History(max_age_s=config.poll.history_s, max_points=config.poll.max_points)
+    store = StateStore()
+    poller = Poller(make_bindings(config), history, store, evaluator,
+                    interval_s=config.poll.interval_s, timeout_s=config.poll.effective_timeout_s)
+    return poller, history, store
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(512)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
+    import uvicorn
+
+    from replaywatch.api import create_app
+    from replaywatch.evaluator import make_evaluator
+    from replaywatch.metrics import make_registry
+
+    if not cfg.is_loopback(config.serve.listen_host) and not config.serve.token:
+        log.warning("listening on %s without a token: anyone who can reach it can read the "
+                    "job's state; set REPLAYWATCH_TOKEN or --token-file",
+                    config.serve.listen_host)
+    sock = _bind(config.serve.listen_host, config.serve.listen_port)
+    evaluator, incidents = make_evaluator(config)
+    poller, history, store = make_poller(config, evaluator)
+    app = create_app(store, make_registry(store.current), history, incidents,
+                     history_s=config.poll.history_s, serve=config.serve,
+                     extra_routers=_page_routers())
+    stop = threading.Event()
+    thread = threading.Thread(target=poller.run, args=(stop,), name="replaywatch-poller",
+                              daemon=True)
+    thread.start()
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"replaywatch: watching {', '.join(config.targets)}; serving http://{shown}:{port}/",
+          file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
+                                           timeout_graceful_shutdown=2))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stop.set()
+        thread.join(timeout=config.poll.interval_s + config.poll.effective_timeout_s + 2)
+        poller.close()
+        if incidents is not None:
+            incidents.close()
+    return 0
+
+
+def _page_routers() -> tuple[Any, ...]:
+    try:
+        from replaywatch.api import page
+    except ImportError:
+        return ()
+    return (page.router,)
+
+
+def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, getattr(args, "log_level", "warning").upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args, dict(os.environ if environ is None else environ))
+        if args.command == "watch":
+            return run_watch(config, args.log_level)
+        from replaywatch.check import run_check
+
+        return run_check(config, args.duration, args.json)
+    except ConfigError as e:
+        print(f"replaywatch {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+def entrypoint() -> NoReturn:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()

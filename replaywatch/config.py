@@ -1,0 +1,199 @@
+"""Configuration: frozen, grouped, validated once, read from flags/env/file here only."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.errors import ConfigError
+
+
+def parse_address(address: str, what: str = "address") -> str:
+    """Validates HOST:PORT (IPv6 as [::1]:PORT) and returns it normalized."""
+    text = address.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} ({address!r}) must be HOST:PORT, e.g. 127.0.0.1:8000")
+    if not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{what} ({address!r}) has port {port!r}; it must be 1-65535")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if ":" in bare and not host.startswith("["):
+        raise ConfigError(f"{what} ({address!r}): write an IPv6 host in brackets, [::1]:PORT")
+    if not bare or any(c.isspace() or c in "/?#@" for c in bare):
+        raise ConfigError(f"{what} ({address!r}) has an invalid host {host!r}")
+    return f"{host}:{int(port)}"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """HOST:PORT to bind; port 0 picks a free one."""
+    host, sep, port = listen.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen ({listen!r}) must be HOST:PORT, e.g. 127.0.0.1:9321")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeTarget:
+    """A trainer probe and the Reverb target whose tables its iterator reads."""
+
+    url: str
+    target: str | None  # None: the only Reverb target, resolved in WatchConfig
+
+
+def parse_probe(spec: str) -> ProbeTarget:
+    """`URL` or `TARGET=URL` (e.g. `127.0.0.1:8000=http://127.0.0.1:8001`)."""
+    target: str | None = None
+    url = spec.strip()
+    head, eq, tail = url.partition("=")
+    if eq and "://" not in head:
+        target, url = parse_address(head, "probe's target"), tail.strip()
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"probe ({spec!r}) must be an http URL, e.g. http://127.0.0.1:8001")
+    try:
+        _ = parts.port  # urlsplit validates the port only when asked
+    except ValueError:
+        raise ConfigError(f"probe ({spec!r}) has an invalid port") from None
+    return ProbeTarget(url=url.rstrip("/"), target=target)
+
+
+@dataclasses.dataclass(frozen=True)
+class PollConfig:
+    interval_s: float = 1.0
+    timeout_s: float | None = None  # default: 80% of the interval, at most 5 s
+    history_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ConfigError(f"interval ({self.interval_s:g}) must be > 0")
+        if self.interval_s > 3600:
+            raise ConfigError(f"interval ({self.interval_s:g}) must be <= 3600 seconds")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(f"timeout ({self.timeout_s:g}) must be > 0")
+        if not self.history_s >= self.interval_s * 2:
+            raise ConfigError(
+                f"history ({self.history_s:g}s) must hold at least two polls "
+                f"({2 * self.interval_s:g}s)"
+            )
+
+    @property
+    def effective_timeout_s(self) -> float:
+        return self.timeout_s if self.timeout_s is not None else min(0.8 * self.interval_s, 5.0)
+
+    @property
+    def max_points(self) -> int:
+        return int(self.history_s / self.interval_s) + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9321
+    token: str | None = None
+    protect_metrics: bool = False
+    protect_healthz: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchConfig:
+    targets: tuple[str, ...]
+    probes: tuple[ProbeTarget, ...] = ()
+    poll: PollConfig = PollConfig()
+    serve: ServeConfig = ServeConfig()
+    thresholds: Thresholds = Thresholds()
+    db_path: str | None = None
+    trainer_pid: int | None = None
+    targets_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.targets and not self.targets_file:
+            raise ConfigError("give at least one --reverb HOST:PORT (or --targets-file)")
+        if len(set(self.targets)) != len(self.targets):
+            dup = next(t for t in self.targets if self.targets.count(t) > 1)
+            raise ConfigError(f"--reverb {dup} is given twice")
+        urls = [p.url for p in self.probes]
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"--probe {next(u for u in urls if urls.count(u) > 1)} given twice")
+        resolved = []
+        for probe in self.probes:
+            if probe.target is None:
+                if len(self.targets) != 1:
+                    raise ConfigError(
+                        f"probe {probe.url}: with several Reverb targets, name its target "
+                        "as TARGET=URL"
+                    )
+                probe = ProbeTarget(probe.url, self.targets[0])
+            elif probe.target not in self.targets:
+                raise ConfigError(f"probe {probe.url}: target {probe.target} is not a --reverb")
+            resolved.append(probe)
+        object.__setattr__(self, "probes", tuple(resolved))
+
+
+def thresholds_from(values: Mapping[str, Any], base: Thresholds = Thresholds()) -> Thresholds:
+    """Overrides `base` with known threshold names; unknown names are errors."""
+    known = set(Thresholds.field_names())
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown threshold {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    try:
+        return dataclasses.replace(base, **values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """A TOML file with a `[thresholds]` table (and nothing else, for now)."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
+    unknown = sorted(set(doc) - {"thresholds"})
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown section [{unknown[0]}]")
+    section = doc.get("thresholds", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: [thresholds] must be a table")
+    return section
+
+
+def read_token(environ: Mapping[str, str], token_file: str | None) -> str | None:
+    """The bearer token from a file (preferred) or REPLAYWATCH_TOKEN."""
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise ConfigError(f"token file {token_file}: {e.strerror or e}") from None
+        if not token:
+            raise ConfigError(f"token file {token_file} is empty")
+        return token
+    return environ.get("REPLAYWATCH_TOKEN") or None
+
+
+def default_db_path(environ: Mapping[str, str] = os.environ) -> str:
+    state = environ.get("XDG_STATE_HOME") or os.path.join(
+        environ.get("HOME", "."), ".local", "state"
+    )
+    return os.path.join(state, "replaywatch", "incidents.sqlite3")
+
+
+def threshold_overrides(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    return {name: value for name, value in pairs if value is not None}

@@ -1,0 +1,36 @@
+"""The named numbers every rule is judged by, validated once at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Defaults suit a 1 s poll: a stall is named after 10 s without progress."""
+
+    stall_window_s: float = 10.0  # no progress for this long is a stall
+    down_polls: int = 2  # failed polls in a row before target_down / probe_down
+    spi_window_s: float = 60.0  # observed samples per insert is judged over this
+    spi_min_inserts: int = 50  # too few inserts make the observed ratio noise
+    too_many_threads: int = 500  # the seed's job ran over 500 threads
+    min_history_s: float = 3.0  # shorter history is "insufficient data"
+
+    def __post_init__(self) -> None:
+        for name in ("stall_window_s", "spi_window_s", "min_history_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} ({value!r}) must be > 0")
+        for name in ("down_polls", "spi_min_inserts", "too_many_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
+        if self.min_history_s > self.stall_window_s:
+            raise ValueError(
+                f"min_history_s ({self.min_history_s}) must be <= stall_window_s "
+                f"({self.stall_window_s})"
+            )
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]

@@ -1,0 +1,97 @@
+"""The bounded history of every source: the poller writes, API threads read."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+
+from replaywatch.diagnosis.rates import PollRecord, TargetView
+from replaywatch.model import PollOutcome, ProbeSnapshot, TableSnapshot
+
+
+class History:
+    """Bounded, time-ordered history of every source, written by the poller.
+
+    One writer (the poller thread) and many readers (API threads): every method
+    takes the lock briefly and readers get copies, never the live deques.
+    """
+
+    def __init__(self, max_age_s: float = 900.0, max_points: int = 900):
+        if max_age_s <= 0 or max_points < 2:
+            raise ValueError(
+                f"history max_age_s ({max_age_s}) must be > 0 and max_points ({max_points}) >= 2"
+            )
+        self._max_age_s = max_age_s
+        self._max_points = max_points
+        self._lock = threading.Lock()
+        self._polls: dict[str, collections.deque[PollRecord]] = {}
+        self._tables: dict[tuple[str, str], collections.deque[TableSnapshot]] = {}
+        self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
+
+    def _deque(self, store: dict, key: object) -> collections.deque:
+        if key not in store:
+            store[key] = collections.deque(maxlen=self._max_points)
+        return store[key]
+
+    def record(self, outcome: PollOutcome) -> None:
+        """Adds one poll's outcome and forgets what is older than the window."""
+        record = PollRecord(outcome.started_at, outcome.ok, outcome.duration_s, outcome.error)
+        with self._lock:
+            self._deque(self._polls, outcome.source).append(record)
+            for table in outcome.tables:
+                self._deque(self._tables, (table.target, table.name)).append(table)
+            if outcome.probe is not None:
+                self._deque(self._probes, outcome.source).append(outcome.probe)
+            self._evict(outcome.started_at - self._max_age_s)
+
+    def _evict(self, oldest: float) -> None:
+        for store, stamp in (
+            (self._polls, lambda r: r.at),
+            (self._tables, lambda s: s.observed_at),
+            (self._probes, lambda s: s.observed_at),
+        ):
+            for key in list(store):
+                points = store[key]
+                while points and stamp(points[0]) < oldest:
+                    points.popleft()
+                if not points:
+                    del store[key]
+
+    def table(self, target: str, name: str, start: float = float("-inf")) -> list[TableSnapshot]:
+        with self._lock:
+            points = self._tables.get((target, name), ())
+            return [s for s in points if s.observed_at >= start]
+
+    def table_keys(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return sorted(self._tables)
+
+    def probe(self, source: str, start: float = float("-inf")) -> list[ProbeSnapshot]:
+        with self._lock:
+            return [s for s in self._probes.get(source, ()) if s.observed_at >= start]
+
+    def polls(self, source: str, start: float = float("-inf")) -> list[PollRecord]:
+        with self._lock:
+            return [r for r in self._polls.get(source, ()) if r.at >= start]
+
+    def view(self, target: str, probes: Sequence[str], start: float) -> TargetView:
+        """An immutable slice since `start` for one target and its probes."""
+        with self._lock:
+            tables = {
+                name: tuple(s for s in points if s.observed_at >= start)
+                for (tgt, name), points in self._tables.items()
+                if tgt == target
+            }
+            return TargetView(
+                target=target,
+                polls=tuple(r for r in self._polls.get(target, ()) if r.at >= start),
+                tables={k: v for k, v in tables.items() if v},
+                probes={
+                    p: tuple(s for s in self._probes.get(p, ()) if s.observed_at >= start)
+                    for p in probes
+                },
+                probe_polls={
+                    p: tuple(r for r in self._polls.get(p, ()) if r.at >= start) for p in probes
+                },
+            )

@@ -1,0 +1,167 @@
+"""Domain data: what a Reverb table and a trainer probe look like at one instant.
+
+Everything here is a frozen dataclass built from the stdlib only, so the pure
+diagnosis core, the API edge and the tests share one vocabulary. Field names
+follow Reverb's `TableInfo` proto (reverb/cc/schema.proto) and the probe's
+JSON document one to one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+# Reverb writes `max_diff = sys.float_info.max` when inserts must never block
+# (Acme's synchronous `_disable_insert_blocking` rewrite, `MinSize` limiter).
+FLOAT_MAX = 1.7976931348623157e308
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyDistributionOptions:
+    """A sampler or remover: one of fifo, uniform, prioritized, heap, lifo."""
+
+    kind: str
+    priority_exponent: float | None = None  # only for `prioritized`
+    min_heap: bool | None = None  # only for `heap`
+    is_deterministic: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimiterInfo:
+    """The rate limiter's configuration and its completed call counts.
+
+    The cursor is `inserts * samples_per_insert - samples`; a sample may proceed
+    while `cursor - n >= min_diff` (once `min_size_to_sample` items are in the
+    table) and an insert while `cursor + n * samples_per_insert <= max_diff`.
+    """
+
+    samples_per_insert: float
+    min_diff: float
+    max_diff: float
+    min_size_to_sample: int
+    inserts: int  # insert_stats.completed
+    samples: int  # sample_stats.completed
+
+
+@dataclasses.dataclass(frozen=True)
+class TableWorkerTime:
+    """Cumulative milliseconds the table worker spent in each state."""
+
+    running_ms: int = 0
+    sampling_ms: int = 0
+    inserting_ms: int = 0
+    sleeping_ms: int = 0
+    waiting_for_sampling_ms: int = 0
+    waiting_for_inserts_ms: int = 0
+
+    STATES = (
+        "running",
+        "sampling",
+        "inserting",
+        "sleeping",
+        "waiting_for_sampling",
+        "waiting_for_inserts",
+    )
+
+    def ms(self, state: str) -> int:
+        return int(getattr(self, f"{state}_ms"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSnapshot:
+    """One table's `TableInfo` as seen by one poll at `observed_at` (epoch s)."""
+
+    target: str
+    name: str
+    observed_at: float
+    max_size: int
+    current_size: int
+    max_times_sampled: int
+    num_episodes: int
+    num_deleted_episodes: int
+    num_unique_samples: int
+    sampler: KeyDistributionOptions
+    remover: KeyDistributionOptions
+    rate_limiter: RateLimiterInfo
+    worker_time: TableWorkerTime
+    has_signature: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSnapshot:
+    """A trainer's `GET /probe` document at `observed_at` (sidecar's clock)."""
+
+    probe: str  # the URL it was read from
+    observed_at: float
+    pid: int
+    name: str
+    batch_size: int | None
+    num_parallel_calls: int | None
+    prefetch_size: int | None
+    batches_retrieved: int
+    blocked_in_next: bool
+    blocked_since: float | None
+    blocked_for_s: float  # as measured by the trainer's own clock
+    blocked_seconds_total: float
+    last_batch_at: float | None
+    ready: bool | None
+    learner_steps: int
+    last_step_at: float | None
+    thread_count: int
+    started_at: float
+    table: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PollOutcome:
+    """What one poll of one source produced: data, or the error that replaced it."""
+
+    source: str
+    kind: str  # "reverb" or "probe"
+    started_at: float
+    duration_s: float
+    tables: tuple[TableSnapshot, ...] = ()
+    probe: ProbeSnapshot | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Severity(enum.IntEnum):
+    """Ordered so that `max()` picks the worst."""
+
+    INFO = 1
+    WARNING = 2
+    CRITICAL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A named condition with the numbers that prove it and what to change."""
+
+    kind: str
+    severity: Severity
+    target: str
+    table: str  # "" for findings about a whole target or probe
+    summary: str
+    evidence: dict[str, Any]
+    fix: str
+    since: float
+    last_seen: float
+    resolved_at: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Identity of a finding across evaluations: same kind, same place."""
+        return (self.kind, self.target, self.table)
+
+    @property
+    def finding_id(self) -> str:
+        return f"{self.kind}:{self.target}:{self.table}"

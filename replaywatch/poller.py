@@ -1,0 +1,233 @@
+"""The poller: the only writer. Each cycle polls every source concurrently,
+records the outcomes into the history, asks the evaluator for findings and
+publishes one immutable picture.
+
+Every source is polled on its own worker thread with its own deadline, so a
+dead or frozen target costs at most its timeout on that thread and never delays
+the others. A source whose previous poll is still running is skipped for this
+cycle and counted as late rather than stacking up threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from replaywatch.diagnosis.derived import derive
+from replaywatch.history import History
+from replaywatch.model import Finding, PollOutcome
+from replaywatch.sources import Source
+from replaywatch.state import Published, SourceStatus, StateStore
+
+log = logging.getLogger("replaywatch.poller")
+
+# Rates shown beside each table are taken over this many seconds.
+RATE_WINDOW_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    findings: tuple[Finding, ...] = ()
+    insufficient: tuple[str, ...] = ()
+    incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
+    incident_log_error: str | None = None
+
+
+class Evaluator(Protocol):
+    def evaluate(
+        self, history: History, sources: dict[str, SourceStatus], now: float
+    ) -> Evaluation: ...
+
+
+class NoEvaluation:
+    """For `check --no-diagnosis` and for tests of the polling alone."""
+
+    def evaluate(
+        self, history: History, sources: dict[str, SourceStatus], now: float
+    ) -> Evaluation:
+        return Evaluation()
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceBinding:
+    source: Source
+    target: str  # the Reverb target a probe belongs to; a target's own name
+
+
+def _next_status(prev: SourceStatus | None, binding: SourceBinding, out: PollOutcome,
+                 late: bool) -> SourceStatus:
+    failures = 0 if out.ok else (prev.consecutive_failures if prev else 0) + 1
+    return SourceStatus(
+        name=binding.source.name,
+        kind=binding.source.kind,
+        target=binding.target,
+        up=out.ok,
+        last_poll_at=out.started_at,
+        last_ok_at=out.started_at if out.ok else (prev.last_ok_at if prev else None),
+        last_error=out.error,
+        last_duration_s=out.duration_s,
+        consecutive_failures=failures,
+        polls_total=(prev.polls_total if prev else 0) + 1,
+        failures_total=(prev.failures_total if prev else 0) + (0 if out.ok else 1),
+        late_polls_total=(prev.late_polls_total if prev else 0) + (1 if late else 0),
+    )
+
+
+class Poller:
+    """Ticks every `interval_s`; `tick()` is one cycle, `run()` the loop."""
+
+    def __init__(
+        self,
+        bindings: Sequence[SourceBinding],
+        history: History,
+        store: StateStore,
+        evaluator: Evaluator,
+        interval_s: float,
+        timeout_s: float,
+        clock: Callable[[], float] = time.time,
+        perf: Callable[[], float] = time.perf_counter,
+    ):
+        self._bindings = list(bindings)
+        self._history = history
+        self._store = store
+        self._evaluator = evaluator
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._perf = perf
+        self._statuses: dict[str, SourceStatus] = {}
+        self._in_flight: dict[str, concurrent.futures.Future[PollOutcome]] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cycle = 0
+        self._lock = threading.Lock()  # guards _bindings against set_bindings()
+        self.late_cycles = 0
+
+    def set_bindings(self, bindings: Sequence[SourceBinding]) -> None:
+        """Replaces the watched sources (a reloaded targets file) between cycles."""
+        with self._lock:
+            keep = {b.source.name for b in bindings}
+            for old in self._bindings:
+                if old.source.name not in keep:
+                    old.source.close()
+                    self._statuses.pop(old.source.name, None)
+            self._bindings = list(bindings)
+
+    @property
+    def bindings(self) -> list[SourceBinding]:
+        with self._lock:
+            return list(self._bindings)
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(4, min(128, 2 * len(self._bindings) + 2)),
+                thread_name_prefix="replaywatch-poll",
+            )
+        return self._executor
+
+    def tick(self) -> Published:
+        """Polls all sources once (concurrently), evaluates and publishes."""
+        t0 = self._perf()
+        bindings = self.bindings
+        pool = self._pool()
+        started: list[tuple[SourceBinding, concurrent.futures.Future[PollOutcome]]] = []
+        skipped: list[SourceBinding] = []
+        for binding in bindings:
+            name = binding.source.name
+            pending = self._in_flight.get(name)
+            if pending is not None and not pending.done():
+                skipped.append(binding)
+                continue
+            future = pool.submit(binding.source.poll)
+            self._in_flight[name] = future
+            started.append((binding, future))
+        # Each source enforces its own deadline; the margin covers thread start-up.
+        concurrent.futures.wait(
+            [f for _, f in started], timeout=self._timeout_s + min(0.5, self._interval_s)
+        )
+        for binding, future in started:
+            if future.done():
+                self._record(binding, future.result(), late=False)
+            else:
+                skipped.append(binding)
+        for binding in skipped:
+            prev = self._statuses.get(binding.source.name)
+            if prev is not None:
+                self._statuses[binding.source.name] = dataclasses.replace(
+                    prev, late_polls_total=prev.late_polls_total + 1
+                )
+        return self._publish(t0)
+
+    def _record(self, binding: SourceBinding, outcome: PollOutcome, late: bool) -> None:
+        self._history.record(outcome)
+        prev = self._statuses.get(binding.source.name)
+        status = _next_status(prev, binding, outcome, late)
+        if prev is None or prev.up != status.up:
+            if status.up:
+                log.info("%s %s is up", status.kind, status.name)
+            else:
+                log.warning("%s %s is down: %s", status.kind, status.name, status.last_error)
+        self._statuses[binding.source.name] = status
+
+    def _publish(self, t0: float) -> Published:
+        now = self._clock()
+        statuses = dict(self._statuses)
+        tables, derived = {}, {}
+        for target, name in self._history.table_keys():
+            window = self._history.table(target, name, start=now - RATE_WINDOW_S)
+            if not window:
+                window = self._history.table(target, name)[-1:]
+            tables[(target, name)] = window[-1]
+            derived[(target, name)] = derive(window)
+        probes = {}
+        for binding in self.bindings:
+            if binding.source.kind == "probe":
+                latest = self._history.probe(binding.source.name)[-1:]
+                if latest:
+                    probes[binding.source.name] = latest[0]
+        evaluation = self._evaluator.evaluate(self._history, statuses, now)
+        self._cycle += 1
+        published = Published(
+            at=now,
+            cycle=self._cycle,
+            sources=statuses,
+            tables=tables,
+            derived=derived,
+            probes=probes,
+            findings=evaluation.findings,
+            insufficient=evaluation.insufficient,
+            incident_ids=evaluation.incident_ids,
+            incident_log_error=evaluation.incident_log_error,
+            cycle_duration_s=self._perf() - t0,
+        )
+        self._store.publish(published)
+        return published
+
+    def run(self, stop: threading.Event, sleep: Callable[[float], bool] | None = None) -> None:
+        """Ticks on a fixed cadence until `stop` is set; overruns are counted."""
+        wait = sleep or stop.wait
+        next_at = self._perf()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the watcher must outlive any one bad cycle
+                log.exception("poll cycle failed; continuing")
+            next_at += self._interval_s
+            delay = next_at - self._perf()
+            if delay < 0:
+                self.late_cycles += 1
+                next_at = self._perf()  # realign instead of bursting to catch up
+                delay = 0.0
+            if wait(delay):
+                break
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        for binding in self.bindings:
+            binding.source.close()

@@ -1,0 +1,70 @@
+"""What the poller publishes: one immutable result per cycle, swapped atomically.
+
+The poller is the only writer. The API and the metrics collector take the
+current reference and read it without locks held, so a slow HTTP client never
+delays a poll and a poll never leaves a reader with a half-updated picture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from replaywatch.diagnosis.derived import TableDerived
+from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStatus:
+    """A target's or probe's health as of its latest poll."""
+
+    name: str
+    kind: str  # "reverb" or "probe"
+    target: str  # the Reverb target (a probe's owner; itself for a target)
+    up: bool
+    last_poll_at: float | None
+    last_ok_at: float | None
+    last_error: str | None
+    last_duration_s: float | None
+    consecutive_failures: int
+    polls_total: int
+    failures_total: int
+    late_polls_total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """The sidecar's whole picture after one poll cycle."""
+
+    at: float
+    cycle: int
+    sources: dict[str, SourceStatus]
+    tables: dict[tuple[str, str], TableSnapshot]
+    derived: dict[tuple[str, str], TableDerived]
+    probes: dict[str, ProbeSnapshot]
+    findings: tuple[Finding, ...] = ()
+    insufficient: tuple[str, ...] = ()
+    incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
+    cycle_duration_s: float = 0.0
+    incident_log_error: str | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})
+
+
+class StateStore:
+    """Holds the latest `Published`; `publish` is one assignment under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current = EMPTY
+
+    def publish(self, published: Published) -> None:
+        with self._lock:
+            self._current = published
+
+    def current(self) -> Published:
+        with self._lock:
+            return self._current
