@@ -184,7 +184,7 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
 
 def _page_routers() -> tuple[Any, ...]:
     try:
-        from replaywatch.api import page
+        from replaywatch.api import page  # type: ignore[attr-defined]
     except ImportError:
         return ()
     return (page.router,)

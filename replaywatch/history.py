@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from replaywatch.diagnosis.rates import PollRecord, TargetView
 from replaywatch.model import PollOutcome, ProbeSnapshot, TableSnapshot
+
+_SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
+
+
+def _poll_at(r: Any) -> float:
+    return float(r.at)
+
+
+def _observed_at(s: Any) -> float:
+    return float(s.observed_at)
+
+
+def _append(points: collections.deque, item: Any, oldest: float,
+            stamp: Callable[[Any], float]) -> None:
+    points.append(item)
+    while points and stamp(points[0]) < oldest:
+        points.popleft()
 
 
 class History:
@@ -28,31 +46,36 @@ class History:
         self._polls: dict[str, collections.deque[PollRecord]] = {}
         self._tables: dict[tuple[str, str], collections.deque[TableSnapshot]] = {}
         self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
+        self._records = 0
 
-    def _deque(self, store: dict, key: object) -> collections.deque:
+    def _deque(self, store: dict[Any, Any], key: Any) -> collections.deque[Any]:
         if key not in store:
             store[key] = collections.deque(maxlen=self._max_points)
         return store[key]
 
     def record(self, outcome: PollOutcome) -> None:
         """Adds one poll's outcome and forgets what is older than the window."""
+        oldest = outcome.started_at - self._max_age_s
         record = PollRecord(outcome.started_at, outcome.ok, outcome.duration_s, outcome.error)
         with self._lock:
-            self._deque(self._polls, outcome.source).append(record)
+            _append(self._deque(self._polls, outcome.source), record, oldest, _poll_at)
             for table in outcome.tables:
-                self._deque(self._tables, (table.target, table.name)).append(table)
+                points = self._deque(self._tables, (table.target, table.name))
+                _append(points, table, oldest, _observed_at)
             if outcome.probe is not None:
-                self._deque(self._probes, outcome.source).append(outcome.probe)
-            self._evict(outcome.started_at - self._max_age_s)
+                points = self._deque(self._probes, outcome.source)
+                _append(points, outcome.probe, oldest, _observed_at)
+            self._records += 1
+            if self._records % _SWEEP_EVERY == 0:
+                self._sweep(oldest)
 
-    def _evict(self, oldest: float) -> None:
-        for store, stamp in (
-            (self._polls, lambda r: r.at),
-            (self._tables, lambda s: s.observed_at),
-            (self._probes, lambda s: s.observed_at),
-        ):
+    def _sweep(self, oldest: float) -> None:
+        """Drops sources and tables that stopped reporting (removed, renamed)."""
+        stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes]
+        for store in stores:
             for key in list(store):
                 points = store[key]
+                stamp = _poll_at if store is self._polls else _observed_at
                 while points and stamp(points[0]) < oldest:
                     points.popleft()
                 if not points:

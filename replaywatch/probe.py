@@ -213,7 +213,7 @@ class TrainerProbe:
         if self._server is None:
             return None
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def stop(self) -> None:
         if self._server is not None:

@@ -1,0 +1,125 @@
+"""diagnose(view, thresholds, now): the ordered rules applied to one target's history.
+
+    diagnosis = diagnose(history.view(target, probes, start), thresholds, now)
+    for finding in diagnosis.findings: ...        # worst first
+    diagnosis.insufficient                         # ("table:replay", ...) too young to judge
+
+Pure: the time is an argument and every number comes from the view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis import rules
+from replaywatch.diagnosis.rates import TargetView
+from replaywatch.diagnosis.rules import TableCase
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, ProbeSnapshot
+
+Probe = tuple[ProbeSnapshot, ...]
+TableRule = Callable[[TableCase, Thresholds], "Finding | None"]
+ProbeRule = Callable[[TableCase, Probe, Thresholds], "Finding | None"]
+
+# Worst first. Stall rules need history covering the stall window; the
+# configuration rules judge settings, which one snapshot proves.
+STALL_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_worker_starvation, rules.is_learner_stalled)
+STALL_TABLE_RULES: tuple[TableRule, ...] = (
+    rules.is_sample_blocked, rules.is_insert_blocked, rules.is_spi_drift, rules.is_warmup)
+CONFIG_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_batch_exceeds_headroom,
+                                             rules.is_deadlock_risk)
+
+# The more specific cause wins on the same table: starvation *is* a blocked
+# sample with its cause named; a batch that never fits is the certain form of
+# the predicted risk.
+SUPERSEDES = {
+    "worker_starvation": ("sample_blocked",),
+    "batch_exceeds_headroom": ("deadlock_risk",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """Findings worst first, and the tables/probes too young to judge ("table:NAME")."""
+
+    findings: tuple[Finding, ...]
+    insufficient: tuple[str, ...]
+
+
+def is_fresh(observed_at: float, th: Thresholds, now: float) -> bool:
+    """Seen within the stall window; older data is the down rules' business."""
+    return now - observed_at <= th.stall_window_s
+
+
+def has_enough_history(points: tuple, th: Thresholds) -> bool:
+    """Two snapshots at least `min_history_s` apart; less is insufficient data."""
+    return len(points) >= 2 and pg.span(points) >= th.min_history_s
+
+
+def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, list[Probe]]:
+    """Fresh probe histories by the table their iterator reads.
+
+    A probe naming no table reads the target's only table, if it has one.
+    """
+    out: dict[str, list[Probe]] = {}
+    for url in sorted(view.probes):
+        history = pg.since_last_restart(view.probes[url])
+        if not history or not is_fresh(history[-1].observed_at, th, now):
+            continue
+        table = history[-1].table
+        if table is None and len(view.tables) == 1:
+            table = next(iter(view.tables))
+        if table in view.tables:
+            out.setdefault(table, []).append(history)
+    return out
+
+
+def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
+    """Every rule on every table and probe of one target; worst first."""
+    th = thresholds
+    found = [f for f in (rules.is_target_down(view, th, now), rules.is_probe_down(view, th, now),
+                         rules.is_too_many_threads(view, th, now)) if f is not None]
+    insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
+    by_table = probes_by_table(view, th, now)
+    for name in sorted(view.tables):
+        history = pg.since_last_reset(view.tables[name])
+        if not history or not is_fresh(history[-1].observed_at, th, now):
+            continue
+        probes = by_table.get(name, [])
+        case = TableCase(view.target, history, tuple(probes), now)
+        if has_enough_history(history, th):
+            found += _table_findings(case, probes, th)
+        else:
+            insufficient.append(f"table:{name}")
+        found += [f for probe in probes for rule in CONFIG_PROBE_RULES
+                  if (f := rule(case, probe, th)) is not None]
+    insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
+                     if h and not has_enough_history(pg.since_last_restart(h), th)]
+    return Diagnosis(_worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
+
+
+def _table_findings(case: TableCase, probes: list[Probe], th: Thresholds) -> list[Finding]:
+    found = [f for probe in probes if has_enough_history(probe, th)
+             for rule in STALL_PROBE_RULES if (f := rule(case, probe, th)) is not None]
+    return found + [f for rule in STALL_TABLE_RULES if (f := rule(case, th)) is not None]
+
+
+def _first_per_key(found: list[Finding]) -> list[Finding]:
+    """Two learners on one table may both trip a rule; one finding per key (kind, place)."""
+    seen: dict[tuple[str, str, str], Finding] = {}
+    for f in found:
+        seen.setdefault(f.key, f)
+    return list(seen.values())
+
+
+def _supersede(found: list[Finding]) -> list[Finding]:
+    present = {f.key for f in found}
+    return [f for f in found
+            if not any((winner, f.target, f.table) in present
+                       for winner, losers in SUPERSEDES.items() if f.kind in losers)]
+
+
+def _worst_first(found: list[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(found, key=lambda f: (-f.severity, f.target, f.table, f.kind)))

@@ -1,0 +1,180 @@
+"""Concise builders of snapshot histories for rule, engine and API tests.
+
+    hist = table_history([0, 1, 2], inserts=[10, 20, 30], samples=[0, 5, 10], spi=0.5)
+    probe = probe_history([0, 1, 2], batches=[0, 1, 2], blocked_for=[0, 0, 12])
+    view = target_view(tables=[hist], probes=[probe])
+
+Per-poll values are sequences (one per time) or a scalar held constant. The
+defaults describe a healthy, past-warm-up table with a SampleToInsertRatio
+limiter (spi 1, min_size 1, min_diff -100, max_diff 100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from replaywatch.diagnosis.rates import PollRecord, TargetView
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import (
+    FLOAT_MAX,
+    KeyDistributionOptions,
+    ProbeSnapshot,
+    RateLimiterInfo,
+    TableSnapshot,
+    TableWorkerTime,
+)
+
+TARGET = "localhost:8000"
+TABLE = "replay"
+PROBE = "http://127.0.0.1:9100"
+
+Values = Sequence[Any] | Any
+
+
+def at(values: Values, i: int) -> Any:
+    """The i-th value of a per-poll sequence, or the scalar itself."""
+    if isinstance(values, (list, tuple)):
+        return values[i]
+    return values
+
+
+def cumulative(rate: float, times: Sequence[float], start: float = 0.0) -> list[int]:
+    """A counter growing at `rate` per second over `times` (for worker-time ms)."""
+    return [int(start + rate * (t - times[0])) for t in times]
+
+
+def table_snapshot(
+    t: float,
+    inserts: int,
+    samples: int,
+    *,
+    name: str = TABLE,
+    target: str = TARGET,
+    spi: float = 1.0,
+    min_diff: float = -100.0,
+    max_diff: float = 100.0,
+    min_size: int = 1,
+    size: int | None = None,
+    max_size: int = 1_000_000,
+    waiting_for_inserts_ms: int = 0,
+    waiting_for_sampling_ms: int = 0,
+) -> TableSnapshot:
+    """One `TableInfo`; size defaults to the inserts (no deletes yet), capped at max_size."""
+    return TableSnapshot(
+        target=target, name=name, observed_at=float(t), max_size=max_size,
+        current_size=min(inserts, max_size) if size is None else size,
+        max_times_sampled=0, num_episodes=inserts, num_deleted_episodes=0,
+        num_unique_samples=0, sampler=KeyDistributionOptions("uniform"),
+        remover=KeyDistributionOptions("fifo"),
+        rate_limiter=RateLimiterInfo(spi, min_diff, max_diff, min_size, inserts, samples),
+        worker_time=TableWorkerTime(waiting_for_inserts_ms=waiting_for_inserts_ms,
+                                    waiting_for_sampling_ms=waiting_for_sampling_ms),
+    )
+
+
+def table_history(
+    times: Sequence[float],
+    inserts: Values,
+    samples: Values,
+    *,
+    size: Values = None,
+    waiting_for_inserts_ms: Values = 0,
+    waiting_for_sampling_ms: Values = 0,
+    **config: Any,
+) -> tuple[TableSnapshot, ...]:
+    """One snapshot per time; `config` goes to table_snapshot (spi, min_diff, ...)."""
+    return tuple(
+        table_snapshot(t, at(inserts, i), at(samples, i), size=at(size, i),
+                       waiting_for_inserts_ms=at(waiting_for_inserts_ms, i),
+                       waiting_for_sampling_ms=at(waiting_for_sampling_ms, i), **config)
+        for i, t in enumerate(times)
+    )
+
+
+def probe_snapshot(
+    t: float,
+    batches: int,
+    *,
+    url: str = PROBE,
+    blocked_for: float = 0.0,
+    steps: int | None = None,
+    batch_size: int | None = 256,
+    workers: int | None = 1,
+    prefetch: int | None = 4,
+    ready: bool | None = None,
+    threads: int = 40,
+    table: str | None = None,
+    started_at: float = 0.0,
+    pid: int = 4242,
+    name: str = "learner",
+) -> ProbeSnapshot:
+    """One `/probe` document; blocked_for > 0 means blocked in next() since t - blocked_for."""
+    blocked = blocked_for > 0
+    return ProbeSnapshot(
+        probe=url, observed_at=float(t), pid=pid, name=name, batch_size=batch_size,
+        num_parallel_calls=workers, prefetch_size=prefetch, batches_retrieved=batches,
+        blocked_in_next=blocked, blocked_since=t - blocked_for if blocked else None,
+        blocked_for_s=float(blocked_for), blocked_seconds_total=float(blocked_for),
+        last_batch_at=None, ready=ready, learner_steps=batches if steps is None else steps,
+        last_step_at=None, thread_count=threads, started_at=started_at, table=table,
+    )
+
+
+def probe_history(
+    times: Sequence[float],
+    batches: Values,
+    *,
+    blocked_for: Values = 0.0,
+    steps: Values = None,
+    ready: Values = None,
+    threads: Values = 40,
+    pid: Values = 4242,
+    **config: Any,
+) -> tuple[ProbeSnapshot, ...]:
+    """One probe document per time; `config` goes to probe_snapshot."""
+    return tuple(
+        probe_snapshot(t, at(batches, i), blocked_for=at(blocked_for, i), steps=at(steps, i),
+                       ready=at(ready, i), threads=at(threads, i), pid=at(pid, i), **config)
+        for i, t in enumerate(times)
+    )
+
+
+def polls(times: Sequence[float], ok: Values = True, error: str = "unreachable"
+          ) -> tuple[PollRecord, ...]:
+    return tuple(PollRecord(float(t), bool(at(ok, i)), 0.001,
+                            None if at(ok, i) else error) for i, t in enumerate(times))
+
+
+def target_view(
+    tables: Sequence[tuple[TableSnapshot, ...]] = (),
+    probes: Sequence[tuple[ProbeSnapshot, ...]] = (),
+    *,
+    target: str = TARGET,
+    target_polls: tuple[PollRecord, ...] | None = None,
+    probe_polls: dict[str, tuple[PollRecord, ...]] | None = None,
+) -> TargetView:
+    """A view; by default every table time was a good poll, and so was every probe's."""
+    times = sorted({s.observed_at for h in tables for s in h})
+    return TargetView(
+        target=target,
+        polls=polls(times) if target_polls is None else target_polls,
+        tables={h[0].name: h for h in tables},
+        probes={h[0].probe: h for h in probes},
+        probe_polls=probe_polls if probe_polls is not None else {
+            h[0].probe: polls([s.observed_at for s in h]) for h in probes},
+    )
+
+
+def seconds(n: int, start: float = 1000.0, step: float = 1.0) -> list[float]:
+    """n poll times, `step` apart from `start`."""
+    return [start + i * step for i in range(n)]
+
+
+# The seed job: batch 256, samples_per_insert 128, tolerance 0.1, min_replay_size
+# 2000, so error_buffer = 2000 * 128 * 0.1 = 25600, min_diff = 256000 - 25600 =
+# 230400, and Acme's synchronous layout sets max_diff to float max.
+SEED_LIMITER = dict(spi=128.0, min_diff=230_400.0, max_diff=FLOAT_MAX, min_size=2000)
+SEED_BLOCKING_LIMITER = dict(spi=128.0, min_diff=230_400.0, max_diff=281_600.0, min_size=2000)
+
+DEFAULT = Thresholds()

@@ -1,0 +1,93 @@
+"""reconcile(): findings open, continue, update and resolve across evaluations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from replaywatch.diagnosis.lifecycle import reconcile
+from replaywatch.model import Finding, Severity
+
+T = "localhost:8000"
+
+
+def finding(kind: str = "sample_blocked", since: float = 100.0, now: float = 100.0,
+            target: str = T, summary: str = "blocked", severity: Severity = Severity.CRITICAL
+            ) -> Finding:
+    return Finding(kind, severity, target, "replay", summary, {"n": now}, "fix it",
+                   since=since, last_seen=now)
+
+
+def step(active, found, now, evaluated=(T,)):
+    return reconcile(active, found, evaluated=set(evaluated), now=now)
+
+
+def test_a_new_finding_opens() -> None:
+    active, transitions = step({}, [finding()], 100.0)
+    assert [t.kind for t in transitions] == ["opened"]
+    assert list(active.values()) == [finding()]
+
+
+def test_a_continuing_finding_keeps_its_first_since_and_writes_nothing_within_30_s() -> None:
+    active, _ = step({}, [finding()], 100.0)
+    # The rule now reports a later onset (its history window moved): the first one stays.
+    active, transitions = step(active, [finding(since=105.0, now=110.0)], 110.0)
+    assert transitions == []
+    (current,) = active.values()
+    assert current.since == 100.0 and current.last_seen == 110.0
+
+
+def test_a_continuing_finding_is_updated_once_per_30_s() -> None:
+    active, _ = step({}, [finding()], 100.0)
+    written = []
+    for now in range(101, 161):
+        active, transitions = step(active, [finding(now=now)], float(now))
+        written += [(now, t.kind) for t in transitions]
+    # Slots of 30 s from since=100: entered at 130 and 160.
+    assert written == [(130, "updated"), (160, "updated")]
+
+
+@pytest.mark.parametrize("change", [
+    {"summary": "blocked, differently"},  # the summary changed
+    {"severity": Severity.WARNING},  # the severity changed
+])
+def test_a_changed_summary_or_severity_is_updated_at_once(change: dict) -> None:
+    active, _ = step({}, [finding()], 100.0)
+    changed = dataclasses.replace(finding(now=101.0), **change)
+    active, transitions = step(active, [changed], 101.0)
+    assert [t.kind for t in transitions] == ["updated"]
+    assert transitions[0].finding.since == 100.0
+
+
+def test_a_finding_no_longer_found_resolves_at_now() -> None:
+    active, _ = step({}, [finding()], 100.0)
+    active, transitions = step(active, [], 120.0)
+    assert active == {}
+    assert [(t.kind, t.finding.resolved_at, t.finding.since) for t in transitions] == [
+        ("resolved", 120.0, 100.0)]
+
+
+def test_findings_of_a_target_not_evaluated_stay_open() -> None:
+    other = finding(target="other:8000")
+    active, _ = step({}, [finding(), other], 100.0, evaluated=(T, "other:8000"))
+    active, transitions = step(active, [], 101.0, evaluated=(T,))
+    assert [t.finding.target for t in transitions] == [T]
+    assert list(active.values()) == [other]
+
+
+def test_a_finding_found_again_after_resolving_opens_anew() -> None:
+    active, _ = step({}, [finding()], 100.0)
+    active, _ = step(active, [], 101.0)
+    active, transitions = step(active, [finding(since=150.0, now=150.0)], 150.0)
+    assert [(t.kind, t.finding.since) for t in transitions] == [("opened", 150.0)]
+
+
+def test_transitions_are_ordered_by_key() -> None:
+    _, transitions = step({}, [finding("warmup"), finding("insert_blocked")], 100.0)
+    assert [t.finding.kind for t in transitions] == ["insert_blocked", "warmup"]
+
+
+def test_update_every_s_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"update_every_s \(0\)"):
+        reconcile({}, [], evaluated={T}, now=1.0, update_every_s=0)

@@ -1,0 +1,384 @@
+"""Each rule, on constructed histories: one table row per case, each with why.
+
+Times are 1 s polls from t=1000 unless a case says otherwise; `now` is the
+newest poll. The stall window is the default 10 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis import rules
+from replaywatch.diagnosis.rules import TableCase
+from replaywatch.model import FLOAT_MAX, Finding, ProbeSnapshot, Severity, TableSnapshot
+from tests.builders import (
+    DEFAULT,
+    SEED_BLOCKING_LIMITER,
+    SEED_LIMITER,
+    cumulative,
+    polls,
+    probe_history,
+    seconds,
+    table_history,
+    target_view,
+)
+
+T20 = seconds(20)  # 1000 .. 1019
+FROZEN = [5] * 20
+
+
+def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
+         now: float | None = None) -> TableCase:
+    history = pg.since_last_reset(table)
+    return TableCase("localhost:8000", history, probes,
+                     history[-1].observed_at if now is None else now)
+
+
+def waiting(rate_ms_per_s: float = 980.0, times: list[float] = T20) -> list[int]:
+    return cumulative(rate_ms_per_s, times)
+
+
+# -- the seed: a synchronous loop (max_diff = float max), cursor held at min_diff --------------
+
+def seed_counters(inserts: list[int]) -> tuple[list[int], list[int]]:
+    """Samples that keep the cursor exactly at min_diff: inserts * 128 - 230400."""
+    return inserts, [n * 128 - 230_400 for n in inserts]
+
+
+SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES = seed_counters([12_000] * 20)  # 1,305,600 samples
+# 5100 batches' worth were drawn; the learner got 5094, so 6 * 256 = 1536 are stranded.
+SEED_BATCHES = 5094
+
+
+def seed_hung_table(**kw: Any) -> tuple[TableSnapshot, ...]:
+    return table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
+                         waiting_for_inserts_ms=waiting(), **{**SEED_LIMITER, **kw})
+
+
+def seed_hung_probe(workers: int = 12, batches: int = SEED_BATCHES, **kw: Any
+                    ) -> tuple[ProbeSnapshot, ...]:
+    return probe_history(T20, batches, blocked_for=[1.0 + i for i in range(20)],
+                         workers=workers, **kw)
+
+
+def seed_healthy(workers: int = 1) -> tuple[tuple[TableSnapshot, ...], tuple[ProbeSnapshot, ...]]:
+    """Two inserts and one batch of 256 per second; next() blocks for short moments."""
+    inserts, samples = seed_counters([12_000 + 2 * i for i in range(20)])
+    table = table_history(T20, inserts, samples, waiting_for_inserts_ms=waiting(), **SEED_LIMITER)
+    probe = probe_history(T20, [s // 256 for s in samples],
+                          blocked_for=[0.3 if i % 3 == 0 else 0 for i in range(20)],
+                          workers=workers)
+    return table, probe
+
+
+# -- table rules ---------------------------------------------------------------------------------
+
+Scenario = Callable[[], TableCase]
+
+TABLE_CASES: list[tuple[str, Callable[[TableCase, Any], Finding | None], Scenario,
+                        str | None]] = [
+    # Nothing moved for 19 s, the cursor sits at min_diff and the worker waits for inserts.
+    ("sample_blocked_when_nothing_moves_and_worker_waits_for_inserts", rules.is_sample_blocked,
+     lambda: case(seed_hung_table()), "sample_blocked"),
+    # The same table with no pending sample request (nobody waits): an idle table, not a stall.
+    ("no_sample_blocked_when_nobody_waits", rules.is_sample_blocked,
+     lambda: case(table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES, **SEED_LIMITER)),
+     None),
+    # Inserts keep coming: the limiter will soon allow samples again.
+    ("no_sample_blocked_while_inserts_progress", rules.is_sample_blocked,
+     lambda: case(table_history(T20, list(range(100, 120)), 50, spi=1.0, min_diff=70.0,
+                                waiting_for_inserts_ms=waiting())), None),
+    # A healthy synchronous loop: cursor at min_diff between inserts, worker waits 98%.
+    ("no_sample_blocked_in_a_healthy_synchronous_loop", rules.is_sample_blocked,
+     lambda: case(seed_healthy()[0]), None),
+    # Only 5 s without progress: shorter than the stall window.
+    ("no_sample_blocked_before_the_stall_window", rules.is_sample_blocked,
+     lambda: case(seed_hung_table()[-6:]), None),
+    # Warm-up stalled: below min_size_to_sample, actors stopped, the learner waits.
+    ("sample_blocked_when_warmup_inserts_stop", rules.is_sample_blocked,
+     lambda: case(table_history(T20, 10, 0, min_size=100, waiting_for_inserts_ms=waiting())),
+     "sample_blocked"),
+    # Blocking limiter at max_diff (cursor 100), nothing moves, actors wait for sampling.
+    ("insert_blocked_when_waiting_for_sampling_grows", rules.is_insert_blocked,
+     lambda: case(table_history(T20, 200, 100, waiting_for_sampling_ms=waiting())),
+     "insert_blocked"),
+    # At max_diff but the worker holds no queued insert: nobody is trying to insert.
+    ("no_insert_blocked_when_no_insert_waits", rules.is_insert_blocked,
+     lambda: case(table_history(T20, 200, 100)), None),
+    # The learner keeps sampling: inserts will pass again.
+    ("no_insert_blocked_while_samples_progress", rules.is_insert_blocked,
+     lambda: case(table_history(T20, 200, list(range(100, 120)),
+                                waiting_for_sampling_ms=waiting())), None),
+    # Synchronous layout: insert blocking is disabled, inserts can never block.
+    ("no_insert_blocked_when_insert_blocking_is_disabled", rules.is_insert_blocked,
+     lambda: case(table_history(T20, 200, 100, max_diff=FLOAT_MAX,
+                                waiting_for_sampling_ms=waiting())), None),
+    # 40 of 100 items and 5 inserts/s: filling up by design.
+    ("warmup_while_below_min_size_and_inserting", rules.is_warmup,
+     lambda: case(table_history(T20, [40 + 5 * i for i in range(20)], 0, min_size=200)),
+     "warmup"),
+    # Below min size with inserts stopped: not warm-up (sample_blocked's business).
+    ("no_warmup_when_inserts_stopped", rules.is_warmup,
+     lambda: case(table_history(T20, 40, 0, min_size=200)), None),
+    # Past min size: no warm-up.
+    ("no_warmup_past_min_size", rules.is_warmup,
+     lambda: case(table_history(T20, list(range(300, 320)), 0, min_size=200)), None),
+]
+
+
+@pytest.mark.parametrize("name,rule,scenario,expected", TABLE_CASES,
+                         ids=[c[0] for c in TABLE_CASES])
+def test_table_rule(name: str, rule: Callable, scenario: Scenario, expected: str | None) -> None:
+    finding = rule(scenario(), DEFAULT)
+    assert (finding.kind if finding else None) == expected
+
+
+def test_sample_blocked_evidence_counts_the_inserts_needed_and_onset() -> None:
+    # Inserts stopped at t=1000: the onset is the first poll that saw the final values.
+    finding = rules.is_sample_blocked(case(seed_hung_table()), DEFAULT)
+    assert finding is not None
+    assert finding.severity is Severity.CRITICAL
+    assert finding.since == 1000.0 and finding.last_seen == 1019.0
+    assert finding.evidence["sample_headroom"] == 0
+    assert finding.evidence["inserts_needed"] == 1  # one insert of 128 credit allows a sample
+    assert "attach the trainer probe" in finding.summary
+
+
+def test_insert_blocked_evidence_counts_the_samples_needed() -> None:
+    # cursor 100 = max_diff: one insert needs cursor + 1 <= 100, so one sample.
+    finding = rules.is_insert_blocked(
+        case(table_history(T20, 200, 100, waiting_for_sampling_ms=waiting())), DEFAULT)
+    assert finding is not None and finding.evidence["samples_needed"] == 1
+
+
+# -- spi drift: 70 polls so the 60 s window is covered -------------------------------------------
+
+T70 = seconds(70)
+
+
+def seed_rates(samples_per_s: float, extra: int = 0) -> TableCase:
+    """Seed limiter, 100 inserts/s, past warm-up; `extra` samples drawn at the first poll."""
+    inserts = [100_000 + 100 * i for i in range(70)]
+    samples = [int(inserts[0] * 128 - 230_400 - 25_600 + samples_per_s * i + (extra if i else 0))
+               for i in range(70)]
+    return case(table_history(T70, inserts, samples, **SEED_LIMITER))
+
+
+SPI_CASES = [
+    # 10240 samples/s against 100 inserts/s * 128: 20% under, 153600 behind > 25600 buffer.
+    ("spi_drift_when_the_learner_samples_20_percent_less", seed_rates(10_240), "spi_drift"),
+    # Exactly the configured ratio.
+    ("no_spi_drift_at_the_configured_ratio", seed_rates(12_800), None),
+    # 5% under: inside the 10% tolerance.
+    ("no_spi_drift_within_tolerance", seed_rates(12_160), None),
+    # Post-warm-up catch-up: the learner spends its 25600 error buffer once.
+    ("no_spi_drift_for_a_one_off_catch_up", seed_rates(12_800, extra=25_600), None),
+    # Only 30 s of history: the 60 s window is not covered.
+    ("no_spi_drift_before_the_window_is_covered",
+     case(seed_rates(10_240).history[-30:]), None),
+]
+
+
+@pytest.mark.parametrize("name,scenario,expected", SPI_CASES, ids=[c[0] for c in SPI_CASES])
+def test_spi_drift(name: str, scenario: TableCase, expected: str | None) -> None:
+    finding = rules.is_spi_drift(scenario, DEFAULT)
+    assert (finding.kind if finding else None) == expected
+
+
+def test_no_spi_drift_with_a_min_size_limiter_that_targets_no_ratio() -> None:
+    # MinSize: min_diff = -float max; any ratio is healthy.
+    table = table_history(T70, [100 * i for i in range(70)], [10 * i for i in range(70)],
+                          min_diff=-FLOAT_MAX, max_diff=FLOAT_MAX)
+    assert rules.is_spi_drift(case(table), DEFAULT) is None
+
+
+# -- rules that need the probe --------------------------------------------------------------------
+
+ProbeScenario = Callable[[], tuple[TableCase, tuple[ProbeSnapshot, ...]]]
+
+
+def with_probe(table: tuple[TableSnapshot, ...], probe: tuple[ProbeSnapshot, ...]
+               ) -> tuple[TableCase, tuple[ProbeSnapshot, ...]]:
+    return case(table, probe), probe
+
+
+STALLED_READY = probe_history(T20, 300, ready=True)
+CAN_SAMPLE_A_BATCH = table_history(T20, 1000, 100, min_diff=0.0, max_diff=FLOAT_MAX)
+
+PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
+    # The seed hang: 12 workers, blocked 20 s, no samples, headroom 0, 1536 stranded.
+    ("worker_starvation_when_12_workers_strand_a_batch", rules.is_worker_starvation,
+     lambda: with_probe(seed_hung_table(), seed_hung_probe()), "worker_starvation"),
+    # One worker: at most 255 stranded, so fewer than a batch can be missing... here 0.
+    ("no_worker_starvation_when_nothing_is_stranded", rules.is_worker_starvation,
+     lambda: with_probe(seed_hung_table(), seed_hung_probe(workers=1, batches=5100)), None),
+    # Blocked only 9 s: shorter than the stall window.
+    ("no_worker_starvation_before_the_stall_window", rules.is_worker_starvation,
+     lambda: with_probe(seed_hung_table(), probe_history(T20, SEED_BATCHES, blocked_for=9.0,
+                                                         workers=12)), None),
+    # The learner waits briefly in a healthy loop; samples keep flowing.
+    ("no_worker_starvation_in_a_healthy_synchronous_loop", rules.is_worker_starvation,
+     lambda: with_probe(*seed_healthy(workers=12)), None),
+    # 100,000 samples unaccounted: more than 12 workers can hold, so the table's counter
+    # includes an earlier trainer's samples; no claim about this one.
+    ("no_worker_starvation_when_stranded_exceeds_what_workers_hold", rules.is_worker_starvation,
+     lambda: with_probe(seed_hung_table(), seed_hung_probe(batches=SEED_BATCHES - 400)), None),
+    # The limiter allows samples (headroom 5000) and nobody waits for inserts.
+    ("no_worker_starvation_when_the_limiter_allows_samples", rules.is_worker_starvation,
+     lambda: with_probe(table_history(T20, SEED_FROZEN_INSERTS,
+                                      [s - 5000 for s in SEED_FROZEN_SAMPLES], **SEED_LIMITER),
+                        seed_hung_probe(batches=SEED_BATCHES - 20)), None),
+    # No batch or step for 19 s while the iterator says ready(): the update step hangs.
+    ("learner_stalled_when_ready_but_no_step", rules.is_learner_stalled,
+     lambda: with_probe(CAN_SAMPLE_A_BATCH, STALLED_READY), "learner_stalled"),
+    # ready() unknown, but the table can sample a batch of 256 (headroom 900).
+    ("learner_stalled_when_the_table_can_sample_a_batch", rules.is_learner_stalled,
+     lambda: with_probe(CAN_SAMPLE_A_BATCH, probe_history(T20, 300)), "learner_stalled"),
+    # No data anywhere: the learner waits for data, which is another rule's business.
+    ("no_learner_stalled_without_data", rules.is_learner_stalled,
+     lambda: with_probe(seed_hung_table(), probe_history(T20, 300, ready=False)), None),
+    # Blocked in next(): it is not stuck in its update step.
+    ("no_learner_stalled_while_blocked_in_next", rules.is_learner_stalled,
+     lambda: with_probe(CAN_SAMPLE_A_BATCH, probe_history(T20, 300, ready=True,
+                                                          blocked_for=15.0)), None),
+    # Steps advance even though no batch was taken in the window (multi-step updates).
+    ("no_learner_stalled_while_steps_advance", rules.is_learner_stalled,
+     lambda: with_probe(CAN_SAMPLE_A_BATCH, probe_history(T20, 300, ready=True,
+                                                          steps=list(range(20)))), None),
+    # Slack 200 (max_diff 100, min_diff -100) < batch 256 + spi 1.
+    ("batch_exceeds_headroom_when_slack_is_below_a_batch", rules.is_batch_exceeds_headroom,
+     lambda: with_probe(table_history(T20, 100, 50), probe_history(T20, 0)),
+     "batch_exceeds_headroom"),
+    # Slack 2000 holds a batch of 256 plus 1.
+    ("no_batch_exceeds_headroom_with_enough_slack", rules.is_batch_exceeds_headroom,
+     lambda: with_probe(table_history(T20, 100, 50, min_diff=-1000.0, max_diff=1000.0),
+                        probe_history(T20, 0)), None),
+    # Synchronous layout: unbounded slack.
+    ("no_batch_exceeds_headroom_when_inserts_never_block", rules.is_batch_exceeds_headroom,
+     lambda: with_probe(seed_hung_table(), probe_history(T20, 0)), None),
+    # The seed: synchronous, 12 workers.
+    ("deadlock_risk_on_the_seed_configuration", rules.is_deadlock_risk,
+     lambda: with_probe(*seed_healthy(workers=12)), "deadlock_risk"),
+    # The seed's fix: one worker.
+    ("no_deadlock_risk_on_the_seed_with_one_worker", rules.is_deadlock_risk,
+     lambda: with_probe(*seed_healthy(workers=1)), None),
+    # Blocking seed limiter: slack 51200 >= 12 * 255 + 128 = 3188.
+    ("no_deadlock_risk_when_blocking_slack_covers_the_workers", rules.is_deadlock_risk,
+     lambda: with_probe(table_history(T20, 12_000, 1_305_600, **SEED_BLOCKING_LIMITER),
+                        probe_history(T20, 0, workers=12)), None),
+    # Blocking, slack 2000 < 3188.
+    ("deadlock_risk_when_blocking_slack_is_below_the_workers_need", rules.is_deadlock_risk,
+     lambda: with_probe(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
+                                      max_diff=1000.0), probe_history(T20, 0, workers=12)),
+     "deadlock_risk"),
+    # MinSize limiter: sampling is never held back, nothing can strand.
+    ("no_deadlock_risk_with_a_min_size_limiter", rules.is_deadlock_risk,
+     lambda: with_probe(table_history(T20, 100, 50, min_diff=-FLOAT_MAX, max_diff=FLOAT_MAX),
+                        probe_history(T20, 0, workers=12)), None),
+    # The probe does not know num_parallel_calls: no guess.
+    ("no_deadlock_risk_when_workers_are_unknown", rules.is_deadlock_risk,
+     lambda: with_probe(seed_healthy()[0], probe_history(T20, 0, workers=None)), None),
+]
+
+
+@pytest.mark.parametrize("name,rule,scenario,expected", PROBE_CASES,
+                         ids=[c[0] for c in PROBE_CASES])
+def test_probe_rule(name: str, rule: Callable, scenario: ProbeScenario,
+                    expected: str | None) -> None:
+    table_case, probe = scenario()
+    finding = rule(table_case, probe, DEFAULT)
+    assert (finding.kind if finding else None) == expected
+
+
+def test_worker_starvation_evidence_shows_the_stranded_arithmetic() -> None:
+    # drawn 1,305,600 - 5094 batches * 256 = 1536 stranded; the probe is blocked so 0 prefetched.
+    finding = rules.is_worker_starvation(case(seed_hung_table(), seed_hung_probe()),
+                                         seed_hung_probe(), DEFAULT)
+    assert finding is not None
+    assert finding.evidence["stranded_samples"] == 1536
+    assert finding.evidence["prefetched"] == 0
+    assert finding.evidence["workers"] == 12 and finding.evidence["batch_size"] == 256
+    assert "num_parallel_calls=1" in finding.fix
+    assert finding.since == 1000.0
+
+
+def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_it() -> None:
+    # The probe started at t=1005; the table had drawn 1,300,000 by then. Since then 5600
+    # were drawn and the (new) learner got 20 batches = 5120: 480 stranded.
+    samples = [1_300_000] * 5 + [1_305_600] * 15  # then the cursor reaches min_diff
+    table = table_history(T20, 12_000, samples, waiting_for_inserts_ms=waiting(), **SEED_LIMITER)
+    probe = probe_history(T20[5:], 20, blocked_for=[12.0 + i for i in range(15)], workers=12,
+                          started_at=1004.5)
+    finding = rules.is_worker_starvation(case(table, probe), probe, DEFAULT)
+    assert finding is not None
+    assert finding.evidence["stranded_basis"] == "since_iterator_start"
+    assert finding.evidence["stranded_samples"] == 480
+
+
+def test_deadlock_risk_fix_computes_error_buffer_and_workers_for_a_blocking_layout() -> None:
+    # slack 2000, need 12 * 255 + 128 = 3188 -> error_buffer >= 1594; (2000 - 128) // 255 = 7.
+    table_case, probe = with_probe(
+        table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0),
+        probe_history(T20, 0, workers=12))
+    finding = rules.is_deadlock_risk(table_case, probe, DEFAULT)
+    assert finding is not None
+    assert finding.evidence["required_slack"] == 3188
+    assert "error_buffer to at least 1594" in finding.fix
+    assert "num_parallel_calls=7" in finding.fix
+
+
+def test_deadlock_risk_on_the_seed_says_set_one_worker() -> None:
+    table_case, probe = with_probe(*seed_healthy(workers=12))
+    finding = rules.is_deadlock_risk(table_case, probe, DEFAULT)
+    assert finding is not None and finding.severity is Severity.WARNING
+    assert finding.evidence["strandable_samples"] == 12 * 255
+    assert finding.fix == "Set num_parallel_calls=1 in make_reverb_dataset (now 12)."
+
+
+# -- reachability and threads ---------------------------------------------------------------------
+
+T5 = seconds(5)
+VIEW_CASES = [
+    # Three failed polls in a row: more than down_polls (2).
+    ("target_down_after_three_failed_polls", rules.is_target_down,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False])), "target_down"),
+    # Two failures are not yet "more than 2 polls".
+    ("no_target_down_after_two_failed_polls", rules.is_target_down,
+     target_view(target_polls=polls(T5, ok=[True, True, True, False, False])), None),
+    # A failure in the past, answering again.
+    ("no_target_down_once_it_answers_again", rules.is_target_down,
+     target_view(target_polls=polls(T5, ok=[False, False, False, False, True])), None),
+    # A probe whose last three polls failed.
+    ("probe_down_after_three_failed_polls", rules.is_probe_down,
+     target_view(probe_polls={"http://p": polls(T5, ok=[True, True, False, False, False])}),
+     "probe_down"),
+    ("no_probe_down_while_it_answers", rules.is_probe_down,
+     target_view(probe_polls={"http://p": polls(T5)}), None),
+    # 600 threads, like the seed's job (over 500).
+    ("too_many_threads_above_the_threshold", rules.is_too_many_threads,
+     target_view(probes=[probe_history(T5, 0, threads=600)]), "too_many_threads"),
+    ("no_too_many_threads_below_the_threshold", rules.is_too_many_threads,
+     target_view(probes=[probe_history(T5, 0, threads=120)]), None),
+]
+
+
+@pytest.mark.parametrize("name,rule,view,expected", VIEW_CASES, ids=[c[0] for c in VIEW_CASES])
+def test_view_rule(name: str, rule: Callable, view: Any, expected: str | None) -> None:
+    finding = rule(view, DEFAULT, 1004.0)
+    assert (finding.kind if finding else None) == expected
+
+
+def test_target_down_since_is_the_first_failed_poll() -> None:
+    view = target_view(target_polls=polls(T5, ok=[True, False, False, False, False]))
+    finding = rules.is_target_down(view, DEFAULT, 1004.0)
+    assert finding is not None and finding.since == 1001.0 and finding.last_seen == 1004.0
+
+
+def test_too_many_threads_since_is_the_start_of_the_run_above_the_threshold() -> None:
+    view = target_view(probes=[probe_history(T5, 0, threads=[100, 600, 100, 600, 700])])
+    finding = rules.is_too_many_threads(view, DEFAULT, 1004.0)
+    assert finding is not None and finding.since == 1003.0
