@@ -1,0 +1,61 @@
+# replaywatch: two commands do all the set-up on a fresh machine.
+#   make demo   creates .venv, installs, runs the JAX agent with the sidecar attached
+#   make test   creates .venv, installs (Python and Debian packages), runs every test
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEADLOCK ?= 0
+DEMO_PORT ?= 9321
+PYTEST_ARGS ?=
+
+# Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
+# Chromium for the status page, docker-compose to validate the compose file.
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose
+
+.PHONY: demo test lint typecheck bench system-deps venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[agents,dev]'
+	touch $(STAMP)
+
+system-deps:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null \
+		|| missing="$$missing prometheus-alertmanager"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@# The Debian prometheus packages start services on install; the tests run their own.
+	@-pkill -x prometheus 2>/dev/null; pkill -f 'prometheus-alertmanager|/bin/alertmanager' 2>/dev/null; true
+
+test: $(STAMP) system-deps
+	$(PY) -m ruff check replaywatch agents tests bench
+	$(PY) -m mypy replaywatch
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check replaywatch agents tests bench
+
+typecheck: $(STAMP)
+	$(PY) -m mypy replaywatch
+
+demo: $(STAMP)
+	DEADLOCK=$(DEADLOCK) DEMO_PORT=$(DEMO_PORT) $(PY) -m agents.demo
+
+bench: $(STAMP) system-deps
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

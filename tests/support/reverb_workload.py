@@ -1,0 +1,85 @@
+"""A small real Reverb workload for tests: a server plus insert and sample loops.
+
+Run as a subprocess so tests can kill it, freeze it (SIGSTOP) and restart it on
+the same port. Prints one JSON line {"reverb": ADDR, "pid": PID} when serving.
+
+    python tests/support/reverb_workload.py --port 0 --tables 1 --insert-hz 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import reverb
+
+
+def make_table(name: str, spi: float, min_size: int, error_buffer: float, max_size: int
+               ) -> reverb.Table:
+    limiter = reverb.rate_limiters.SampleToInsertRatio(
+        samples_per_insert=spi, min_size_to_sample=min_size, error_buffer=error_buffer)
+    return reverb.Table(name=name, sampler=reverb.selectors.Uniform(),
+                        remover=reverb.selectors.Fifo(), max_size=max_size, rate_limiter=limiter)
+
+
+def insert_loop(client: reverb.Client, table: str, hz: float, stop: threading.Event) -> None:
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        step = 0
+        while not stop.is_set():
+            writer.append({"x": np.full((4,), step, np.float32)})
+            writer.create_item(table, priority=1.0, trajectory={"x": writer.history["x"][-1]})
+            writer.flush(block_until_num_items=8, timeout_ms=1000) if step % 8 == 0 else None
+            step += 1
+            if hz > 0:
+                time.sleep(1.0 / hz)
+
+
+def sample_loop(client: reverb.Client, table: str, hz: float, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            for _ in client.sample(table, num_samples=1):
+                pass
+        except Exception:
+            time.sleep(0.05)
+        if hz > 0:
+            time.sleep(1.0 / hz)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--tables", type=int, default=1)
+    p.add_argument("--spi", type=float, default=1.0)
+    p.add_argument("--min-size", type=int, default=10)
+    p.add_argument("--error-buffer", type=float, default=50.0)
+    p.add_argument("--max-size", type=int, default=10000)
+    p.add_argument("--insert-hz", type=float, default=50.0)
+    p.add_argument("--sample-hz", type=float, default=0.0, help="0: as fast as the limiter allows")
+    p.add_argument("--no-load", action="store_true", help="serve the tables, insert nothing")
+    args = p.parse_args()
+    tables = [make_table(f"table_{i}", args.spi, args.min_size, args.error_buffer, args.max_size)
+              for i in range(args.tables)]
+    server = reverb.Server(tables=tables, port=args.port or None)
+    address = f"127.0.0.1:{server.port}"
+    stop = threading.Event()
+    if not args.no_load:
+        client = reverb.Client(address)
+        for t in tables:
+            for target, hz in ((insert_loop, args.insert_hz), (sample_loop, args.sample_hz)):
+                threading.Thread(target=target, args=(client, t.name, hz, stop),
+                                 daemon=True).start()
+    print(json.dumps({"reverb": address, "pid": os.getpid()}), flush=True)
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        stop.set()
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

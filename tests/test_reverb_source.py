@@ -1,0 +1,125 @@
+"""The grpcio ServerInfo decoder agrees with reverb.Client on a real server."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import reverb
+import tensorflow as tf
+
+from replaywatch.diagnosis import ratelimiter
+from replaywatch.model import FLOAT_MAX
+from replaywatch.sources.reverb import ReverbSource, snapshot_from_info
+from replaywatch.sources.reverb_wire import WireError, decode_server_info
+
+
+def _tables() -> list[reverb.Table]:
+    signature = {"obs": tf.TensorSpec([3], tf.float32)}
+    return [
+        reverb.Table("uniform_fifo", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                     max_size=1000,
+                     rate_limiter=reverb.rate_limiters.SampleToInsertRatio(4.0, 5, 200.0),
+                     signature=signature),
+        reverb.Table("prioritized_heap", reverb.selectors.Prioritized(0.6),
+                     reverb.selectors.MinHeap(), max_size=50, max_times_sampled=3,
+                     rate_limiter=reverb.rate_limiters.MinSize(1)),
+        reverb.Table.queue("queue", 10),
+        reverb.Table("lifo_maxheap", reverb.selectors.Lifo(), reverb.selectors.MaxHeap(),
+                     max_size=20, rate_limiter=reverb.rate_limiters.MinSize(1)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[reverb.Server]:
+    tables = _tables()
+    server = reverb.Server(tables=tables)
+    server.live_tables = {t.name: t for t in tables}  # type: ignore[attr-defined]
+    client = reverb.Client(f"localhost:{server.port}")
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        for step in range(30):
+            writer.append({"obs": np.full([3], step, np.float32)})
+            for table in ("uniform_fifo", "prioritized_heap"):
+                writer.create_item(table, 1.0 + step, {"obs": writer.history["obs"][-1]})
+        writer.flush()
+    for _ in client.sample("uniform_fifo", num_samples=7):
+        pass
+    yield server
+    server.stop()
+
+
+def test_every_tableinfo_field_matches_reverb_client(server: reverb.Server) -> None:
+    address = f"127.0.0.1:{server.port}"
+    raw = ReverbSource(address, timeout_s=2.0).fetch()
+    ours = {info["name"]: snapshot_from_info(info, address, 1.0) for info in
+            decode_server_info(raw)}
+    theirs = reverb.Client(address).server_info(timeout=5)
+    assert set(ours) == set(theirs)
+    for name, info in theirs.items():
+        snap = ours[name]
+        rl = info.rate_limiter_info
+        assert (snap.max_size, snap.current_size, snap.max_times_sampled) == (
+            info.max_size, info.current_size, info.max_times_sampled)
+        assert (snap.num_episodes, snap.num_deleted_episodes, snap.num_unique_samples) == (
+            info.num_episodes, info.num_deleted_episodes, info.num_unique_samples)
+        assert snap.rate_limiter.samples_per_insert == rl.samples_per_insert
+        assert snap.rate_limiter.min_diff == rl.min_diff
+        assert snap.rate_limiter.max_diff == rl.max_diff
+        assert snap.rate_limiter.min_size_to_sample == rl.min_size_to_sample
+        assert snap.rate_limiter.inserts == rl.insert_stats.completed
+        assert snap.rate_limiter.samples == rl.sample_stats.completed
+        for state in snap.worker_time.STATES:
+            # The worker keeps counting between the two calls; never backwards.
+            assert snap.worker_time.ms(state) <= getattr(info.table_worker_time, f"{state}_ms")
+        assert snap.sampler.kind == info.sampler_options.WhichOneof("distribution")
+        assert snap.remover.kind == info.remover_options.WhichOneof("distribution")
+        assert snap.remover.is_deterministic == info.remover_options.is_deterministic
+        assert snap.has_signature == (info.signature is not None)
+    assert ours["prioritized_heap"].sampler.priority_exponent == pytest.approx(0.6)
+    assert ours["prioritized_heap"].remover.min_heap is True
+    assert ours["lifo_maxheap"].remover.min_heap is False
+    assert ours["uniform_fifo"].rate_limiter.inserts == 30
+    assert ours["uniform_fifo"].rate_limiter.samples == 7
+
+
+def test_rebuilt_can_sample_and_can_insert_agree_with_the_server(server: reverb.Server) -> None:
+    address = f"127.0.0.1:{server.port}"
+    snaps = {s["name"]: snapshot_from_info(s, address, 1.0)
+             for s in decode_server_info(ReverbSource(address, 2.0).fetch())}
+    for name, live in server.live_tables.items():  # type: ignore[attr-defined]
+        snap = snaps[name]
+        for n in (1, 2, 10, 100, 10_000):
+            assert ratelimiter.can_sample(snap, n) == live.can_sample(n), (name, n)
+            assert ratelimiter.can_insert(snap, n) == live.can_insert(n), (name, n)
+
+
+def test_minsize_limiter_reads_as_insert_blocking_disabled(server: reverb.Server) -> None:
+    address = f"127.0.0.1:{server.port}"
+    snaps = {s["name"]: snapshot_from_info(s, address, 1.0)
+             for s in decode_server_info(ReverbSource(address, 2.0).fetch())}
+    assert snaps["prioritized_heap"].rate_limiter.max_diff == FLOAT_MAX
+    assert ratelimiter.is_insert_blocking_disabled(snaps["prioritized_heap"])
+    assert not ratelimiter.is_insert_blocking_disabled(snaps["uniform_fifo"])
+
+
+def test_a_dead_address_fails_fast_as_data_not_an_exception() -> None:
+    outcome = ReverbSource("127.0.0.1:9", timeout_s=0.5).poll()
+    assert not outcome.ok and "unreachable" in (outcome.error or "")
+    assert outcome.duration_s < 0.6
+
+
+@pytest.mark.parametrize("raw", [b"\x12\x05abc", b"\x12", b"\x0b", b"\xff" * 12])
+def test_garbage_bytes_raise_wire_error(raw: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_server_info(raw)
+
+
+def test_the_sidecar_source_does_not_import_tensorflow() -> None:
+    import subprocess
+
+    code = ("import sys, replaywatch.sources.reverb, replaywatch.cli, replaywatch.api;"
+            "bad=[m for m in ('tensorflow','reverb','jax') if m in sys.modules];"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
