@@ -37,8 +37,6 @@ system-deps:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
-	@# The Debian prometheus packages start services on install; the tests run their own.
-	@-pkill -x prometheus 2>/dev/null; pkill -f 'prometheus-alertmanager|/bin/alertmanager' 2>/dev/null; true
 
 test: $(STAMP) system-deps
 	$(PY) -m ruff check replaywatch agents tests bench

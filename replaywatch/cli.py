@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -171,6 +172,10 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
           file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
                                            timeout_graceful_shutdown=2))
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler
+    # that was installed before it; ours turns it into a normal exit so that the
+    # poller and the incident log below are closed.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         server.run(sockets=[sock])
     finally:
@@ -180,6 +185,10 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
         if incidents is not None:
             incidents.close()
     return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _page_routers() -> tuple[Any, ...]:
