@@ -89,10 +89,10 @@ def run_check(config: WatchConfig, duration_s: float, as_json: bool,
               out: TextIO = sys.stdout) -> int:
     """Polls for `duration_s`; exit 1 if a critical finding is active at the end."""
     from replaywatch.cli import make_poller
-    from replaywatch.evaluator import make_evaluator
 
-    evaluator, incidents = make_evaluator(dataclasses.replace(config, db_path=":memory:"))
-    poller, _, _ = make_poller(config, evaluator)
+    # A one-shot look keeps its incidents in memory: it must not touch the log
+    # of a `watch` that may be running beside it.
+    poller, _, _, incidents = make_poller(config, incidents_path=":memory:")
     try:
         deadline = time.monotonic() + duration_s
         state = poller.tick()

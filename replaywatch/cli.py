@@ -21,10 +21,11 @@ from replaywatch import config as cfg
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
 from replaywatch.history import History
-from replaywatch.poller import Poller, SourceBinding
+from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.sources.probe import ProbeSource
 from replaywatch.sources.reverb import ReverbSource
 from replaywatch.state import StateStore
+from replaywatch.targets_file import ParsedTargets, TargetsFile
 
 log = logging.getLogger("replaywatch")
 
@@ -71,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--history", type=_positive_float, default=900.0, metavar="SECONDS",
                        help="history kept per table (default 900 = 15 minutes)")
     watch.add_argument("--db", metavar="PATH", help="incident log (SQLite) path")
+    watch.add_argument("--targets-file", metavar="PATH",
+                       help="more targets in Prometheus file_sd format (JSON/YAML), reloaded")
     watch.add_argument("--trainer-pid", type=int, metavar="PID",
                        help="take py-spy stacks of this trainer when a critical finding opens")
     watch.add_argument("--token-file", metavar="FILE",
@@ -111,6 +114,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,
         db_path=getattr(args, "db", None), trainer_pid=getattr(args, "trainer_pid", None),
+        targets_file=getattr(args, "targets_file", None),
     )
 
 
@@ -123,12 +127,66 @@ def make_bindings(config: cfg.WatchConfig) -> list[SourceBinding]:
     return bindings
 
 
-def make_poller(config: cfg.WatchConfig, evaluator: Any) -> tuple[Poller, History, StateStore]:
+def bindings_from_file(parsed: ParsedTargets, timeout: float) -> list[SourceBinding]:
+    out = []
+    for entry in parsed.entries:
+        out.append(SourceBinding(ReverbSource(entry.address, timeout), entry.address,
+                                 entry.labels))
+        if entry.probe_url:
+            out.append(SourceBinding(ProbeSource(entry.probe_url, timeout), entry.address,
+                                     entry.labels))
+    return out
+
+
+def make_reloader(config: cfg.WatchConfig, static: list[SourceBinding]
+                  ) -> tuple[list[SourceBinding], Any, Any]:
+    """Initial bindings, a reload function and the file's errors, for --targets-file.
+
+    At start an unreadable or shapeless file is a ConfigError (exit 2); bad
+    entries are reported and skipped. Later, a broken edit keeps what runs.
+    """
+    if not config.targets_file:
+        return static, None, tuple
+    timeout = config.poll.effective_timeout_s
+    tf = TargetsFile(config.targets_file, reserved=frozenset(config.targets))
+    parsed = tf.read_if_changed()
+    if parsed is None:
+        raise ConfigError(tf.last_error or f"targets file {config.targets_file}: unreadable")
+    for error in parsed.errors:
+        log.warning("%s", error)
+    if not static and not parsed.entries:
+        raise ConfigError(f"targets file {config.targets_file} has no valid target")
+
+    def reload() -> list[SourceBinding] | None:
+        fresh = tf.read_if_changed()
+        if fresh is None:
+            if tf.last_error:
+                log.warning("%s; keeping the current targets", tf.last_error)
+            return None
+        for error in fresh.errors:
+            log.warning("%s", error)
+        return static + bindings_from_file(fresh, timeout)
+
+    return static + bindings_from_file(parsed, timeout), reload, lambda: (
+        (tf.last_error,) if tf.last_error else ())
+
+
+def make_poller(config: cfg.WatchConfig, incidents_path: str | None = None
+                ) -> tuple[Poller, History, StateStore, Any]:
+    """config -> sources -> history -> evaluator -> poller -> state."""
+    from replaywatch.evaluator import make_evaluator
+
     history = History(max_age_s=config.poll.history_s, max_points=config.poll.max_points)
     store = StateStore()
-    poller = Poller(make_bindings(config), history, store, evaluator,
-                    interval_s=config.poll.interval_s, timeout_s=config.poll.effective_timeout_s)
-    return poller, history, store
+    bindings, reload, errors = make_reloader(config, make_bindings(config))
+    # The evaluator asks the poller for the current targets at each cycle, so a
+    # reloaded targets file is diagnosed from its next cycle on.
+    evaluator, incidents = make_evaluator(config, lambda: targets_of(poller.bindings),
+                                          incidents_path)
+    poller = Poller(bindings, history, store, evaluator, interval_s=config.poll.interval_s,
+                    timeout_s=config.poll.effective_timeout_s, reload=reload,
+                    config_errors=errors)
+    return poller, history, store, incidents
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -149,16 +207,14 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
     import uvicorn
 
     from replaywatch.api import create_app
-    from replaywatch.evaluator import make_evaluator
     from replaywatch.metrics import make_registry
 
     if not cfg.is_loopback(config.serve.listen_host) and not config.serve.token:
         log.warning("listening on %s without a token: anyone who can reach it can read the "
                     "job's state; set REPLAYWATCH_TOKEN or --token-file",
                     config.serve.listen_host)
+    poller, history, store, incidents = make_poller(config)
     sock = _bind(config.serve.listen_host, config.serve.listen_port)
-    evaluator, incidents = make_evaluator(config)
-    poller, history, store = make_poller(config, evaluator)
     app = create_app(store, make_registry(store.current), history, incidents,
                      history_s=config.poll.history_s, serve=config.serve,
                      extra_routers=_page_routers())

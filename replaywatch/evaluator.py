@@ -181,9 +181,10 @@ class Evaluator:
         thread.start()
 
 
-def make_evaluator(config: WatchConfig) -> tuple[Evaluator, IncidentLog | None]:
+def make_evaluator(config: WatchConfig, targets: Callable[[], dict[str, list[str]]],
+                   path: str | None = None) -> tuple[Evaluator, IncidentLog | None]:
     """Wires the evaluator for `config`; the incident log directory is created here."""
-    path = config.db_path
+    path = path or config.db_path
     if path is None:
         from replaywatch.config import default_db_path
 
@@ -194,10 +195,6 @@ def make_evaluator(config: WatchConfig) -> tuple[Evaluator, IncidentLog | None]:
         except OSError as e:  # the log reports it in /readyz; watching goes on
             log.error("cannot create the incident log's directory: %s", e)
     incidents = IncidentLog(path)
-    probes: dict[str, list[str]] = {t: [] for t in config.targets}
-    for p in config.probes:
-        assert p.target is not None
-        probes[p.target].append(p.url)
-    evaluator = Evaluator(lambda: probes, config.thresholds, config.poll.interval_s, incidents,
+    evaluator = Evaluator(targets, config.thresholds, config.poll.interval_s, incidents,
                           trainer_pid=config.trainer_pid)
     return evaluator, incidents

@@ -57,6 +57,16 @@ class NoEvaluation:
 class SourceBinding:
     source: Source
     target: str  # the Reverb target a probe belongs to; a target's own name
+    labels: tuple[tuple[str, str], ...] = ()  # from a targets file
+
+
+def targets_of(bindings: Sequence[SourceBinding]) -> dict[str, list[str]]:
+    """Each Reverb target and the probe URLs that belong to it."""
+    out: dict[str, list[str]] = {b.source.name: [] for b in bindings if b.source.kind == "reverb"}
+    for b in bindings:
+        if b.source.kind == "probe" and b.target in out:
+            out[b.target].append(b.source.name)
+    return out
 
 
 def _next_status(prev: SourceStatus | None, binding: SourceBinding, out: PollOutcome,
@@ -75,6 +85,7 @@ def _next_status(prev: SourceStatus | None, binding: SourceBinding, out: PollOut
         polls_total=(prev.polls_total if prev else 0) + 1,
         failures_total=(prev.failures_total if prev else 0) + (0 if out.ok else 1),
         late_polls_total=(prev.late_polls_total if prev else 0) + (1 if late else 0),
+        labels=binding.labels,
     )
 
 
@@ -91,8 +102,12 @@ class Poller:
         timeout_s: float,
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
+        reload: Callable[[], Sequence[SourceBinding] | None] | None = None,
+        config_errors: Callable[[], tuple[str, ...]] = tuple,
     ):
         self._bindings = list(bindings)
+        self._reload = reload
+        self._config_errors = config_errors
         self._history = history
         self._store = store
         self._evaluator = evaluator
@@ -117,6 +132,21 @@ class Poller:
                     self._statuses.pop(old.source.name, None)
             self._bindings = list(bindings)
 
+    def _apply_reload(self, fresh: Sequence[SourceBinding]) -> None:
+        """Keeps the source objects (and their channels) of targets that stay."""
+        current = {b.source.name: b for b in self.bindings}
+        merged = []
+        for b in fresh:
+            old = current.get(b.source.name)
+            if old is not None and old.target == b.target:
+                b = dataclasses.replace(b, source=old.source)  # keep its live channel
+            merged.append(b)
+        added = {b.source.name for b in merged} - set(current)
+        removed = set(current) - {b.source.name for b in merged}
+        if added or removed:
+            log.info("targets reloaded: +%s -%s", sorted(added), sorted(removed))
+        self.set_bindings(merged)
+
     @property
     def bindings(self) -> list[SourceBinding]:
         with self._lock:
@@ -133,6 +163,10 @@ class Poller:
     def tick(self) -> Published:
         """Polls all sources once (concurrently), evaluates and publishes."""
         t0 = self._perf()
+        if self._reload is not None:
+            fresh = self._reload()
+            if fresh is not None:
+                self._apply_reload(fresh)
         bindings = self.bindings
         pool = self._pool()
         started: list[tuple[SourceBinding, concurrent.futures.Future[PollOutcome]]] = []
@@ -203,6 +237,7 @@ class Poller:
             insufficient=evaluation.insufficient,
             incident_ids=evaluation.incident_ids,
             incident_log_error=evaluation.incident_log_error,
+            config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,
         )
         self._store.publish(published)

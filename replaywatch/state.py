@@ -31,6 +31,7 @@ class SourceStatus:
     polls_total: int
     failures_total: int
     late_polls_total: int
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Published:
     incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
     cycle_duration_s: float = 0.0
     incident_log_error: str | None = None
+    config_errors: tuple[str, ...] = ()
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

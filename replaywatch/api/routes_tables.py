@@ -29,6 +29,7 @@ def targets(state: PublishedDep) -> TargetsOut:
     return TargetsOut(
         targets=[TargetOut.of(s) for s in statuses if s.kind == "reverb"],
         probes=[TargetOut.of(s) for s in statuses if s.kind == "probe"],
+        config_errors=list(state.config_errors),
     )
 
 

@@ -29,15 +29,19 @@ class TargetOut(BaseModel):
     polls_total: int
     failures_total: int
     late_polls_total: int
+    labels: dict[str, str] = {}
 
     @classmethod
     def of(cls, s: SourceStatus) -> TargetOut:
-        return cls(**dataclasses.asdict(s))
+        doc = dataclasses.asdict(s)
+        doc["labels"] = dict(s.labels)
+        return cls(**doc)
 
 
 class TargetsOut(BaseModel):
     targets: list[TargetOut]
     probes: list[TargetOut]
+    config_errors: list[str] = []
 
 
 class KeyDistributionOut(BaseModel):
