@@ -94,23 +94,31 @@ class Evaluator:
         self._fetch_stacks = stack_fetcher
         self._active: dict[tuple[str, str, str], Finding] = {}
         self._resumed = False
+        self._held: set[tuple[str, str, str]] = set()
+        self._hold_until = 0.0
+        # A restarted sidecar knows nothing for a while: a target_down needs
+        # several failed polls, a stall a whole window. Until then an incident
+        # resumed from the log is held open, not resolved and then re-opened.
+        self._hold_s = thresholds.stall_window_s + (thresholds.down_polls + 2) * interval_s
         self.stack_threads: list[threading.Thread] = []
 
-    def _resume(self) -> None:
+    def _resume(self, now: float) -> None:
         """Open incidents from before a restart continue, not duplicated."""
         self._resumed = True
+        self._hold_until = now + self._hold_s
         if self._incidents is None:
             return
         self._incidents.open()
         for f in self._incidents.open_findings():
             self._active[f.key] = f
+            self._held.add(f.key)
         if self._active:
             log.info("resumed %d open incident(s) from the log", len(self._active))
 
     def evaluate(self, history: History, sources: dict[str, SourceStatus], now: float
                  ) -> Evaluation:
         if not self._resumed:
-            self._resume()
+            self._resume(now)
         found: list[Finding] = []
         insufficient: list[str] = []
         targets = self._targets()
@@ -119,6 +127,12 @@ class Evaluator:
             diagnosis = diagnose(view, self._th, now)
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
+        found_keys = {f.key for f in found}
+        self._held -= found_keys  # seen again: an ordinary finding from now on
+        if now < self._hold_until:
+            found += [self._active[k] for k in self._held if k in self._active]
+        else:
+            self._held.clear()
         result: Reconciled = reconcile(self._active, found, set(targets), now)
         # Findings of targets no longer watched (a reloaded targets file) resolve too.
         gone = [f for f in result.active.values() if f.target not in targets]
@@ -144,8 +158,11 @@ class Evaluator:
             f = t.finding
             level = logging.WARNING if f.severity >= Severity.WARNING else logging.INFO
             log.log(level, "%s %s %s %s: %s", t.kind, f.kind, f.target, f.table, f.summary)
-        if self._incidents is None or not transitions:
+        if self._incidents is None:
             return
+        if not transitions and self._incidents.last_error is None:
+            return
+        # With no new transitions this retries what a failed write left queued.
         self._incidents.apply(transitions, self._context(transitions, history, targets))
         for t in transitions:
             if t.kind == "opened" and t.finding.severity == Severity.CRITICAL:
