@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bearer token for the API and page (or REPLAYWATCH_TOKEN)")
     watch.add_argument("--protect-metrics", action="store_true",
                        help="require the token on /metrics too")
+    watch.add_argument("--protect-healthz", action="store_true",
+                       help="require the token on /healthz and /readyz too")
     watch.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check", help="poll for a while and print what is wrong")
@@ -110,6 +112,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
             listen_host=host, listen_port=port,
             token=cfg.read_token(environ, args.token_file),
             protect_metrics=args.protect_metrics,
+            protect_healthz=args.protect_healthz,
         )
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,

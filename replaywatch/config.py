@@ -72,6 +72,9 @@ def parse_probe(spec: str) -> ProbeTarget:
     return ProbeTarget(url=url.rstrip("/"), target=target)
 
 
+MAX_HISTORY_S = 86400.0  # a day at 1 Hz is ~86k snapshots per table: the memory bound
+
+
 @dataclasses.dataclass(frozen=True)
 class PollConfig:
     interval_s: float = 1.0
@@ -85,6 +88,8 @@ class PollConfig:
             raise ConfigError(f"interval ({self.interval_s:g}) must be <= 3600 seconds")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ConfigError(f"timeout ({self.timeout_s:g}) must be > 0")
+        if self.history_s > MAX_HISTORY_S:
+            raise ConfigError(f"history ({self.history_s:g}s) must be <= {MAX_HISTORY_S:g}s")
         if not self.history_s >= self.interval_s * 2:
             raise ConfigError(
                 f"history ({self.history_s:g}s) must hold at least two polls "

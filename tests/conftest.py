@@ -47,7 +47,8 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
         proc = spawn([PYTHON, "-m", "replaywatch", "watch", "--listen", f"127.0.0.1:{port}",
                       *flags], name="sidecar", env=env)
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: get_json(f"{base}/healthz", 1.0)[0] == 200, timeout_s=30)
+        # 401 counts as up: a test may protect /healthz with a token.
+        wait_until(lambda: get_json(f"{base}/healthz", 1.0)[0] in (200, 401), timeout_s=30)
         return proc, base
 
     return start

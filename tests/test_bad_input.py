@@ -87,6 +87,7 @@ def test_check_on_an_unreachable_target_reports_down_without_hanging() -> None:
         ("/api/v1/tables/127.0.0.1:9/t/history?seconds=abc", 400),
         ("/api/v1/tables/127.0.0.1:9/t/history?seconds=-5", 400),
         ("/api/v1/tables/127.0.0.1:9/t/history?seconds=1e9", 400),
+        ("/api/v1/tables/127.0.0.1:9/t/history?seconds=inf", 400),
         ("/api/v1/tables?target=nope", 404),
         ("/api/v1/findings?severity=fatal", 400),
         ("/api/v1/findings?state=bogus", 400),

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from replaywatch.api import routes_findings, routes_health, routes_tables
 from replaywatch.api.deps import ApiError, IncidentReader
+from replaywatch.api.schemas import ErrorOut
 from replaywatch.config import ServeConfig
 from replaywatch.history import History
 from replaywatch.state import StateStore
@@ -29,6 +30,16 @@ SECURITY_HEADERS = {
         "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
     ),
     "Cache-Control": "no-store",
+}
+
+
+# Every route may answer these, always as {"error": "..."}; declared so that
+# clients generated from the OpenAPI schema expect them.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "Bad parameter"},
+    401: {"model": ErrorOut, "description": "Missing or wrong bearer token"},
+    404: {"model": ErrorOut, "description": "Unknown target, table, incident or path"},
+    413: {"model": ErrorOut, "description": "Request body too large"},
 }
 
 
@@ -60,7 +71,8 @@ def create_app(
     extra_routers: tuple[Any, ...] = (),
 ) -> FastAPI:
     """Builds the API over the poller's published state; does no I/O itself."""
-    app = FastAPI(title="replaywatch", version="0.1.0", docs_url="/docs", redoc_url=None)
+    app = FastAPI(title="replaywatch", version="0.1.0", docs_url="/docs", redoc_url=None,
+                  responses=ERROR_RESPONSES)
     app.state.store = store
     app.state.registry = registry
     app.state.history = history
@@ -98,7 +110,10 @@ def create_app(
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             return _error(404, f"no such endpoint {request.url.path[:200]!r}")
-        return _error(exc.status_code, str(exc.detail))
+        response = _error(exc.status_code, str(exc.detail))
+        for name, value in (exc.headers or {}).items():  # e.g. Allow on a 405
+            response.headers[name] = value
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:

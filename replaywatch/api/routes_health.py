@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from replaywatch.api.deps import IncidentsDep, PublishedDep
 
@@ -17,7 +18,14 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+class ReadyOut(BaseModel):
+    status: str
+    problems: list[str]
+    cycle: int
+
+
+@router.get("/readyz", response_model=ReadyOut,
+            responses={503: {"model": ReadyOut, "description": "Not ready; problems listed"}})
 def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
     """Ready once a poll cycle has published and the incident log accepts writes."""
     problems = []
@@ -34,6 +42,8 @@ def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {}},
+                             "description": "Prometheus text exposition"}})
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from replaywatch.api.deps import ApiError, HistoryDep, HistoryLimitDep, PublishedDep
+from replaywatch.api.deps import ApiError, HistoryDep, PublishedDep
 from replaywatch.api.schemas import (
     HistoryOut,
     ProbeOut,
@@ -17,6 +17,7 @@ from replaywatch.api.schemas import (
     TargetOut,
     TargetsOut,
 )
+from replaywatch.config import MAX_HISTORY_S
 from replaywatch.diagnosis.derived import derive
 from replaywatch.poller import RATE_WINDOW_S
 
@@ -55,11 +56,10 @@ def table_history(
     table: str,
     state: PublishedDep,
     history: HistoryDep,
-    limit_s: HistoryLimitDep,
-    seconds: Annotated[float, Query(gt=0, description="window, at most the history kept")] = 60,
+    seconds: Annotated[float, Query(gt=0, le=MAX_HISTORY_S, description=(
+        "window in seconds; a window longer than the history kept (--history) returns "
+        "all that is kept"))] = 60,
 ) -> HistoryOut:
-    if seconds > limit_s:
-        raise ApiError(400, f"seconds ({seconds:g}) must be <= the history kept ({limit_s:g})")
     if (target, table) not in state.tables:
         if target not in state.sources:
             raise ApiError(404, f"unknown target {target!r}")

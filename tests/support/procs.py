@@ -96,9 +96,11 @@ def get_json(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = 
             return e.code, body.decode(errors="replace")
 
 
-def get_text(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+def get_text(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None
+             ) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=timeout_s) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")

@@ -1,0 +1,137 @@
+"""Loopback by default, an optional bearer token, read-only, safe headers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from replaywatch.api.app import _token_ok
+from tests.support.procs import Proc, free_port, get_json, get_text, wait_until
+
+TOKEN = "s3cret-token-for-tests"
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def guarded(sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path) -> tuple[Proc, str]:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    return sidecar("--reverb", "127.0.0.1:9", "--token-file", str(token_file), "--db",
+                   str(tmp_path / "i.db"))
+
+
+@pytest.mark.parametrize("path", ["/api/v1/targets", "/api/v1/tables", "/api/v1/findings",
+                                  "/api/v1/incidents", "/"])
+def test_the_api_and_page_need_the_token(guarded: tuple[Proc, str], path: str) -> None:
+    _, base = guarded
+    assert get_text(base + path)[0] == 401
+    assert get_text(base + path, headers=_auth("wrong"))[0] == 401
+    assert get_text(base + path, headers={"Authorization": TOKEN})[0] == 401  # no scheme
+    assert get_text(base + path, headers=_auth(TOKEN))[0] == 200
+
+
+def test_metrics_and_health_stay_open_unless_protected(guarded: tuple[Proc, str],
+                                                       sidecar: Callable[..., tuple[Proc, str]],
+                                                       tmp_path: Path) -> None:
+    _, base = guarded
+    assert get_text(f"{base}/metrics")[0] == 200
+    assert get_json(f"{base}/healthz")[0] == 200
+    _, strict = sidecar("--reverb", "127.0.0.1:9", "--db", str(tmp_path / "j.db"),
+                        "--protect-metrics", "--protect-healthz",
+                        env={"REPLAYWATCH_TOKEN": TOKEN})
+    assert get_text(f"{strict}/metrics")[0] == 401
+    assert get_json(f"{strict}/readyz")[0] == 401
+    assert get_text(f"{strict}/metrics", headers=_auth(TOKEN))[0] == 200
+
+
+def test_the_token_never_reaches_the_log(guarded: tuple[Proc, str]) -> None:
+    proc, base = guarded
+    get_json(f"{base}/api/v1/targets", headers=_auth("wrong-guess"))
+    get_json(f"{base}/api/v1/targets", headers=_auth(TOKEN))
+    time.sleep(0.5)
+    assert proc.log_path is not None
+    log = proc.log_path.read_text()
+    assert TOKEN not in log and "wrong-guess" not in log
+
+
+def test_token_comparison_accepts_only_the_exact_token() -> None:
+    expected = TOKEN.encode()
+    assert _token_ok(f"Bearer {TOKEN}", expected)
+    assert _token_ok(f"bearer {TOKEN}", expected)
+    for header in ("", "Bearer", f"Basic {TOKEN}", f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}"):
+        assert not _token_ok(header, expected), header
+
+
+def test_binds_loopback_by_default_and_warns_when_exposed_without_a_token(tmp_path: Path
+                                                                         ) -> None:
+    done = subprocess.run([sys.executable, "-m", "replaywatch", "watch", "--help"],
+                          capture_output=True, text=True, timeout=30)
+    assert "--listen" in done.stdout
+    from replaywatch.config import ServeConfig
+
+    assert ServeConfig().listen_host == "127.0.0.1"
+    port = free_port()
+    proc = Proc([sys.executable, "-m", "replaywatch", "watch", "--reverb", "127.0.0.1:9",
+                 "--listen", f"0.0.0.0:{port}", "--db", str(tmp_path / "i.db")],
+                stdout_path=tmp_path / "out.log")
+    try:
+        wait_until(lambda: get_json(f"http://127.0.0.1:{port}/healthz")[0] == 200, 20)
+        assert "without a token" in (tmp_path / "out.log").read_text()
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_no_endpoint_accepts_writes(sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+                                    method: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    _, base = sidecar("--reverb", "127.0.0.1:9", "--db", str(tmp_path / "i.db"))
+    for path in ("/api/v1/targets", "/api/v1/findings", "/api/v1/incidents/1", "/metrics"):
+        request = urllib.request.Request(base + path, method=method, data=b"{}")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=5)
+        assert e.value.code in (404, 405), (path, e.value.code)
+
+
+def test_oversized_requests_are_refused(sidecar: Callable[..., tuple[Proc, str]],
+                                        tmp_path: Path) -> None:
+    import http.client
+    import json
+
+    _, base = sidecar("--reverb", "127.0.0.1:9", "--db", str(tmp_path / "i.db"))
+    conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
+    # Announce a 100 MB body and send none: refused before anything is read.
+    conn.putrequest("GET", "/api/v1/targets")
+    conn.putheader("Content-Length", str(100 * 1024 * 1024))
+    conn.endheaders()
+    response = conn.getresponse()
+    assert response.status == 413
+    assert "error" in json.loads(response.read())
+    conn.close()
+
+
+def test_every_response_carries_the_security_headers(sidecar: Callable[..., tuple[Proc, str]],
+                                                    tmp_path: Path) -> None:
+    import urllib.request
+
+    _, base = sidecar("--reverb", "127.0.0.1:9", "--db", str(tmp_path / "i.db"))
+    for path in ("/api/v1/targets", "/nope"):
+        try:
+            response = urllib.request.urlopen(base + path, timeout=5)
+            headers = response.headers
+        except urllib.error.HTTPError as e:  # type: ignore[name-defined]
+            headers = e.headers
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        assert headers["X-Frame-Options"] == "DENY"
+        csp = headers["Content-Security-Policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
