@@ -59,6 +59,8 @@ def parse_probe(spec: str) -> ProbeTarget:
     """`URL` or `TARGET=URL` (e.g. `127.0.0.1:8000=http://127.0.0.1:8001`)."""
     target: str | None = None
     url = spec.strip()
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ConfigError(f"probe ({spec!r}) must not contain spaces or control characters")
     head, eq, tail = url.partition("=")
     if eq and "://" not in head:
         target, url = parse_address(head, "probe's target"), tail.strip()

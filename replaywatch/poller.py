@@ -185,10 +185,16 @@ class Poller:
             [f for _, f in started], timeout=self._timeout_s + min(0.5, self._interval_s)
         )
         for binding, future in started:
-            if future.done():
-                self._record(binding, future.result(), late=False)
-            else:
+            if not future.done():
                 skipped.append(binding)
+                continue
+            try:
+                outcome = future.result()
+            except Exception as e:  # a source bug fails that source, not the cycle
+                log.exception("polling %s raised", binding.source.name)
+                outcome = PollOutcome(binding.source.name, binding.source.kind, self._clock(),
+                                      0.0, error=f"internal error: {type(e).__name__}: {e}")
+            self._record(binding, outcome, late=False)
         for binding in skipped:
             prev = self._statuses.get(binding.source.name)
             if prev is not None:

@@ -31,6 +31,7 @@ def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         (["watch", "--reverb", "h:1", "--interval", "nan"], "positive number"),
         (["watch", "--reverb", "h:1", "--bogus"], "unrecognized arguments"),
         (["watch", "--reverb", "h:1", "--probe", "ftp://x"], "http URL"),
+        (["watch", "--reverb", "h:1", "--probe", "http://p:1/a b"], "spaces"),
         (["watch", "--reverb", "h:1", "--reverb", "h:2", "--probe", "http://p:1"], "TARGET=URL"),
         (["watch", "--reverb", "h:1", "--probe", "h:3=http://p:1"], "is not a --reverb"),
         (["watch", "--reverb", "h:1", "--listen", "nowhere"], "listen"),

@@ -29,13 +29,23 @@ def guarded(sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path) -> tuple[P
 
 
 @pytest.mark.parametrize("path", ["/api/v1/targets", "/api/v1/tables", "/api/v1/findings",
-                                  "/api/v1/incidents", "/"])
+                                  "/api/v1/incidents", "/api/v1/probes", "/docs",
+                                  "/openapi.json"])
 def test_the_api_and_page_need_the_token(guarded: tuple[Proc, str], path: str) -> None:
     _, base = guarded
     assert get_text(base + path)[0] == 401
     assert get_text(base + path, headers=_auth("wrong"))[0] == 401
     assert get_text(base + path, headers={"Authorization": TOKEN})[0] == 401  # no scheme
     assert get_text(base + path, headers=_auth(TOKEN))[0] == 200
+
+
+def test_the_page_shell_loads_without_the_token_but_holds_no_job_data(
+    guarded: tuple[Proc, str]
+) -> None:
+    _, base = guarded
+    status, html = get_text(f"{base}/")
+    assert status == 200 and "127.0.0.1:9" not in html  # data comes from /api/* only
+    assert get_text(f"{base}/static/status.js")[0] == 200
 
 
 def test_metrics_and_health_stay_open_unless_protected(guarded: tuple[Proc, str],

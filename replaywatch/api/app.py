@@ -13,6 +13,7 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from replaywatch.api import routes_findings, routes_health, routes_tables
+from replaywatch.api.cache import RenderCache
 from replaywatch.api.deps import ApiError, IncidentReader
 from replaywatch.api.schemas import ErrorOut
 from replaywatch.config import ServeConfig
@@ -54,6 +55,10 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def _needs_token(path: str, serve: ServeConfig) -> bool:
+    # The page's HTML and assets hold no job data, and a browser cannot send a
+    # header when it first opens a page: the page then calls /api/* with it.
+    if path == "/" or path.startswith("/static/"):
+        return False
     if path == "/metrics":
         return serve.protect_metrics
     if path in ("/healthz", "/readyz"):
@@ -78,6 +83,7 @@ def create_app(
     app.state.history = history
     app.state.incidents = incidents
     app.state.history_s = history_s
+    app.state.cache = RenderCache()
     expected = serve.token.encode() if serve.token else None
 
     @app.middleware("http")

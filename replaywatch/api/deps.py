@@ -6,6 +6,7 @@ from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
+from replaywatch.api.cache import RenderCache
 from replaywatch.history import History
 from replaywatch.state import Published, StateStore
 
@@ -47,11 +48,11 @@ def get_incidents(request: Request) -> IncidentReader | None:
     return request.app.state.incidents
 
 
-def get_history_limit(request: Request) -> float:
-    return float(request.app.state.history_s)
+def get_cache(request: Request) -> RenderCache:
+    return request.app.state.cache
 
 
 PublishedDep = Annotated[Published, Depends(get_published)]
 HistoryDep = Annotated[History, Depends(get_history)]
 IncidentsDep = Annotated["IncidentReader | None", Depends(get_incidents)]
-HistoryLimitDep = Annotated[float, Depends(get_history_limit)]
+CacheDep = Annotated[RenderCache, Depends(get_cache)]

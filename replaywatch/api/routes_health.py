@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from replaywatch.api.deps import IncidentsDep, PublishedDep
+from replaywatch.api.deps import CacheDep, IncidentsDep, PublishedDep
 
 router = APIRouter()
 
@@ -45,5 +45,7 @@ def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"content": {"text/plain": {}},
                              "description": "Prometheus text exposition"}})
-def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+def metrics(request: Request, state: PublishedDep, cache: CacheDep) -> Response:
+    registry = request.app.state.registry
+    body = cache.get("/metrics", state.cycle, lambda: generate_latest(registry))
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import bisect
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
-from replaywatch.api.deps import ApiError, HistoryDep, PublishedDep
+from replaywatch.api.deps import ApiError, CacheDep, HistoryDep, PublishedDep
 from replaywatch.api.schemas import (
     HistoryOut,
     ProbeOut,
@@ -37,17 +37,22 @@ def targets(state: PublishedDep) -> TargetsOut:
 @router.get("/tables", response_model=TablesOut)
 def tables(
     state: PublishedDep,
+    cache: CacheDep,
     target: Annotated[str | None, Query(max_length=300)] = None,
-) -> TablesOut:
+) -> Response:
     if target is not None and target not in state.sources:
         raise ApiError(404, f"unknown target {target!r}")
-    return TablesOut(
-        tables=[
+
+    def render() -> bytes:
+        out = TablesOut(tables=[
             TableOut.of(snap, state.derived.get(key))
             for key, snap in sorted(state.tables.items())
             if target is None or key[0] == target
-        ]
-    )
+        ])
+        return out.model_dump_json().encode()
+
+    body = cache.get(f"/tables?target={target}", state.cycle, render)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/tables/{target}/{table}/history", response_model=HistoryOut)

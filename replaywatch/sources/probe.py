@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -67,6 +68,8 @@ def get_json(url: str, timeout_s: float) -> dict[str, Any]:
             body = response.read(_MAX_BODY + 1)
     except urllib.error.HTTPError as e:
         raise SourceProtocolError(f"{url}: HTTP {e.code}") from None
+    except (ValueError, http.client.HTTPException) as e:  # e.g. InvalidURL, BadStatusLine
+        raise SourceProtocolError(f"{url}: {type(e).__name__}: {e}") from None
     except TimeoutError:
         raise SourceTimeout(f"{url}: no answer within {timeout_s:g}s") from None
     except (urllib.error.URLError, OSError) as e:

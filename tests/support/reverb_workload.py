@@ -61,10 +61,17 @@ def main() -> None:
     p.add_argument("--insert-hz", type=float, default=50.0)
     p.add_argument("--sample-hz", type=float, default=0.0, help="0: as fast as the limiter allows")
     p.add_argument("--no-load", action="store_true", help="serve the tables, insert nothing")
+    p.add_argument("--servers", type=int, default=1,
+                   help="independent Reverb servers in this process (ports from --port up, "
+                        "or any); load runs on the first only")
     args = p.parse_args()
-    tables = [make_table(f"table_{i}", args.spi, args.min_size, args.error_buffer, args.max_size)
-              for i in range(args.tables)]
-    server = reverb.Server(tables=tables, port=args.port or None)
+    servers = []
+    for n in range(args.servers):
+        tables = [make_table(f"table_{i}", args.spi, args.min_size, args.error_buffer,
+                             args.max_size) for i in range(args.tables)]
+        servers.append((reverb.Server(tables=tables, port=(args.port + n) if args.port else
+                                      None), tables))
+    server, tables = servers[0]
     address = f"127.0.0.1:{server.port}"
     stop = threading.Event()
     if not args.no_load:
@@ -73,7 +80,8 @@ def main() -> None:
             for target, hz in ((insert_loop, args.insert_hz), (sample_loop, args.sample_hz)):
                 threading.Thread(target=target, args=(client, t.name, hz, stop),
                                  daemon=True).start()
-    print(json.dumps({"reverb": address, "pid": os.getpid()}), flush=True)
+    print(json.dumps({"reverb": address, "pid": os.getpid(),
+                      "all": [f"127.0.0.1:{s.port}" for s, _ in servers]}), flush=True)
     try:
         server.wait()
     except KeyboardInterrupt:

@@ -1,0 +1,150 @@
+"""Benchmark: one sidecar polling many Reverb targets while many clients read it.
+
+Starts real Reverb servers (one process hosting N servers x T tables), one
+`replaywatch watch` at 1 Hz, and C concurrent HTTP clients hitting /metrics,
+/api/v1/tables and /api/v1/findings for D seconds. Reports error responses,
+late polls, the sidecar's memory before and after, and p50/p99 latencies.
+
+    python -m bench.load [--targets 20] [--tables 5] [--clients 100] [--duration 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
+
+PATHS = ("/metrics", "/api/v1/tables", "/api/v1/findings")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def client_loop(port: int, stop: threading.Event, out: dict[str, list[float]],
+                errors: list[str], index: int) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    n = index
+    while not stop.is_set():
+        path = PATHS[n % len(PATHS)]
+        n += 1
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                errors.append(f"{path}: HTTP {response.status}")
+        except (OSError, http.client.HTTPException) as e:
+            errors.append(f"{path}: {type(e).__name__}")
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            continue
+        out[path].append(time.perf_counter() - t0)
+    conn.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(targets: int, tables: int, clients: int, duration: float, interval: float = 1.0,
+        history: float = 30.0
+        ) -> dict[str, object]:
+    tmp = Path(tempfile.mkdtemp(prefix="rw-load-"))
+    servers = Proc([PYTHON, "tests/support/reverb_workload.py", "--servers", str(targets),
+                    "--tables", str(tables), "--insert-hz", "20"], stdout_path=tmp / "r.log")
+    port = free_port()
+    sidecar = None
+    try:
+        addresses = servers.announce(timeout_s=120)["all"]
+        flags = [f for a in addresses for f in ("--reverb", a)]
+        sidecar = Proc([PYTHON, "-m", "replaywatch", "watch", *flags, "--listen",
+                        f"127.0.0.1:{port}", "--interval", str(interval), "--db",
+                        str(tmp / "i.db"), "--log-level", "warning", "--history", str(history)],
+                       stdout_path=tmp / "s.log")
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: len(get_json(f"{base}/api/v1/tables", 5)[1]["tables"])
+                   == targets * tables, 60)
+        # Let the history window fill first: from then on memory must stay flat.
+        time.sleep(history + 3 * interval)
+        before = get_json(f"{base}/api/v1/targets")[1]["targets"]
+        rss_before = rss_mb(sidecar.pid)
+        stop = threading.Event()
+        latencies: dict[str, list[float]] = {p: [] for p in PATHS}
+        errors: list[str] = []
+        threads = [threading.Thread(target=client_loop, args=(port, stop, latencies, errors, i),
+                                    daemon=True) for i in range(clients)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        time.sleep(duration)
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+        elapsed = time.monotonic() - started
+        after = get_json(f"{base}/api/v1/targets")[1]["targets"]
+        rss_after = rss_mb(sidecar.pid)
+    finally:
+        if sidecar is not None:
+            sidecar.kill()
+        servers.kill()
+    polls = sum(a["polls_total"] - b["polls_total"] for a, b in zip(after, before, strict=True))
+    late = sum(a["late_polls_total"] - b["late_polls_total"]
+               for a, b in zip(after, before, strict=True))
+    expected = targets * elapsed / interval
+    return {
+        "targets": targets, "tables": tables, "clients": clients, "duration_s": elapsed,
+        "requests": sum(len(v) for v in latencies.values()), "errors": len(errors),
+        "error_samples": errors[:5], "polls": polls, "expected_polls": expected,
+        "late_polls": late, "late_pct": 100.0 * late / max(1, polls + late),
+        "missed_pct": 100.0 * max(0.0, expected - polls) / expected,
+        "rss_before_mb": rss_before, "rss_after_mb": rss_after,
+        "latency_ms": {p: {"p50": 1000 * statistics.median(v) if v else float("nan"),
+                           "p99": 1000 * percentile(v, 0.99), "n": len(v)}
+                       for p, v in latencies.items()},
+    }
+
+
+def render(r: dict) -> str:
+    lines = [
+        f"{r['targets']} targets x {r['tables']} tables at 1 Hz, {r['clients']} clients, "
+        f"{r['duration_s']:.0f} s: {r['requests']} requests, {r['errors']} errors",
+        f"polls {r['polls']} of {r['expected_polls']:.0f} expected "
+        f"({r['missed_pct']:.1f}% missed), late {r['late_polls']} ({r['late_pct']:.1f}%)",
+        f"sidecar RSS {r['rss_before_mb']:.0f} MB -> {r['rss_after_mb']:.0f} MB",
+        "| endpoint | p50 ms | p99 ms | requests |", "| --- | ---: | ---: | ---: |",
+    ]
+    for path, v in r["latency_ms"].items():
+        lines.append(f"| {path} | {v['p50']:.1f} | {v['p99']:.1f} | {v['n']} |")
+    return "\n".join(lines)
+
+
+def main() -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", type=int, default=20)
+    p.add_argument("--tables", type=int, default=5)
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    result = run(args.targets, args.tables, args.clients, args.duration)
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
