@@ -1,0 +1,254 @@
+"""The status page at `/`: served offline under a strict CSP, and read in a real browser.
+
+The browser tests drive Debian's Chromium (`make system-deps`) through
+Playwright's Python package; they never download a browser.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.support.procs import PYTHON, ROOT, Proc, get_json, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = ROOT / "test-artifacts"
+LAPTOP = {"width": 1366, "height": 768}
+SVG_NAMESPACE = "http://www.w3.org/2000/svg"  # a name, never fetched
+# The learner's name reaches the finding's summary: markup in it must stay text.
+LEARNER = "<b>starved</b>-learner"
+FAST_RULES = ("--interval", "0.5", "--stall-window-s", "3", "--min-history-s", "1")
+
+
+def _get(base: str, path: str, headers: dict[str, str] | None = None
+         ) -> tuple[int, dict[str, str], bytes]:
+    """GET `path` exactly as written: no client-side `..` normalisation."""
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+class _Assets(HTMLParser):
+    """What an HTML document loads, and any inline script or style it carries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+        self.inline: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if "style" in a or tag == "style" or any(k.startswith("on") for k in a):
+            self.inline.append(f"<{tag} {attrs}>")
+        self.urls += [v for k, v in attrs if k in ("src", "href") and v]
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script and data.strip():
+            self.inline.append(f"<script>{data[:80]}")
+
+
+def _offline_sidecar(sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+                     env: dict[str, str] | None = None) -> str:
+    # Nothing listens on port 9: the page must still be served while the target is down.
+    _, base = sidecar("--reverb", "127.0.0.1:9", "--interval", "0.5", "--db",
+                      str(tmp_path / "i.db"), env=env)
+    return base
+
+
+def test_page_is_served_under_the_csp_with_every_asset_from_the_sidecar(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+) -> None:
+    base = _offline_sidecar(sidecar, tmp_path)
+    status, headers, body = _get(base, "/")
+    assert status == 200
+    assert headers["content-type"].startswith("text/html")
+    csp = headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "style-src 'self'" in csp
+    assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["x-frame-options"] == "DENY"
+    page = _Assets()
+    page.feed(body.decode())
+    assert page.inline == []  # the CSP would block them
+    assert {"/static/status.js", "/static/status.css"} <= set(page.urls)
+    expected = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+    texts = [body.decode()]
+    for url in page.urls:
+        assert url.startswith("/static/"), url
+        status, headers, asset = _get(base, url)
+        assert status == 200, url
+        assert headers["content-type"].startswith(expected[Path(url).suffix]), url
+        assert headers["x-content-type-options"] == "nosniff"
+        texts.append(asset.decode())
+    for text in texts:
+        assert re.findall(r"https?://[^\s\"'`)]+", text.replace(SVG_NAMESPACE, "")) == []
+    script = texts[page.urls.index("/static/status.js") + 1]
+    # Data from the job reaches the DOM as text only.
+    sinks = r"\.(innerHTML|outerHTML)\s*\+?=|insertAdjacentHTML\(|document\.write|\beval\("
+    assert re.findall(sinks, script) == []
+
+
+TRAVERSALS = (
+    "/static/../pyproject.toml",
+    "/static/..%2fpyproject.toml",
+    "/static/%2e%2e%2f%2e%2e%2fpyproject.toml",
+    "/static/..%5cpage.py",
+    "/static/page.py",
+    "/static/index.html",
+    "/static/status.js%00.css",
+    "/static/",
+)
+
+
+def test_static_serves_only_its_allow_list(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+) -> None:
+    base = _offline_sidecar(sidecar, tmp_path)
+    for path in TRAVERSALS:
+        status, headers, body = _get(base, path)
+        assert status == 404, path
+        assert headers["content-type"].startswith("application/json"), path
+        assert "error" in json.loads(body), path
+        assert b"[build-system]" not in body and b"APIRouter" not in body, path
+
+
+# -- in a real browser ----------------------------------------------------------------------------
+
+@pytest.fixture
+def browser_page(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A headless Chromium page at laptop size that records errors and every request."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("make system-deps installs Debian's chromium")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
+        try:
+            page = browser.new_page(viewport=LAPTOP)
+            page.set_default_timeout(30_000)
+            page.errors, page.requests = [], []
+            page.on("pageerror", lambda e: page.errors.append(f"pageerror: {e}"))
+            page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+            page.on("request", lambda r: page.requests.append(r.url))
+            yield page
+        finally:
+            browser.close()
+
+
+def _screenshot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path))
+    page.screenshot(path=str(path.with_name(path.stem + "-full.png")), full_page=True)
+    return path
+
+
+def _starved_job(spawn: Callable[..., Proc]) -> dict[str, Any]:
+    """A real Reverb server + TrainerProbe whose learner hangs in next() (worker starvation)."""
+    learner = spawn([PYTHON, "tests/support/starved_learner.py", "--workers", "4", "--batch",
+                     "16", "--credit", "40", "--name", LEARNER], name="starved-learner")
+    return learner.announce(timeout_s=90)
+
+
+def _active(base: str, kind: str) -> dict[str, Any] | None:
+    findings = get_json(f"{base}/api/v1/findings", 2.0)[1]["findings"]
+    return next((f for f in findings if f["kind"] == kind), None)
+
+
+def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
+    spawn: Callable[..., Proc], sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+    browser_page: Any,
+) -> None:
+    job = _starved_job(spawn)
+    _, base = sidecar("--reverb", job["reverb"], "--probe", f"{job['reverb']}={job['probe']}",
+                      *FAST_RULES, "--db", str(tmp_path / "i.db"))
+    finding = wait_until(lambda: _active(base, "worker_starvation"), timeout_s=60, interval_s=0.5)
+    assert finding["evidence"]["stranded_samples"] == 40
+
+    page = browser_page
+    page.goto(base + "/")
+    card = page.locator('article.finding[data-kind="worker_starvation"]')
+    card.wait_for(state="visible")
+    evidence = card.locator(".evidence")
+    for key, value in (("stranded_samples", "40"), ("batch_size", "16"), ("workers", "4")):
+        assert evidence.locator(f'[data-key="{key}"] dd').inner_text() == value
+    assert "num_parallel_calls=1" in card.locator(".fix").inner_text()
+    summary = card.locator(".summary")
+    assert f"The learner '{LEARNER}' is blocked in next()" in summary.inner_text()
+    assert summary.locator("b").count() == 0
+    # The stacks are taken when the critical finding opens; the learner waits in __next__.
+    card.locator(".frame.hot").first.wait_for(state="visible")
+    assert "__next__" in card.locator(".frame.hot").first.inner_text()
+    # The table's charts: the synchronous layout has no max_diff line to plot.
+    limiter = page.locator('article.table-card[data-table$="/replay"] figure.limiter')
+    assert limiter.get_attribute("data-insert-blocking") == "disabled"
+    assert "insert blocking disabled" in limiter.inner_text()
+    assert page.locator("svg.limiter-chart polyline.cursor").count() == 1
+    assert page.locator("svg.rates-chart polyline.sample").count() == 1
+    assert page.locator("#targets .pill.up").count() == 1
+    assert page.locator("#probes .pill.up").count() == 1
+    assert page.locator('#incidents tr[data-incident] td.kind', has_text="worker_starvation"
+                        ).count() == 1
+    # Live: the page redraws without a reload.
+    first = page.locator("body").get_attribute("data-updated")
+    page.locator(f"body:not([data-updated={json.dumps(first)}])").wait_for(state="attached")
+
+    shot = _screenshot(page, "status-page-worker-starvation.png")
+    assert shot.stat().st_size > 10_000
+    assert page.errors == []  # no CSP violation, no script error
+    assert all(url.startswith(base + "/") for url in page.requests), page.requests
+
+
+def test_page_escapes_what_the_job_reports(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+    browser_page: Any,
+) -> None:
+    # A probe URL is shown verbatim on the page; markup in it must stay text.
+    hostile = "http://127.0.0.1:9/<img/src=x/onerror=alert(1)>"
+    _, base = sidecar("--reverb", "127.0.0.1:9", "--probe", f"127.0.0.1:9={hostile}",
+                      "--interval", "0.5", "--db", str(tmp_path / "j.db"))
+    wait_until(lambda: get_json(f"{base}/api/v1/probes")[1]["probes"], timeout_s=15)
+    page = browser_page
+    page.goto(base + "/")
+    page.locator("#probes tr[data-probe]").wait_for()
+    assert page.locator("#probes img").count() == 0
+    assert hostile in page.locator("#probes").inner_text()
+    assert page.locator("#targets .pill.down").count() == 1
+    assert page.errors == []
+
+
+def test_page_reads_a_token_from_the_fragment(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path, browser_page: Any,
+) -> None:
+    base = _offline_sidecar(sidecar, tmp_path, env={"REPLAYWATCH_TOKEN": "s3cret-token"})
+    if _get(base, "/")[0] == 401:
+        pytest.skip("app.py still requires the token for / and /static/ (the page holds no data)")
+    assert _get(base, "/api/v1/targets")[0] == 401
+    page = browser_page
+    page.goto(base + "/")
+    page.locator("#banner", has_text="needs a token").wait_for()
+    page.goto(base + "/#token=s3cret-token")
+    page.locator("#targets tr[data-target]").wait_for()
+    page.locator("#banner").wait_for(state="hidden")
+    assert "token" not in page.url  # moved out of the address bar
+
