@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from replaywatch.api.deps import CacheDep, IncidentsDep, PublishedDep
+from replaywatch.metrics import render
 
 router = APIRouter()
 
@@ -47,5 +48,5 @@ def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
                              "description": "Prometheus text exposition"}})
 def metrics(request: Request, state: PublishedDep, cache: CacheDep) -> Response:
     registry = request.app.state.registry
-    body = cache.get("/metrics", state.cycle, lambda: generate_latest(registry))
+    body = cache.get("/metrics", state.cycle, lambda: render(registry))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
