@@ -39,18 +39,18 @@ system-deps:
 	fi
 
 test: $(STAMP) system-deps
-	$(PY) -m ruff check replaywatch agents tests bench
+	$(PY) -m ruff check replaywatch agents tests bench tools
 	$(PY) -m mypy replaywatch
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check replaywatch agents tests bench
+	$(PY) -m ruff check replaywatch agents tests bench tools
 
 typecheck: $(STAMP)
 	$(PY) -m mypy replaywatch
 
 demo: $(STAMP)
-	DEADLOCK=$(DEADLOCK) DEMO_PORT=$(DEMO_PORT) $(PY) -m agents.demo
+	DEADLOCK=$(DEADLOCK) DEMO_PORT=$(DEMO_PORT) $(PY) tools/demo.py
 
 bench: $(STAMP) system-deps
 	$(PY) -m bench.run_all

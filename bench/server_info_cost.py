@@ -1,0 +1,80 @@
+"""Benchmark: what one ServerInfo call costs the Reverb server's host, by table count.
+
+Times replaywatch's grpcio call (with decoding) and `reverb.Client.server_info`
+against real servers of 1, 10 and 100 tables, and what a dead server costs
+each of them per poll.
+
+    python -m bench.server_info_cost [--calls 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import reverb
+
+from replaywatch.sources.reverb import ReverbSource, snapshots_from_response
+
+
+def _server(tables: int) -> reverb.Server:
+    return reverb.Server(tables=[
+        reverb.Table(f"table_{i}", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                     max_size=1000, rate_limiter=reverb.rate_limiters.MinSize(1))
+        for i in range(tables)])
+
+
+def _time_ms(call, n: int) -> tuple[float, float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - t0) * 1000)
+    out.sort()
+    return statistics.median(out), out[min(len(out) - 1, int(0.99 * len(out)))]
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=200)
+    args = p.parse_args(argv)
+    rows = []
+    for tables in (1, 10, 100):
+        server = _server(tables)
+        address = f"127.0.0.1:{server.port}"
+        source = ReverbSource(address, timeout_s=2.0)
+        client = reverb.Client(address)
+        source.fetch()
+        client.server_info(timeout=5)
+        ours = _time_ms(lambda s=source, a=address: snapshots_from_response(s.fetch(), a, 0.0),
+                        args.calls)
+        theirs = _time_ms(lambda c=client: c.server_info(timeout=5), args.calls)
+        rows.append({"tables": tables, "grpcio_p50_ms": ours[0], "grpcio_p99_ms": ours[1],
+                     "reverb_client_p50_ms": theirs[0], "reverb_client_p99_ms": theirs[1]})
+        server.stop()
+    dead = ReverbSource("127.0.0.1:9", timeout_s=1.0)
+    dead_ours = _time_ms(dead.poll, 20)
+    dead_client = reverb.Client("127.0.0.1:9")
+
+    def client_dead() -> None:
+        try:
+            dead_client.server_info(timeout=1)
+        except Exception:
+            pass
+
+    dead_theirs = _time_ms(client_dead, 5)
+    print("| tables | replaywatch grpcio p50 ms | p99 ms | reverb.Client p50 ms | p99 ms |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['tables']} | {r['grpcio_p50_ms']:.2f} | {r['grpcio_p99_ms']:.2f} | "
+              f"{r['reverb_client_p50_ms']:.2f} | {r['reverb_client_p99_ms']:.2f} |")
+    print(f"| dead server | {dead_ours[0]:.2f} | {dead_ours[1]:.2f} | {dead_theirs[0]:.0f} | "
+          f"{dead_theirs[1]:.0f} |")
+    rows.append({"tables": "dead", "grpcio_p50_ms": dead_ours[0],
+                 "reverb_client_p50_ms": dead_theirs[0]})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
