@@ -22,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HEALTHY = ["--mode", "sync", "--steps", "20000", "--eval-every", "5000"]
 # The seed's shape: a synchronous loop, Acme's 12 batching workers (agents/README.md).
-DEADLOCK = ["--mode", "sync", "--steps", "100000", "--num-parallel-calls", "12",
-            "--samples-per-insert", "128", "--tolerance", "0.1", "--min-replay-size", "2000"]
+DEADLOCK = ["--mode", "sync", "--steps", "1000000", "--num-parallel-calls", "12",
+            "--batch-size", "256", "--samples-per-insert", "128", "--tolerance", "0.008",
+            "--min-replay-size", "1000", "--eval-every", "0"]
 
 
 def start_line(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> dict:
