@@ -1,0 +1,103 @@
+"""Factories that wire the agent's parts; both run loops (sync, distributed) use them.
+
+Like Acme's builder: tables, dataset iterator, adder, learner, actor, each made
+from the frozen configs and the environment spec. The learner's iterator is
+wrapped with `TrainerProbe`, exactly as a user's trainer would do it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import reverb
+
+from agents import replay as replay_lib
+from agents.acting import TD3Actor
+from agents.adders import NStepTransitionAdder, transition_example
+from agents.config import ReplayConfig, TD3Config
+from agents.environments import EnvironmentSpec, make_environment
+from agents.learning import PolicyParams, TD3Learner
+from agents.networks import TD3Networks, make_networks
+from replaywatch.probe import TrainerProbe
+
+
+def make_environment_factory(config: TD3Config) -> Callable[[int], object]:
+    def factory(seed: int):
+        return make_environment(seed, config.pixels, config.image_size, config.frame_stack)
+
+    return factory
+
+
+def make_replay_table(
+    config: ReplayConfig, spec: EnvironmentSpec, insert_blocking: bool
+) -> reverb.Table:
+    """The table; with `insert_blocking=False` for a loop that inserts and samples on one thread."""
+    example = transition_example(spec.observation_shape, spec.observation_dtype, spec.action_size)
+    table = replay_lib.make_replay_table(config, replay_lib.make_signature(example))
+    return table if insert_blocking else replay_lib.disable_insert_blocking(table)
+
+
+def make_probe(config: ReplayConfig, listen: str) -> TrainerProbe:
+    return TrainerProbe(
+        batch_size=config.batch_size,
+        num_parallel_calls=config.num_parallel_calls,
+        listen=listen,
+        name="learner",
+        prefetch_size=config.prefetch_size,
+        table=config.table,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerParts:
+    learner: TD3Learner
+    iterator: replay_lib.PrefetchingIterator  # the probe-wrapped one: ready(), next()
+    probe: TrainerProbe
+
+
+def make_learner(
+    networks: TD3Networks,
+    td3: TD3Config,
+    replay: ReplayConfig,
+    server_address: str,
+    key: jax.Array,
+    probe_listen: str,
+) -> LearnerParts:
+    """Dataset iterator -> probe wrapper -> learner. The probe is not started here."""
+    probe = make_probe(replay, probe_listen)
+    iterator = probe.wrap(replay_lib.make_dataset_iterator(server_address, replay))
+    learner = TD3Learner(networks, td3, iterator, key, on_step=probe.step)
+    return LearnerParts(learner, iterator, probe)  # type: ignore[arg-type]
+
+
+def make_adder(client: reverb.Client, td3: TD3Config, replay: ReplayConfig) -> NStepTransitionAdder:
+    return NStepTransitionAdder(
+        client, replay.table, td3.n_step, td3.discount, replay.max_in_flight_items
+    )
+
+
+def make_actor(
+    networks: TD3Networks,
+    td3: TD3Config,
+    variable_source: Callable[[], PolicyParams],
+    key: jax.Array,
+    adder: NStepTransitionAdder | None = None,
+    update_period: int = 1,
+) -> TD3Actor:
+    """An exploring actor with an adder, or (adder None) a greedy evaluator."""
+    sigma = td3.exploration_sigma if adder is not None else 0.0
+    return TD3Actor(networks, variable_source, key, sigma, adder, update_period)
+
+
+__all__ = [
+    "LearnerParts",
+    "make_actor",
+    "make_adder",
+    "make_environment_factory",
+    "make_learner",
+    "make_networks",
+    "make_probe",
+    "make_replay_table",
+]

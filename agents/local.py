@@ -1,0 +1,211 @@
+"""Sync mode: actor and learner interleaved on one thread, like Acme's `run_experiment`.
+
+Because one thread both inserts and samples, insert blocking is disabled on the
+rate limiter (max_diff at float max): an insert blocked waiting for samples
+would wait for the very thread that is blocked. Learning is paced by the
+sample side only: after each environment step `LearningActor.update()` runs
+learner steps while the iterator is ready or the table can sample a batch.
+
+That loop is the seed incident's. "The table can sample a batch" is a promise
+about the table, not about the iterator: with `num_parallel_calls` workers each
+batching on its own, the samples it releases can end up spread over
+half-filled per-worker batches. The learner then blocks in `next()`, and the
+inserts that would complete a batch never come, because they come from this
+thread. Acme later replaced the `next()` with a sleep-and-recheck loop; we keep
+the version from the incident so replaywatch has something real to diagnose.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import reverb
+
+from agents import builder
+from agents.acting import TD3Actor, run_episode
+from agents.config import ReplayConfig, RunConfig, TD3Config
+from agents.environments import make_environment_spec
+from agents.learning import TD3Learner
+from agents.stalls import StallTimer
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class LearningActor:
+    """Acme's `_LearningActor`: after each actor step, learn while data looks available."""
+
+    def __init__(
+        self,
+        actor: TD3Actor,
+        learner: TD3Learner,
+        iterator: Any,
+        table: reverb.Table,
+        batch_size: int,
+        before_learner_step: Callable[[], None] = lambda: None,
+    ):
+        self._actor = actor
+        self._learner = learner
+        self._iterator = iterator
+        self._table = table
+        self._before_learner_step = before_learner_step
+        self._learner_steps = 0
+        # Before the first step, "the table can sample a batch" means exactly that.
+        # Acme's later run_experiment starts at 1e9 (only a ready iterator counts)
+        # and sleeps instead of calling next(); this is the loop from the incident.
+        self._batch_size_upper_bound = batch_size
+
+    def _has_data_for_training(self) -> bool:
+        return self._iterator.ready() or self._table.can_sample(self._batch_size_upper_bound)
+
+    def _maybe_train(self) -> bool:
+        trained = False
+        while self._has_data_for_training():
+            self._before_learner_step()
+            self._learner.step()  # blocks in next() when the batch never forms
+            self._learner_steps += 1
+            # Samples taken per learner step so far, including those sitting in
+            # prefetch buffers and partial per-worker batches: always >= batch size.
+            completed = self._table.info.rate_limiter_info.sample_stats.completed
+            self._batch_size_upper_bound = max(1, math.ceil(completed / self._learner_steps))
+            trained = True
+        return trained
+
+    def update(self) -> None:
+        if self._maybe_train():
+            self._actor.update(wait=True)
+
+
+def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -> None:
+    make_env = builder.make_environment_factory(td3)
+    env, eval_env = make_env(run.seed), make_env(run.seed + 1000)
+    spec = make_environment_spec(env)
+    table = builder.make_replay_table(replay, spec, insert_blocking=False)
+    server = reverb.Server([table], port=run.reverb_port or None)
+    address = f"127.0.0.1:{server.port}"
+    client = reverb.Client(address)
+    networks = builder.make_networks(spec, td3)
+    key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
+    parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen)
+    parts.probe.start()
+    emit(
+        {
+            "event": "start",
+            "mode": "sync",
+            "reverb": address,
+            "probe": parts.probe.url,
+            "table": replay.table,
+            "pid": os.getpid(),
+            "num_parallel_calls": replay.num_parallel_calls,
+            "batch_size": replay.batch_size,
+            "samples_per_insert": replay.samples_per_insert,
+            "min_replay_size": replay.min_replay_size,
+            "tolerance": replay.tolerance,
+            "pixels": td3.pixels,
+        }
+    )
+    learner = parts.learner
+    adder = builder.make_adder(client, td3, replay)
+    actor = builder.make_actor(networks, td3, learner.get_policy_params, key_actor, adder)
+    evaluator = builder.make_actor(networks, td3, learner.get_policy_params, key_eval)
+    stall = StallTimer(run.stall, time.monotonic())
+    learning_actor = LearningActor(
+        actor,
+        learner,
+        parts.iterator,
+        table,
+        replay.batch_size,
+        before_learner_step=lambda: stall.maybe_hang_learner(emit),
+    )
+    progress = _Progress(emit, run.log_every_s, learner, table)
+    env_steps, episodes, next_eval = 0, 0, run.eval_every
+
+    def after_step() -> None:
+        learning_actor.update()
+        progress.tick(1)
+
+    try:
+        while env_steps < run.steps:
+            episode_return, steps = run_episode(env, actor, update=after_step)
+            env_steps += steps
+            episodes += 1
+            progress.episode(episode_return, episodes)
+            if run.eval_every and env_steps >= next_eval:
+                next_eval += run.eval_every
+                _evaluate(eval_env, evaluator, run.eval_episodes, env_steps, learner, emit)
+        progress.flush()
+        emit({"event": "done", "env_steps": env_steps, "learner_steps": learner.steps})
+    finally:
+        adder.close()
+        parts.probe.stop()
+        server.stop()
+
+
+def _evaluate(
+    env: Any, evaluator: TD3Actor, episodes: int, env_steps: int, learner: TD3Learner, emit: Emit
+) -> float:
+    evaluator.update(wait=True)
+    returns = [run_episode(env, evaluator)[0] for _ in range(episodes)]
+    mean = sum(returns) / len(returns)
+    emit(
+        {
+            "event": "eval",
+            "env_steps": env_steps,
+            "learner_steps": learner.steps,
+            "episodes": len(returns),
+            "mean_return": round(mean, 2),
+            "min_return": round(min(returns), 2),
+            "max_return": round(max(returns), 2),
+        }
+    )
+    return mean
+
+
+class _Progress:
+    """Logs env steps/s and learner steps/s every `every_s` seconds."""
+
+    def __init__(self, emit: Emit, every_s: float, learner: TD3Learner, table: reverb.Table):
+        self._emit = emit
+        self._every_s = every_s
+        self._learner = learner
+        self._table = table
+        self._started = self._last = time.monotonic()
+        self._steps = self._last_steps = 0
+        self._last_learner_steps = 0
+        self._episodes = 0
+        self._last_return: float | None = None
+
+    def tick(self, steps: int) -> None:
+        self._steps += steps
+        if time.monotonic() - self._last >= self._every_s:
+            self.flush()
+
+    def episode(self, episode_return: float, episodes: int) -> None:
+        self._last_return, self._episodes = episode_return, episodes
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        dt = max(now - self._last, 1e-9)
+        info = self._table.info
+        limiter = info.rate_limiter_info
+        learner_steps = self._learner.steps
+        self._emit(
+            {
+                "event": "progress",
+                "elapsed_s": round(now - self._started, 1),
+                "env_steps": self._steps,
+                "env_steps_per_s": round((self._steps - self._last_steps) / dt, 1),
+                "learner_steps": learner_steps,
+                "learner_steps_per_s": round((learner_steps - self._last_learner_steps) / dt, 1),
+                "episodes": self._episodes,
+                "train_return": None if self._last_return is None else round(self._last_return, 1),
+                "table_size": info.current_size,
+                "inserts": limiter.insert_stats.completed,
+                "samples": limiter.sample_stats.completed,
+            }
+        )
+        self._last, self._last_steps, self._last_learner_steps = now, self._steps, learner_steps

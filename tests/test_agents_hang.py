@@ -1,0 +1,54 @@
+"""The seed incident on demand: 12 per-worker batchers starve a synchronous learner.
+
+Same run, two worker counts. With 12 workers the samples the rate limiter
+releases are spread over 12 half-filled batches, the learner blocks in
+`next()` and the insert that would fill one never comes (it would come from
+the blocked thread). With 1 worker every released sample lands in one batch.
+The probe shows it from outside: `blocked_in_next` for longer than a timeout.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agents.testing import AgentProcess
+
+HANG_TIMEOUT_S = 10.0
+# The parameters recorded in agents/README.md: error_buffer = 1000 * 128 * 0.008 = 1024
+# samples, released at once when the table reaches min_replay_size: enough for
+# can_sample(256), too few for 12 workers to complete a batch of 256.
+SEED_SHAPE = [
+    "--mode", "sync", "--batch-size", "256", "--samples-per-insert", "128",
+    "--min-replay-size", "1000", "--tolerance", "0.008", "--steps", "1000000",
+    "--eval-every", "0", "--log-every", "2",
+]  # fmt: skip
+
+
+def test_twelve_batching_workers_block_the_learner_in_next_for_good() -> None:
+    with AgentProcess([*SEED_SHAPE, "--num-parallel-calls", "12"]) as agent:
+        agent.start_line(timeout_s=120)
+        deadline = time.monotonic() + 120
+        probe = agent.probe()
+        while probe["blocked_for_s"] <= HANG_TIMEOUT_S and time.monotonic() < deadline:
+            time.sleep(1)
+            probe = agent.probe()
+        stacks = agent.probe("/stacks")
+        assert agent.returncode is None
+    assert probe["blocked_in_next"] and probe["blocked_for_s"] > HANG_TIMEOUT_S, probe
+    assert probe["ready"] is False and probe["num_parallel_calls"] == 12
+    main = next(t for t in stacks["threads"] if t["name"] == "MainThread")
+    assert any(frame["function"] == "__next__" for frame in main["frames"])
+    assert agent.returncode is not None  # killed on leaving the block
+
+
+def test_one_worker_keeps_delivering_batches() -> None:
+    with AgentProcess([*SEED_SHAPE, "--num-parallel-calls", "1"]) as agent:
+        agent.start_line(timeout_s=120)
+        agent.wait_for(lambda r: r["event"] == "progress" and r["learner_steps"] > 0, 90)
+        seen = [agent.probe()]
+        for _ in range(5):
+            time.sleep(3)
+            seen.append(agent.probe())
+    batches = [p["batches_retrieved"] for p in seen]
+    assert all(later > earlier for earlier, later in zip(batches, batches[1:])), batches
+    assert max(p["blocked_for_s"] for p in seen) < HANG_TIMEOUT_S

@@ -1,0 +1,68 @@
+"""`python -m agents.run --mode sync` as a real process: Reverb, probe, startup line, stalls."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.testing import AgentProcess, wait_until
+
+SMALL = [
+    "--mode", "sync", "--batch-size", "64", "--samples-per-insert", "64",
+    "--min-replay-size", "200", "--eval-every", "0", "--log-every", "0.5",
+]  # fmt: skip
+
+
+def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
+    with AgentProcess(
+        [*SMALL, "--steps", "1200", "--eval-every", "800", "--eval-episodes", "1"]
+    ) as agent:
+        start = agent.start_line(timeout_s=120)
+        assert start["mode"] == "sync" and start["table"] == "priority_table"
+        assert start["reverb"].startswith("127.0.0.1:") and start["probe"].startswith("http://")
+        learning = agent.wait_for(
+            lambda r: r["event"] == "progress" and r["learner_steps"] > 0, timeout_s=90
+        )
+        probe = agent.probe()
+        assert probe["batches_retrieved"] >= learning["learner_steps"] > 0
+        assert probe["batch_size"] == 64 and probe["table"] == "priority_table"
+        done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=90)
+        final = [r for r in agent.records if r["event"] == "progress"][-1]
+    assert done["env_steps"] >= 1200 and done["learner_steps"] > 0
+    assert final["inserts"] >= 1200 and final["samples"] >= 64 * done["learner_steps"]
+    assert any(r["event"] == "eval" for r in agent.records)
+
+
+def test_pixels_run_a_few_learner_steps() -> None:
+    flags = [
+        *SMALL,
+        "--pixels",
+        "--batch-size",
+        "16",
+        "--samples-per-insert",
+        "16",
+        "--steps",
+        "400",
+    ]
+    with AgentProcess(flags) as agent:
+        assert agent.start_line(timeout_s=120)["pixels"] is True
+        done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=150)
+    assert done["learner_steps"] >= 3
+
+
+def test_learner_hang_stops_learner_steps_without_blocking_in_next() -> None:
+    with AgentProcess([*SMALL, "--steps", "1000000", "--inject-stall", "learner-hang@3"]) as agent:
+        agent.start_line(timeout_s=120)
+        agent.wait_for(lambda r: r["event"] == "stall_injected", timeout_s=90)
+        first = agent.probe()
+        assert wait_until(lambda: agent.probe()["now"] - first["now"] >= 3, timeout_s=10)
+        later = agent.probe()
+        assert agent.returncode is None, "a hung learner must not exit"
+    assert later["learner_steps"] == first["learner_steps"]
+    assert later["blocked_in_next"] is False
+
+
+@pytest.mark.parametrize("flag", ["--num-parallel-calls=0", "--probe-listen=nohost", "--mode=x"])
+def test_bad_flags_exit_2(flag: str) -> None:
+    with AgentProcess([flag]) as agent:
+        assert wait_until(lambda: agent.returncode is not None, timeout_s=60)
+    assert agent.returncode == 2
