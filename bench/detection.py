@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(out["healthy"], indent=2))
     results = []
     for name in [s for s in args.scenarios.split(",") if s]:
-        for i in range(args.runs):
+        for _ in range(args.runs):
             r = run_once(SCENARIOS[name], tmp)
             print(json.dumps(r), file=sys.stderr, flush=True)
             results.append(r)
