@@ -175,6 +175,9 @@ class RunConfig:
     replace_dead_actors_after_s: float = 10.0  # < 0: never replace a dead actor
     ray_address: str | None = None  # None: a local Ray started by ray.init()
     stall: StallInjection | None = None
+    # The seed's debugging loop: read `table.info` and print the limiter's numbers
+    # before every learner step (sync only). For measuring what that costs.
+    seed_debug_loop: bool = False
 
     def __post_init__(self) -> None:
         _require(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -119,7 +120,7 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
         parts.iterator,
         table,
         replay.batch_size,
-        before_learner_step=lambda: stall.maybe_hang_learner(emit),
+        before_learner_step=_before_step(stall, emit, table if run.seed_debug_loop else None),
     )
     progress = _Progress(emit, run.log_every_s, learner, table)
     env_steps, episodes, next_eval = 0, 0, run.eval_every
@@ -143,6 +144,24 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
         adder.close()
         parts.probe.stop()
         server.stop()
+
+
+def _before_step(stall: StallTimer, emit: Emit, debug_table: reverb.Table | None
+                 ) -> Callable[[], None]:
+    """The learner-step hook: the stall timer, and the seed's print loop if asked for."""
+    if debug_table is None:
+        return lambda: stall.maybe_hang_learner(emit)
+
+    def seed_debug_loop() -> None:
+        # What the seed incident's user added around every step (seeds/000): the
+        # limiter's window, the cursor and can_sample, read from table.info.
+        info = debug_table.info.rate_limiter_info
+        cursor = (info.insert_stats.completed * info.samples_per_insert
+                  - info.sample_stats.completed)
+        print(info.min_diff, cursor, info.max_diff, debug_table.can_sample(1), file=sys.stderr)
+        stall.maybe_hang_learner(emit)
+
+    return seed_debug_loop
 
 
 def _evaluate(

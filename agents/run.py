@@ -89,6 +89,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     add("--ray-address", default=None, help="an existing Ray cluster; default: start one here")
     add(
+        "--seed-debug-loop",
+        action="store_true",
+        help="sync: read table.info and print the limiter's numbers before every learner "
+        "step, as the seed incident's user did (to measure its cost)",
+    )
+    add(
         "--inject-stall",
         default=None,
         metavar="KIND@SECONDS",
@@ -130,6 +136,7 @@ def configs_from_args(
             replace_dead_actors_after_s=args.replace_dead_actors_after,
             ray_address=args.ray_address,
             stall=stall,
+            seed_debug_loop=args.seed_debug_loop,
         )
     except ValueError as error:
         parser.error(str(error))
