@@ -52,3 +52,19 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
         return proc, base
 
     return start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems() -> None:
+    """Drop haiku's flax shim before hypothesis scans sys.modules.
+
+    dm-haiku puts an object in sys.modules["haiku.experimental.flax"] whose every
+    attribute raises ImportError; hypothesis' plugin reads `__file__` of every
+    loaded module while collecting and would stop the whole session. We never
+    use haiku's flax interop.
+    """
+    import sys
+
+    shim = sys.modules.get("haiku.experimental.flax")
+    if shim is not None and type(shim).__name__ == "FlaxNotInstalled":
+        del sys.modules["haiku.experimental.flax"]
