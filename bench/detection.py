@@ -58,10 +58,10 @@ class Scenario:
 SCENARIOS = {
     "seed_hang": Scenario("seed_hang", SEED, frozenset({"worker_starvation"}),
                           frozenset({"sample_blocked"})),
-    "actor_exit": Scenario("actor_exit", [*DISTRIBUTED, "--inject-stall", "actors-exit@40"],
+    "actor_exit": Scenario("actor_exit", [*DISTRIBUTED, "--inject-stall", "actors-exit@25"],
                            frozenset({"sample_blocked"}), frozenset({"sample_blocked"})),
     "learner_hang": Scenario("learner_hang", [*DISTRIBUTED, "--inject-stall",
-                                              "learner-hang@40"],
+                                              "learner-hang@25"],
                              frozenset({"insert_blocked", "learner_stalled"}),
                              frozenset({"insert_blocked"})),
     # A blocking layout whose slack (2 x error_buffer = 160) is below one batch + spi.
@@ -250,23 +250,45 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def run_lanes(lanes: list[list[str]], runs: int, tmp: Path) -> list[dict[str, Any]]:
+    """Each lane's scenarios run `runs` times in order; the lanes run side by side."""
+    results: list[dict[str, Any]] = []
+
+    def lane(names: list[str]) -> None:
+        for _ in range(runs):
+            for name in names:
+                r = run_once(SCENARIOS[name], tmp)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                results.append(r)
+
+    threads = [threading.Thread(target=lane, args=(names,)) for names in lanes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--healthy", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--lanes", type=int, default=1, choices=(1, 2),
+                   help="2: sync and distributed scenarios side by side")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="rw-detect-"))
     out: dict[str, Any] = {}
     if args.healthy:
         out["healthy"] = healthy(args.healthy, tmp)
         print(json.dumps(out["healthy"], indent=2))
-    results = []
-    for name in [s for s in args.scenarios.split(",") if s]:
-        for _ in range(args.runs):
-            r = run_once(SCENARIOS[name], tmp)
-            print(json.dumps(r), file=sys.stderr, flush=True)
-            results.append(r)
+    names = [s for s in args.scenarios.split(",") if s]
+    if args.lanes == 2:
+        distributed = [n for n in names if "distributed" in SCENARIOS[n].flags]
+        lanes = [[n for n in names if n not in distributed], distributed]
+    else:
+        lanes = [names]
+    results = run_lanes([lane for lane in lanes if lane], args.runs, tmp)
     if results:
         out["rows"] = summarize(results)
         print(render(out["rows"]))

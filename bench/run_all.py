@@ -1,9 +1,10 @@
 """`make bench`: every benchmark, one after another, into bench/RESULTS.md.
 
 The healthy false-alarm runs (10 minutes of a sync and a distributed agent,
-each watched with its probe) run beside the detection scenarios so that the
-whole set fits in about 20 minutes on the 2-core CI machine; the scenarios'
-latencies are therefore measured on a busy machine, which is the harder case.
+each watched with its probe) run beside the detection scenarios, and the sync
+and distributed scenarios run in two lanes side by side, so that the whole set
+fits in about 20 minutes on the 2-core CI machine; the latencies are therefore
+measured on a busy machine, which is the harder case.
 The trainer-cost runs come after, alone, since they measure the machine's speed.
 """
 
@@ -61,7 +62,8 @@ def main() -> None:
         target=lambda: healthy.update(detection.healthy(600.0, Path(tempfile.mkdtemp()))),
         daemon=True)
     healthy_thread.start()
-    text, _, took = _run("detection latency", lambda: detection.main(["--runs", "5"]))
+    text, _, took = _run("detection latency", lambda: detection.main(["--runs", "5",
+                                                                       "--lanes", "2"]))
     sections.append(f"## Detection latency (5 runs per scenario, {took / 60:.1f} min)\n\n"
                     "Onset from the trainer itself (the probe's `blocked_since` or last step, "
                     "the actor's exit line); detection = first time the finding shows in "
@@ -76,7 +78,7 @@ def main() -> None:
                     f"{', '.join(healthy.get('incidents', {}).get(mode, [])) or 'none'}"
                     for mode, kinds in healthy.get("false_alarms", {}).items()) + "\n")
     text, cost, took = _run("trainer cost", lambda: trainer_cost.main(["--reps", "2",
-                                                                        "--window", "30"]))
+                                                                        "--window", "25"]))
     sections.append(f"## Cost to the trainer ({took / 60:.1f} min)\n\n" + text)
     step_ms = cost["learner_step_ms"]
     text, _, _ = _run("probe cost", lambda: _argv(probe_cost.main,
