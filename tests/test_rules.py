@@ -98,6 +98,11 @@ TABLE_CASES: list[tuple[str, Callable[[TableCase, Any], Finding | None], Scenari
     # Only 5 s without progress: shorter than the stall window.
     ("no_sample_blocked_before_the_stall_window", rules.is_sample_blocked,
      lambda: case(seed_hung_table()[-6:]), None),
+    # Distributed start-up: no actor has inserted yet while the learner already waits.
+    # Seen as a false alarm on real distributed runs before this case was added.
+    ("no_sample_blocked_before_the_first_insert", rules.is_sample_blocked,
+     lambda: case(table_history(T20, 0, 0, min_size=100, waiting_for_inserts_ms=waiting())),
+     None),
     # Warm-up stalled: below min_size_to_sample, actors stopped, the learner waits.
     ("sample_blocked_when_warmup_inserts_stop", rules.is_sample_blocked,
      lambda: case(table_history(T20, 10, 0, min_size=100, waiting_for_inserts_ms=waiting())),

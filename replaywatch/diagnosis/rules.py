@@ -77,8 +77,13 @@ def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     Blocked means `not can_sample(table, 1)`: below `min_size_to_sample`, or
     `cursor - 1 < min_diff`. Someone wants samples when the table worker kept
     `waiting_for_inserts`, or a probe reading the table is blocked in next().
+    Inserts must have *stopped*: a table that never had an insert is a job whose
+    actors are still starting (distributed actors take 10-30 s to import and
+    connect), and calling that a stall was our one false alarm on healthy runs.
     """
     t = case.latest
+    if t.rate_limiter.inserts == 0:
+        return None
     idle = pg.idle_for(case.history, inserts_of, samples_of)
     wanted = _waits(case, "waiting_for_inserts", th) or any(p[-1].blocked_in_next
                                                            for p in case.probes)
