@@ -210,7 +210,8 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
     import uvicorn
 
     from replaywatch.api import create_app
-    from replaywatch.metrics import make_registry
+    from replaywatch.api.routes_health import METRICS_CACHE_KEY
+    from replaywatch.metrics import make_registry, render
 
     if not cfg.is_loopback(config.serve.listen_host) and not config.serve.token:
         log.warning("listening on %s without a token: anyone who can reach it can read the "
@@ -218,9 +219,15 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
                     config.serve.listen_host)
     poller, history, store, incidents = make_poller(config)
     sock = _bind(config.serve.listen_host, config.serve.listen_port)
-    app = create_app(store, make_registry(store.current), history, incidents,
+    registry = make_registry(store.current)
+    app = create_app(store, registry, history, incidents,
                      history_s=config.poll.history_s, serve=config.serve,
                      extra_routers=_page_routers())
+    # Render /metrics on the poller's thread right after each publish, so a scrape
+    # is a cache hit: a fresh render of 50 targets x 5 tables took ~50 ms here,
+    # and ~200 ms at p99 when it raced the next poll cycle for the GIL.
+    poller.after_publish = lambda state: app.state.cache.get(
+        METRICS_CACHE_KEY, state.cycle, lambda: render(registry))
     stop = threading.Event()
     thread = threading.Thread(target=poller.run, args=(stop,), name="replaywatch-poller",
                               daemon=True)

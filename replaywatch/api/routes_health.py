@@ -12,6 +12,8 @@ from replaywatch.metrics import render
 
 router = APIRouter()
 
+METRICS_CACHE_KEY = "/metrics"  # the poller warms this entry after each publish
+
 
 @router.get("/healthz")
 def healthz() -> dict[str, str]:
@@ -48,5 +50,5 @@ def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
                              "description": "Prometheus text exposition"}})
 def metrics(request: Request, state: PublishedDep, cache: CacheDep) -> Response:
     registry = request.app.state.registry
-    body = cache.get("/metrics", state.cycle, lambda: render(registry))
+    body = cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render(registry))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
