@@ -104,12 +104,12 @@ class Poller:
         perf: Callable[[], float] = time.perf_counter,
         reload: Callable[[], Sequence[SourceBinding] | None] | None = None,
         config_errors: Callable[[], tuple[str, ...]] = tuple,
-        after_publish: Callable[[Published], None] = lambda _: None,
+        before_publish: Callable[[Published], None] = lambda _: None,
     ):
         self._bindings = list(bindings)
         self._reload = reload
         self._config_errors = config_errors
-        self.after_publish = after_publish
+        self.before_publish = before_publish
         self._history = history
         self._store = store
         self._evaluator = evaluator
@@ -248,11 +248,13 @@ class Poller:
             config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,
         )
-        self._store.publish(published)
         try:
-            self.after_publish(published)
+            # Before the swap, so that readers never see a picture whose derived
+            # renders (the /metrics body) are still being made.
+            self.before_publish(published)
         except Exception:  # a warm-up hook must never cost a cycle
-            log.exception("after_publish hook failed")
+            log.exception("before_publish hook failed")
+        self._store.publish(published)
         return published
 
     def run(self, stop: threading.Event, sleep: Callable[[float], bool] | None = None) -> None:
