@@ -55,6 +55,8 @@ def findings(base: str) -> list[dict]:
 
 
 def main() -> int:
+    # A SIGTERM (a supervisor, `timeout make demo`) must reach the clean-up below too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     deadlock = os.environ.get("DEADLOCK", "0") not in ("", "0")
     port = int(os.environ.get("DEMO_PORT", "9321"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
