@@ -8,7 +8,9 @@ wrapped with `TrainerProbe`, exactly as a user's trainer would do it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import reverb
@@ -101,3 +103,23 @@ __all__ = [
     "make_probe",
     "make_replay_table",
 ]
+
+
+def start_record(mode: str, reverb: str, probe: str | None, replay: ReplayConfig,
+                 td3: TD3Config, **extra: Any) -> dict[str, Any]:
+    """The first JSON line of a run: what `replaywatch watch` needs to attach."""
+    return {
+        "event": "start",
+        "mode": mode,
+        "reverb": reverb,
+        "probe": probe,
+        "table": replay.table,
+        "pid": os.getpid(),
+        **extra,
+        "num_parallel_calls": replay.num_parallel_calls,
+        "batch_size": replay.batch_size,
+        "samples_per_insert": replay.samples_per_insert,
+        "min_replay_size": replay.min_replay_size,
+        "tolerance": replay.tolerance,
+        "pixels": td3.pixels,
+    }

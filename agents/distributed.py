@@ -277,23 +277,8 @@ def _drive(
     actors = _Actors(start_actor, emit)
     for slot in range(run.num_actors):
         actors.spawn(slot, run.stall, started_at)
-    emit(
-        {
-            "event": "start",
-            "mode": "distributed",
-            "reverb": address,
-            "probe": probe_url,
-            "table": replay.table,
-            "pid": os.getpid(),
-            "num_actors": run.num_actors,
-            "num_parallel_calls": replay.num_parallel_calls,
-            "batch_size": replay.batch_size,
-            "samples_per_insert": replay.samples_per_insert,
-            "min_replay_size": replay.min_replay_size,
-            "tolerance": replay.tolerance,
-            "pixels": td3.pixels,
-        }
-    )
+    emit(builder.start_record("distributed", address, probe_url, replay, td3,
+                              num_actors=run.num_actors))
     learner_run = learner.run.remote(run.stall, started_at)
     evaluator = _Evaluator(td3, spec, run, learner)
     last_log, last_env, last_learner = time.monotonic(), 0, 0

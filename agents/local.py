@@ -18,7 +18,6 @@ the version from the incident so replaywatch has something real to diagnose.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -93,22 +92,7 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
     key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
     parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen)
     parts.probe.start()
-    emit(
-        {
-            "event": "start",
-            "mode": "sync",
-            "reverb": address,
-            "probe": parts.probe.url,
-            "table": replay.table,
-            "pid": os.getpid(),
-            "num_parallel_calls": replay.num_parallel_calls,
-            "batch_size": replay.batch_size,
-            "samples_per_insert": replay.samples_per_insert,
-            "min_replay_size": replay.min_replay_size,
-            "tolerance": replay.tolerance,
-            "pixels": td3.pixels,
-        }
-    )
+    emit(builder.start_record("sync", address, parts.probe.url, replay, td3))
     learner = parts.learner
     adder = builder.make_adder(client, td3, replay)
     actor = builder.make_actor(networks, td3, learner.get_policy_params, key_actor, adder)
