@@ -9,8 +9,8 @@ then JSON lines as it goes: `progress` (env steps/s, learner steps/s, table
 counters), `eval` (mean evaluation return), `done`. Examples:
 
     python -m agents.run --mode sync --steps 30000                      # learns Pendulum
-    python -m agents.run --mode sync --num-parallel-calls 12 \\
-        --samples-per-insert 128 --tolerance 0.1 --min-replay-size 2000   # the seed's hang
+    python -m agents.run --mode sync --num-parallel-calls 12 --batch-size 256 \\
+        --samples-per-insert 128 --min-replay-size 4000 --tolerance 0.002  # the seed's hang
     python -m agents.run --mode distributed --num-actors 4 --inject-stall actors-exit@30
 """
 

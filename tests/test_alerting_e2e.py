@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agents import seed_hang
 from tests.support.monitoring import (
     ALERTMANAGER_YML,
     ALERTS_YML,
@@ -35,11 +36,12 @@ from tests.support.monitoring import (
 from tests.support.procs import PYTHON, Proc, get_json, wait_until
 
 # The seed incident's layout as agents/README.md records it: a synchronous loop with Acme's
-# 12 batching workers, batch 256, samples_per_insert 128; tolerance 0.008 and min replay
-# 1000 make the limiter release 1024 samples at once, too few for 12 workers to fill a batch.
-HANG_FLAGS = ("--mode", "sync", "--num-parallel-calls", "12", "--batch-size", "256",
-              "--samples-per-insert", "128", "--tolerance", "0.008", "--min-replay-size", "1000")
-HANG_TIMEOUT_S = 150.0  # from the agent's start line to the finding; keeps the test < ~3 min
+# 12 batching workers, batch 256, samples_per_insert 128; tolerance 0.002 and min replay
+# 4000 make the limiter release 1024 samples at once, too few for 12 workers to fill a batch.
+# Whether they strand the workers is a race (agents/seed_hang.py): the agent is started
+# again when a start's workers were fed, and the sidecar attaches to the one that hangs.
+HANG_FLAGS = seed_hang.FLAGS
+HANG_TIMEOUT_S = 150.0  # from the sidecar's start to the finding
 SCRAPE_S = 1
 EVAL_S = 1
 # alerts.yml says `for: 1m` for critical findings (5m warnings, 2m fallbacks); this test
@@ -138,19 +140,31 @@ def _tail(proc: Proc) -> str:
     return proc.log_path.read_text(errors="replace")[-1500:]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)  # up to seed_hang.ATTEMPTS agent starts, then the alert path
 def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_panel(
     spawn: Callable[..., Proc], sidecar: Callable[..., tuple[Proc, str]], webhook: Webhook,
     tmp_path: Path,
 ) -> None:
     alertmanager = Alertmanager(spawn, alertmanager_config(webhook.url), tmp_path / "am")
-    agent = spawn([PYTHON, "-m", "agents.run", *HANG_FLAGS, "--reverb-port", "0",
-                   "--probe-listen", "127.0.0.1:0", "--eval-every", "0", "--steps", "10000000"],
-                  name="agent")
-    start = agent.announce(timeout_s=120)
+
+    def start_watched_agent(attempt: int) -> tuple[Proc, dict[str, Any], Proc, str]:
+        # The sidecar attaches at once, as a user's would: it must see the run before the hang.
+        agent = spawn([PYTHON, "-m", "agents.run", *HANG_FLAGS, "--reverb-port", "0",
+                       "--probe-listen", "127.0.0.1:0", "--eval-every", "0",
+                       "--steps", "10000000", "--seed", str(attempt)], name="agent")
+        start = agent.announce(timeout_s=120)
+        watcher, base = sidecar("--reverb", start["reverb"], "--probe",
+                                f"{start['reverb']}={start['probe']}", "--interval", "1",
+                                "--db", str(tmp_path / f"incidents-{attempt}.sqlite3"))
+        return agent, start, watcher, base
+
+    def stop(started: tuple[Proc, dict[str, Any], Proc, str]) -> None:
+        started[2].kill()
+        started[0].kill()
+
+    (agent, start, _, base), _ = seed_hang.until_stranded(
+        start_watched_agent, lambda started: get_json(started[1]["probe"] + "/probe")[1], stop)
     target, table = start["reverb"], start["table"]
-    _, base = sidecar("--reverb", target, "--probe", f"{target}={start['probe']}",
-                      "--interval", "1", "--db", str(tmp_path / "incidents.sqlite3"))
     prometheus = Prometheus(spawn, prometheus_config(base.removeprefix("http://"),
                                                      f"127.0.0.1:{alertmanager.port}"),
                             tmp_path / "prometheus", extra_files={"alerts.yml": alert_rules()})
@@ -160,7 +174,7 @@ def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_pa
     try:
         wait_until(lambda: prometheus.query(finding), timeout_s=HANG_TIMEOUT_S, interval_s=0.5)
     except TimeoutError:
-        pytest.fail(f"no {KIND} within {HANG_TIMEOUT_S}s of the agent's start (flags "
+        pytest.fail(f"no {KIND} within {HANG_TIMEOUT_S}s of the sidecar's start (flags "
                     f"{' '.join(HANG_FLAGS)}); findings: "
                     f"{get_json(f'{base}/api/v1/findings')[1]}\nagent: {_tail(agent)}")
 

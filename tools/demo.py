@@ -18,13 +18,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from agents import seed_hang
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALTHY = ["--mode", "sync", "--steps", "20000", "--eval-every", "5000"]
 # The seed's shape: a synchronous loop, Acme's 12 batching workers (agents/README.md).
-DEADLOCK = ["--mode", "sync", "--steps", "1000000", "--num-parallel-calls", "12",
-            "--batch-size", "256", "--samples-per-insert", "128", "--tolerance", "0.008",
-            "--min-replay-size", "1000", "--eval-every", "0"]
+DEADLOCK = [*seed_hang.FLAGS, "--steps", "1000000", "--eval-every", "0"]
 
 
 def start_line(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> dict:
@@ -54,6 +55,25 @@ def findings(base: str) -> list[dict]:
         return []
 
 
+def read_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return json.loads(r.read())
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+# One start: the agent, its start line, the sidecar attached to it.
+Started = tuple[subprocess.Popen[bytes], dict, subprocess.Popen[bytes]]
+
+
 def main() -> int:
     # A SIGTERM (a supervisor, `timeout make demo`) must reach the clean-up below too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -62,21 +82,45 @@ def main() -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     (ROOT / "var").mkdir(exist_ok=True)
     log = ROOT / "var" / "demo-agent.log"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "agents.run", *(DEADLOCK if deadlock else HEALTHY),
-         "--probe-listen", "127.0.0.1:0"],
-        cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True)
-    sidecar = None
-    try:
+    base = f"http://127.0.0.1:{port}"
+    procs: list[subprocess.Popen[bytes]] = []  # every start, so `finally` stops them all
+    def launch(attempt: int) -> Started:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "agents.run", *(DEADLOCK if deadlock else HEALTHY),
+             "--probe-listen", "127.0.0.1:0"],
+            cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        procs.append(agent)
         start = start_line(agent, log)
-        base = f"http://127.0.0.1:{port}"
+        # Attached at once, as a user would: the sidecar sees the run before any hang.
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "replaywatch", "watch", "--reverb", start["reverb"],
              "--probe", start["probe"], "--listen", f"127.0.0.1:{port}",
              "--db", str(ROOT / "var" / "demo-incidents.sqlite3")],
             cwd=ROOT, env=env, start_new_session=True,
             stderr=open(ROOT / "var" / "demo-sidecar.log", "w"))
+        procs.append(sidecar)
+        return agent, start, sidecar
+
+    def stop_both(started: Started) -> None:
+        stop(started[2])
+        stop(started[0])
+
+    try:
+        if deadlock:
+            # The hang is a race the learner usually wins (agents/seed_hang.py): when the
+            # workers were fed instead, start again, as the tests do.
+            try:
+                (agent, start, _), attempt = seed_hang.until_stranded(
+                    launch, lambda started: read_json(started[1]["probe"] + "/probe"),
+                    stop_both)
+            except (RuntimeError, TimeoutError, OSError, ValueError) as error:
+                raise SystemExit(f"demo: no hang to show: {error}; see {log}") from None
+            if attempt > 1:
+                print(f"demo: the workers were fed in {attempt - 1} start(s) (the race went "
+                      "the healthy way); this start stranded them", flush=True)
+        else:
+            agent, start, _ = launch(1)
         print(f"""
 replaywatch demo: {'the seed incident (12 batching workers, synchronous)' if deadlock
                    else 'healthy synchronous TD3 on Pendulum-v1'}
@@ -102,13 +146,8 @@ Ctrl-C stops both.
     except KeyboardInterrupt:
         return 0
     finally:
-        for proc in (sidecar, agent):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in reversed(procs):
+            stop(proc)
 
 
 if __name__ == "__main__":
