@@ -50,7 +50,9 @@ class Proc:
             for line in self.log_path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
                     try:
-                        return json.loads(line)
+                        # raw_decode: a child's C++ threads log to the same file and may
+                        # append to the line before its newline lands.
+                        return json.JSONDecoder().raw_decode(line)[0]
                     except ValueError:
                         pass
             if self.popen.poll() is not None:

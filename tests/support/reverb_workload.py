@@ -73,6 +73,11 @@ def main() -> None:
                                       None), tables))
     server, tables = servers[0]
     address = f"127.0.0.1:{server.port}"
+    # The start line goes out in one write before the load threads start: their C++ log
+    # lines share the file with stdout and could otherwise land inside it.
+    sys.stdout.write(json.dumps({"reverb": address, "pid": os.getpid(),
+                                 "all": [f"127.0.0.1:{s.port}" for s, _ in servers]}) + "\n")
+    sys.stdout.flush()
     stop = threading.Event()
     if not args.no_load:
         client = reverb.Client(address)
@@ -80,8 +85,6 @@ def main() -> None:
             for target, hz in ((insert_loop, args.insert_hz), (sample_loop, args.sample_hz)):
                 threading.Thread(target=target, args=(client, t.name, hz, stop),
                                  daemon=True).start()
-    print(json.dumps({"reverb": address, "pid": os.getpid(),
-                      "all": [f"127.0.0.1:{s.port}" for s, _ in servers]}), flush=True)
     try:
         server.wait()
     except KeyboardInterrupt:
