@@ -47,6 +47,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reverb", action="append", default=[], metavar="HOST:PORT",
                    help="a Reverb server to watch (repeatable)")
@@ -82,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require the token on /metrics too")
     watch.add_argument("--protect-healthz", action="store_true",
                        help="require the token on /healthz and /readyz too")
+    watch.add_argument("--max-in-flight", type=_positive_int, default=256, metavar="N",
+                       help="connections and requests served at once; more get 503 "
+                            "(default 256), so a flood of clients cannot grow memory")
     watch.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"])
     check = sub.add_parser("check", help="poll for a while and print what is wrong")
@@ -113,6 +126,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
             token=cfg.read_token(environ, args.token_file),
             protect_metrics=args.protect_metrics,
             protect_healthz=args.protect_healthz,
+            max_in_flight=args.max_in_flight,
         )
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,
@@ -237,7 +251,8 @@ def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
     print(f"replaywatch: watching {', '.join(config.targets)}; serving http://{shown}:{port}/",
           file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
-                                           timeout_graceful_shutdown=2))
+                                           timeout_graceful_shutdown=2,
+                                           limit_concurrency=config.serve.max_in_flight))
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler
     # that was installed before it; ours turns it into a normal exit so that the
     # poller and the incident log below are closed.

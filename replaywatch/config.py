@@ -114,6 +114,14 @@ class ServeConfig:
     token: str | None = None
     protect_metrics: bool = False
     protect_healthz: bool = False
+    # Connections and requests handled at once; beyond it the server answers 503 at once.
+    # Without a bound, clients that time out and retry against a slow sidecar pile up
+    # abandoned requests, and memory grows with the backlog.
+    max_in_flight: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ConfigError(f"--max-in-flight must be at least 1, got {self.max_in_flight}")
 
 
 @dataclasses.dataclass(frozen=True)

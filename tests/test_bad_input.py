@@ -38,6 +38,8 @@ def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         (["watch", "--reverb", "h:1", "--config", "/nonexistent.toml"], "config file"),
         (["watch", "--reverb", "h:1", "--stall-window-s", "-3"], "positive number"),
         (["watch", "--reverb", "h:1", "--token-file", "/nonexistent"], "token file"),
+        (["watch", "--reverb", "h:1", "--max-in-flight", "0"], "at least 1"),
+        (["watch", "--reverb", "h:1", "--max-in-flight", "many"], "whole number"),
         (["check", "--reverb", "h:1", "--duration", "0"], "positive number"),
         (["frobnicate"], "invalid choice"),
     ],

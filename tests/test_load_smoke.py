@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
+import socket
+import time
+from collections.abc import Callable
+
 from bench.load import run
+from tests.support.procs import Proc, get_json
 
 
 def test_five_targets_and_twenty_clients_get_no_errors_and_polls_stay_on_time() -> None:
@@ -11,4 +17,28 @@ def test_five_targets_and_twenty_clients_get_no_errors_and_polls_stay_on_time() 
     assert result["requests"] > 100
     assert result["late_pct"] < 5.0, result
     assert result["missed_pct"] < 15.0, result  # ~8 polls per target; one may straddle
+    # Eight seconds is all ramp (bench/load.py judges flatness on longer runs): bounded only.
     assert result["rss_after_mb"] < result["rss_before_mb"] * 1.5 + 20, result
+
+
+def test_past_max_in_flight_the_sidecar_answers_503_at_once_and_recovers(
+    sidecar: Callable[..., tuple[Proc, str]],
+) -> None:
+    """The bound that keeps memory flat whatever the clients do: connections beyond
+    --max-in-flight are refused at once instead of queued, and service resumes after."""
+    _, base = sidecar("--reverb", "127.0.0.1:1", "--max-in-flight", "3")
+    port = int(base.rsplit(":", 1)[1])
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+    try:
+        time.sleep(0.3)  # let the server register them
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        t0 = time.monotonic()
+        conn.request("GET", "/api/v1/tables")
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 503 and time.monotonic() - t0 < 2.0
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    assert get_json(f"{base}/api/v1/tables")[0] == 200
