@@ -33,7 +33,7 @@ from tests.support.monitoring import (
     panel_targets,
     substitute,
 )
-from tests.support.procs import PYTHON, Proc, get_json, wait_until
+from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 # The seed incident's layout as agents/README.md records it: a synchronous loop with Acme's
 # 12 batching workers, batch 256, samples_per_insert 128; tolerance 0.002 and min replay
@@ -148,14 +148,19 @@ def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_pa
     alertmanager = Alertmanager(spawn, alertmanager_config(webhook.url), tmp_path / "am")
 
     def start_watched_agent(attempt: int) -> tuple[Proc, dict[str, Any], Proc, str]:
-        # The sidecar attaches at once, as a user's would: it must see the run before the hang.
-        agent = spawn([PYTHON, "-m", "agents.run", *HANG_FLAGS, "--reverb-port", "0",
-                       "--probe-listen", "127.0.0.1:0", "--eval-every", "0",
+        # The sidecar is watching the agent's ports before the agent starts, so it sees the
+        # inserts before the hang however slowly either process starts.
+        reverb_port, probe_port = free_port(), free_port()
+        watcher, base = sidecar("--reverb", f"127.0.0.1:{reverb_port}", "--probe",
+                                f"127.0.0.1:{reverb_port}=http://127.0.0.1:{probe_port}",
+                                "--interval", "1",
+                                "--db", str(tmp_path / f"incidents-{attempt}.sqlite3"))
+        agent = spawn([PYTHON, "-m", "agents.run", *HANG_FLAGS,
+                       "--reverb-port", str(reverb_port),
+                       "--probe-listen", f"127.0.0.1:{probe_port}", "--eval-every", "0",
                        "--steps", "10000000", "--seed", str(attempt)], name="agent")
         start = agent.announce(timeout_s=120)
-        watcher, base = sidecar("--reverb", start["reverb"], "--probe",
-                                f"{start['reverb']}={start['probe']}", "--interval", "1",
-                                "--db", str(tmp_path / f"incidents-{attempt}.sqlite3"))
+        assert start["reverb"] == f"127.0.0.1:{reverb_port}", start
         return agent, start, watcher, base
 
     def stop(started: tuple[Proc, dict[str, Any], Proc, str]) -> None:
