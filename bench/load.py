@@ -3,7 +3,16 @@
 Starts real Reverb servers (one process hosting N servers x T tables), one
 `replaywatch watch` at 1 Hz, and C concurrent HTTP clients hitting /metrics,
 /api/v1/tables and /api/v1/findings for D seconds. Reports error responses,
-late polls, the sidecar's memory before and after, and p50/p99 latencies.
+late polls, the sidecar's memory over time, and p50/p99 latencies.
+
+Memory is sampled every RSS_EVERY_S from the moment the history window is full.
+The load's start costs a step (100 keep-alive connections, the server's worker
+threads, their malloc arenas), then RSS settles as the allocator's free lists
+fill. "Flat" is judged on the last third of the run: its growth and least-squares
+slope, which a leak (a per-request or per-poll allocation never freed) would keep
+at the same rate however long the run.
+
+    python -m bench.load --duration 600     # the soak that RESULTS.md quotes
 
     python -m bench.load [--targets 20] [--tables 5] [--clients 100] [--duration 60]
 """
@@ -22,6 +31,7 @@ from pathlib import Path
 from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 PATHS = ("/metrics", "/api/v1/tables", "/api/v1/findings")
+RSS_EVERY_S = 2.0
 
 
 def rss_mb(pid: int) -> float:
@@ -54,6 +64,37 @@ def client_loop(port: int, stop: threading.Event, out: dict[str, list[float]],
     conn.close()
 
 
+def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) samples, in MB per minute."""
+    if len(samples) < 2:
+        return float("nan")
+    mean_t = statistics.fmean(t for t, _ in samples)
+    mean_m = statistics.fmean(m for _, m in samples)
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    cov = sum((t - mean_t) * (m - mean_m) for t, m in samples)
+    return 60.0 * cov / var if var else float("nan")
+
+
+def memory_summary(samples: list[tuple[float, float]], duration: float) -> dict[str, float]:
+    """RSS when the load starts, a third in, two thirds in and at the end; growth and
+    slope over the last third."""
+    nan = float("nan")
+
+    def at(fraction: float) -> float:
+        later = [m for t, m in samples if t >= fraction * duration]
+        return later[0] if later else nan
+
+    last_third = [(t, m) for t, m in samples if t >= 2 * duration / 3]
+    end = samples[-1][1] if samples else nan
+    return {
+        "rss_load_start_mb": samples[0][1] if samples else nan,
+        "rss_third_mb": at(1 / 3), "rss_two_thirds_mb": at(2 / 3), "rss_end_mb": end,
+        "rss_peak_mb": max((m for _, m in samples), default=nan),
+        "last_third_growth_mb": end - at(2 / 3),
+        "last_third_slope_mb_per_min": slope_mb_per_min(last_third),
+    }
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -62,7 +103,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(targets: int, tables: int, clients: int, duration: float, interval: float = 1.0,
-        history: float = 30.0
+        history: float = 30.0, sidecar_env: dict[str, str] | None = None
         ) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="rw-load-"))
     servers = Proc([PYTHON, "tests/support/reverb_workload.py", "--servers", str(targets),
@@ -75,7 +116,7 @@ def run(targets: int, tables: int, clients: int, duration: float, interval: floa
         sidecar = Proc([PYTHON, "-m", "replaywatch", "watch", *flags, "--listen",
                         f"127.0.0.1:{port}", "--interval", str(interval), "--db",
                         str(tmp / "i.db"), "--log-level", "warning", "--history", str(history)],
-                       stdout_path=tmp / "s.log")
+                       stdout_path=tmp / "s.log", env=sidecar_env)
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: len(get_json(f"{base}/api/v1/tables", 5)[1]["tables"])
                    == targets * tables, 60)
@@ -91,7 +132,10 @@ def run(targets: int, tables: int, clients: int, duration: float, interval: floa
         started = time.monotonic()
         for t in threads:
             t.start()
-        time.sleep(duration)
+        rss: list[tuple[float, float]] = [(0.0, rss_before)]
+        while (elapsed := time.monotonic() - started) < duration:
+            time.sleep(min(RSS_EVERY_S, duration - elapsed))
+            rss.append((time.monotonic() - started, rss_mb(sidecar.pid)))
         stop.set()
         for t in threads:
             t.join(timeout=15)
@@ -113,6 +157,7 @@ def run(targets: int, tables: int, clients: int, duration: float, interval: floa
         "late_polls": late, "late_pct": 100.0 * late / max(1, polls + late),
         "missed_pct": 100.0 * max(0.0, expected - polls) / expected,
         "rss_before_mb": rss_before, "rss_after_mb": rss_after,
+        "rss_samples": rss, **memory_summary(rss, duration),
         "latency_ms": {p: {"p50": 1000 * statistics.median(v) if v else float("nan"),
                            "p99": 1000 * percentile(v, 0.99), "n": len(v)}
                        for p, v in latencies.items()},
@@ -125,7 +170,10 @@ def render(r: dict) -> str:
         f"{r['duration_s']:.0f} s: {r['requests']} requests, {r['errors']} errors",
         f"polls {r['polls']} of {r['expected_polls']:.0f} expected "
         f"({r['missed_pct']:.1f}% missed), late {r['late_polls']} ({r['late_pct']:.1f}%)",
-        f"sidecar RSS {r['rss_before_mb']:.0f} MB -> {r['rss_after_mb']:.0f} MB",
+        f"sidecar RSS (history full) {r['rss_load_start_mb']:.0f} MB when the load starts, "
+        f"{r['rss_third_mb']:.0f} / {r['rss_two_thirds_mb']:.0f} / {r['rss_end_mb']:.0f} MB "
+        f"a third in / two thirds in / at the end (peak {r['rss_peak_mb']:.0f}); last third "
+        f"{r['last_third_growth_mb']:+.1f} MB, {r['last_third_slope_mb_per_min']:+.2f} MB/min",
         "| endpoint | p50 ms | p99 ms | requests |", "| --- | ---: | ---: | ---: |",
     ]
     for path, v in r["latency_ms"].items():
