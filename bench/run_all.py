@@ -79,7 +79,10 @@ def main() -> None:
                     "for warm-up); detection = first time the finding shows in "
                     "`/api/v1/findings`. Two sidecars per run: with the probe, and with the "
                     "Reverb address alone. The sync scenarios ran beside the healthy runs "
-                    "below.\n\n" + detection.render(detection.summarize(results)) + "\n")
+                    "below.\n\n" + detection.render(detection.summarize(results)) + "\n"
+                    + f"\nseed_hang starts that fed the workers (the race went the healthy way, "
+                    f"agents/seed_hang.py), not counted above: "
+                    f"{sum(1 for r in results if r.get('fed'))}\n")
     sections.append(
         "## False alarms on healthy runs (10 minutes, sync and distributed side by side)\n\n"
         + "\n".join(f"- {mode}: warning/critical findings seen: "
