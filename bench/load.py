@@ -103,7 +103,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(targets: int, tables: int, clients: int, duration: float, interval: float = 1.0,
-        history: float = 30.0, sidecar_env: dict[str, str] | None = None
+        history: float = 30.0
         ) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="rw-load-"))
     servers = Proc([PYTHON, "tests/support/reverb_workload.py", "--servers", str(targets),
@@ -116,7 +116,7 @@ def run(targets: int, tables: int, clients: int, duration: float, interval: floa
         sidecar = Proc([PYTHON, "-m", "replaywatch", "watch", *flags, "--listen",
                         f"127.0.0.1:{port}", "--interval", str(interval), "--db",
                         str(tmp / "i.db"), "--log-level", "warning", "--history", str(history)],
-                       stdout_path=tmp / "s.log", env=sidecar_env)
+                       stdout_path=tmp / "s.log")
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: len(get_json(f"{base}/api/v1/tables", 5)[1]["tables"])
                    == targets * tables, 60)

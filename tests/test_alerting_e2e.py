@@ -41,7 +41,7 @@ from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
 # Whether they strand the workers is a race (agents/seed_hang.py): the agent is started
 # again when a start's workers were fed, and the sidecar attaches to the one that hangs.
 HANG_FLAGS = seed_hang.FLAGS
-HANG_TIMEOUT_S = 150.0  # from the sidecar's start to the finding
+HANG_TIMEOUT_S = 150.0  # from Prometheus' start (the hang already under way) to the finding
 SCRAPE_S = 1
 EVAL_S = 1
 # alerts.yml says `for: 1m` for critical findings (5m warnings, 2m fallbacks); this test

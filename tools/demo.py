@@ -47,17 +47,16 @@ def start_line(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.
     raise SystemExit("demo: the agent printed no start line in time")
 
 
-def findings(base: str) -> list[dict]:
-    try:
-        with urllib.request.urlopen(f"{base}/api/v1/findings", timeout=2) as r:
-            return json.loads(r.read())["findings"]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
 def read_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=2) as r:
         return json.loads(r.read())
+
+
+def findings(base: str) -> list[dict]:
+    try:
+        return read_json(f"{base}/api/v1/findings")["findings"]
+    except (OSError, ValueError, KeyError):
+        return []
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -84,6 +83,7 @@ def main() -> int:
     log = ROOT / "var" / "demo-agent.log"
     base = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []  # every start, so `finally` stops them all
+
     def launch(attempt: int) -> Started:
         agent = subprocess.Popen(
             [sys.executable, "-m", "agents.run", *(DEADLOCK if deadlock else HEALTHY),
