@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from replaywatch.config import WatchConfig
 from replaywatch.model import Severity
 from replaywatch.state import Published
+from replaywatch.wiring import build_sidecar
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -25,6 +26,8 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def to_document(state: Published) -> dict[str, Any]:
     """The `--json` document: targets, probes, tables (with derived) and findings."""
+    # TODO(H2): once model.py has worst_first() and the one finding->dict
+    # function, use them here and in render_text (same output shape).
     return {
         "at": state.at,
         "targets": [dataclasses.asdict(s) for s in state.sources.values() if s.kind == "reverb"],
@@ -88,21 +91,14 @@ def render_text(state: Published, out: TextIO) -> None:
 def run_check(config: WatchConfig, duration_s: float, as_json: bool,
               out: TextIO = sys.stdout) -> int:
     """Polls for `duration_s`; exit 1 if a critical finding is active at the end."""
-    from replaywatch.cli import make_poller
-
     # A one-shot look keeps its incidents in memory: it must not touch the log
     # of a `watch` that may be running beside it.
-    poller, _, _, incidents = make_poller(config, incidents_path=":memory:")
-    try:
+    with build_sidecar(config, incidents_path=":memory:") as sidecar:
         deadline = time.monotonic() + duration_s
-        state = poller.tick()
+        state = sidecar.poller.tick()
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(config.poll.interval_s, left))
-            state = poller.tick()
-    finally:
-        poller.close()
-        if incidents is not None:
-            incidents.close()
+            state = sidecar.poller.tick()
     if as_json:
         json.dump(to_document(state), out, indent=2, default=str)
         print(file=out)

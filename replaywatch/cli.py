@@ -1,8 +1,9 @@
-"""The composition root: flags -> config -> sources -> poller -> state -> app.
+"""The command line: flags, environment and config file -> WatchConfig -> a command.
 
 `replaywatch watch` serves the API and metrics while polling in the background;
-`replaywatch check` polls for a few seconds and prints what it saw. Bad input is
-one line on stderr and exit code 2, never a traceback.
+`replaywatch check` polls for a few seconds and prints what it saw. Both build
+their parts in replaywatch.wiring. Bad input is one line on stderr and exit
+code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -10,24 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import socket
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from replaywatch import config as cfg
+from replaywatch.check import run_check
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
-from replaywatch.history import History
-from replaywatch.poller import Poller, SourceBinding, targets_of
-from replaywatch.sources.probe import ProbeSource
-from replaywatch.sources.reverb import ReverbSource
-from replaywatch.state import StateStore
-from replaywatch.targets_file import ParsedTargets, TargetsFile
-
-log = logging.getLogger("replaywatch")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -135,151 +126,6 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
     )
 
 
-def make_bindings(config: cfg.WatchConfig) -> list[SourceBinding]:
-    timeout = config.poll.effective_timeout_s
-    bindings = [SourceBinding(ReverbSource(t, timeout), t) for t in config.targets]
-    for probe in config.probes:
-        assert probe.target is not None  # resolved by WatchConfig
-        bindings.append(SourceBinding(ProbeSource(probe.url, timeout), probe.target))
-    return bindings
-
-
-def bindings_from_file(parsed: ParsedTargets, timeout: float) -> list[SourceBinding]:
-    out = []
-    for entry in parsed.entries:
-        out.append(SourceBinding(ReverbSource(entry.address, timeout), entry.address,
-                                 entry.labels))
-        if entry.probe_url:
-            out.append(SourceBinding(ProbeSource(entry.probe_url, timeout), entry.address,
-                                     entry.labels))
-    return out
-
-
-def make_reloader(config: cfg.WatchConfig, static: list[SourceBinding]
-                  ) -> tuple[list[SourceBinding], Any, Any]:
-    """Initial bindings, a reload function and the file's errors, for --targets-file.
-
-    At start an unreadable or shapeless file is a ConfigError (exit 2); bad
-    entries are reported and skipped. Later, a broken edit keeps what runs.
-    """
-    if not config.targets_file:
-        return static, None, tuple
-    timeout = config.poll.effective_timeout_s
-    tf = TargetsFile(config.targets_file, reserved=frozenset(config.targets))
-    parsed = tf.read_if_changed()
-    if parsed is None:
-        raise ConfigError(tf.last_error or f"targets file {config.targets_file}: unreadable")
-    for error in parsed.errors:
-        log.warning("%s", error)
-    if not static and not parsed.entries:
-        raise ConfigError(f"targets file {config.targets_file} has no valid target")
-
-    def reload() -> list[SourceBinding] | None:
-        fresh = tf.read_if_changed()
-        if fresh is None:
-            if tf.last_error:
-                log.warning("%s; keeping the current targets", tf.last_error)
-            return None
-        for error in fresh.errors:
-            log.warning("%s", error)
-        return static + bindings_from_file(fresh, timeout)
-
-    return static + bindings_from_file(parsed, timeout), reload, lambda: (
-        (tf.last_error,) if tf.last_error else ())
-
-
-def make_poller(config: cfg.WatchConfig, incidents_path: str | None = None
-                ) -> tuple[Poller, History, StateStore, Any]:
-    """config -> sources -> history -> evaluator -> poller -> state."""
-    from replaywatch.evaluator import make_evaluator
-
-    history = History(max_age_s=config.poll.history_s, max_points=config.poll.max_points)
-    store = StateStore()
-    bindings, reload, errors = make_reloader(config, make_bindings(config))
-    # The evaluator asks the poller for the current targets at each cycle, so a
-    # reloaded targets file is diagnosed from its next cycle on.
-    evaluator, incidents = make_evaluator(config, lambda: targets_of(poller.bindings),
-                                          incidents_path)
-    poller = Poller(bindings, history, store, evaluator, interval_s=config.poll.interval_s,
-                    timeout_s=config.poll.effective_timeout_s, reload=reload,
-                    config_errors=errors)
-    return poller, history, store, incidents
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(512)
-    sock.set_inheritable(True)
-    return sock
-
-
-def run_watch(config: cfg.WatchConfig, log_level: str = "info") -> int:
-    import uvicorn
-
-    from replaywatch.api import create_app
-    from replaywatch.api.routes_health import METRICS_CACHE_KEY
-    from replaywatch.metrics import make_registry, render
-
-    if not cfg.is_loopback(config.serve.listen_host) and not config.serve.token:
-        log.warning("listening on %s without a token: anyone who can reach it can read the "
-                    "job's state; set REPLAYWATCH_TOKEN or --token-file",
-                    config.serve.listen_host)
-    poller, history, store, incidents = make_poller(config)
-    sock = _bind(config.serve.listen_host, config.serve.listen_port)
-    registry = make_registry(store.current)
-    app = create_app(store, registry, history, incidents,
-                     history_s=config.poll.history_s, serve=config.serve,
-                     extra_routers=_page_routers())
-    # Render /metrics on the poller's thread before each publish, so a scrape is
-    # a cache hit: a fresh render of 50 targets x 5 tables took ~50 ms here, and
-    # ~200 ms at p99 when it raced the next poll cycle for the GIL.
-    poller.before_publish = lambda state: app.state.cache.get(
-        METRICS_CACHE_KEY, state.cycle, lambda: render(make_registry(lambda: state)))
-    stop = threading.Event()
-    thread = threading.Thread(target=poller.run, args=(stop,), name="replaywatch-poller",
-                              daemon=True)
-    thread.start()
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"replaywatch: watching {', '.join(config.targets)}; serving http://{shown}:{port}/",
-          file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
-                                           timeout_graceful_shutdown=2,
-                                           limit_concurrency=config.serve.max_in_flight))
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler
-    # that was installed before it; ours turns it into a normal exit so that the
-    # poller and the incident log below are closed.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        stop.set()
-        thread.join(timeout=config.poll.interval_s + config.poll.effective_timeout_s + 2)
-        poller.close()
-        if incidents is not None:
-            incidents.close()
-    return 0
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
-def _page_routers() -> tuple[Any, ...]:
-    try:
-        from replaywatch.api import page  # type: ignore[attr-defined]
-    except ImportError:
-        return ()
-    return (page.router,)
-
-
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -290,9 +136,13 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     try:
         config = config_from_args(args, dict(os.environ if environ is None else environ))
         if args.command == "watch":
-            return run_watch(config, args.log_level)
-        from replaywatch.check import run_check
+            # The one function-level import, on purpose: the web stack (fastapi,
+            # pydantic, uvicorn) costs ~0.9 s to import (1.07 s for replaywatch.api
+            # against 0.17 s for the poller, on the 2-core CI machine), which every
+            # `check`, `--help` and bad command line would otherwise pay.
+            from replaywatch.watch import run_watch
 
+            return run_watch(config, args.log_level)
         return run_check(config, args.duration, args.json)
     except ConfigError as e:
         print(f"replaywatch {args.command}: error: {e}", file=sys.stderr)

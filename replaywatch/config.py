@@ -74,6 +74,10 @@ def parse_probe(spec: str) -> ProbeTarget:
     return ProbeTarget(url=url.rstrip("/"), target=target)
 
 
+# Rates shown beside each table are taken over this many seconds (the poller's
+# picture and the API's history both use it).
+RATE_WINDOW_S = 10.0
+
 MAX_HISTORY_S = 86400.0  # a day at 1 Hz is ~86k snapshots per table: the memory bound
 
 

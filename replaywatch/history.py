@@ -94,10 +94,6 @@ class History:
         with self._lock:
             return [s for s in self._probes.get(source, ()) if s.observed_at >= start]
 
-    def polls(self, source: str, start: float = float("-inf")) -> list[PollRecord]:
-        with self._lock:
-            return [r for r in self._polls.get(source, ()) if r.at >= start]
-
     def view(self, target: str, probes: Sequence[str], start: float) -> TargetView:
         """An immutable slice since `start` for one target and its probes."""
         with self._lock:

@@ -53,6 +53,15 @@ class ReplaywatchCollector:
         log_ok = _gauge("incident_log_healthy", "1 while the incident log accepts writes.", [])
         log_ok.add_metric([], 0.0 if state.incident_log_error else 1.0)
         yield log_ok
+        dropped = _counter("incident_log_dropped",
+                           "Transitions the incident log lost because its write queue was full.",
+                           [])
+        dropped.add_metric([], state.incident_log_dropped)
+        yield dropped
+        late = _counter("late_poll_cycles",
+                        "Poll cycles that overran the interval (the next one started late).", [])
+        late.add_metric([], state.late_cycles)
+        yield late
 
     def _sources(self, state: Published) -> Iterator[Metric]:
         up = _gauge("target_up", "1 if the last ServerInfo poll of the target succeeded.",

@@ -1,6 +1,6 @@
 """The poller: the only writer. Each cycle polls every source concurrently,
-records the outcomes into the history, asks the evaluator for findings and
-publishes one immutable picture.
+records the outcomes into the history, asks the diagnoser (the findings keeper)
+for this cycle's findings and publishes one immutable picture.
 
 Every source is polled on its own worker thread with its own deadline, so a
 dead or frozen target costs at most its timeout on that thread and never delays
@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from replaywatch.config import RATE_WINDOW_S
 from replaywatch.diagnosis.derived import derive
 from replaywatch.history import History
 from replaywatch.model import Finding, PollOutcome
@@ -26,31 +27,24 @@ from replaywatch.state import Published, SourceStatus, StateStore
 
 log = logging.getLogger("replaywatch.poller")
 
-# Rates shown beside each table are taken over this many seconds.
-RATE_WINDOW_S = 10.0
-
 
 @dataclasses.dataclass(frozen=True)
-class Evaluation:
+class CycleFindings:
+    """What the diagnoser hands the poller for one cycle's picture."""
+
     findings: tuple[Finding, ...] = ()
     insufficient: tuple[str, ...] = ()
     incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
     incident_log_error: str | None = None
+    incident_log_dropped: int = 0
 
 
-class Evaluator(Protocol):
-    def evaluate(
+class Diagnoser(Protocol):
+    """Turns the history into this cycle's findings (replaywatch.findings.FindingsKeeper)."""
+
+    def diagnose_cycle(
         self, history: History, sources: dict[str, SourceStatus], now: float
-    ) -> Evaluation: ...
-
-
-class NoEvaluation:
-    """For `check --no-diagnosis` and for tests of the polling alone."""
-
-    def evaluate(
-        self, history: History, sources: dict[str, SourceStatus], now: float
-    ) -> Evaluation:
-        return Evaluation()
+    ) -> CycleFindings: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +63,8 @@ def targets_of(bindings: Sequence[SourceBinding]) -> dict[str, list[str]]:
     return out
 
 
-def _next_status(prev: SourceStatus | None, binding: SourceBinding, out: PollOutcome,
-                 late: bool) -> SourceStatus:
+def _next_status(prev: SourceStatus | None, binding: SourceBinding, out: PollOutcome
+                 ) -> SourceStatus:
     failures = 0 if out.ok else (prev.consecutive_failures if prev else 0) + 1
     return SourceStatus(
         name=binding.source.name,
@@ -84,7 +78,7 @@ def _next_status(prev: SourceStatus | None, binding: SourceBinding, out: PollOut
         consecutive_failures=failures,
         polls_total=(prev.polls_total if prev else 0) + 1,
         failures_total=(prev.failures_total if prev else 0) + (0 if out.ok else 1),
-        late_polls_total=(prev.late_polls_total if prev else 0) + (1 if late else 0),
+        late_polls_total=prev.late_polls_total if prev else 0,
         labels=binding.labels,
     )
 
@@ -97,7 +91,7 @@ class Poller:
         bindings: Sequence[SourceBinding],
         history: History,
         store: StateStore,
-        evaluator: Evaluator,
+        diagnoser: Diagnoser,
         interval_s: float,
         timeout_s: float,
         clock: Callable[[], float] = time.time,
@@ -112,7 +106,7 @@ class Poller:
         self.before_publish = before_publish
         self._history = history
         self._store = store
-        self._evaluator = evaluator
+        self._diagnoser = diagnoser
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._clock = clock
@@ -122,7 +116,7 @@ class Poller:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._cycle = 0
         self._lock = threading.Lock()  # guards _bindings against set_bindings()
-        self.late_cycles = 0
+        self.late_cycles = 0  # cycles that overran the interval; published with each picture
 
     def set_bindings(self, bindings: Sequence[SourceBinding]) -> None:
         """Replaces the watched sources (a reloaded targets file) between cycles."""
@@ -163,7 +157,7 @@ class Poller:
         return self._executor
 
     def tick(self) -> Published:
-        """Polls all sources once (concurrently), evaluates and publishes."""
+        """Polls all sources once (concurrently), diagnoses and publishes."""
         t0 = self._perf()
         if self._reload is not None:
             fresh = self._reload()
@@ -196,7 +190,7 @@ class Poller:
                 log.exception("polling %s raised", binding.source.name)
                 outcome = PollOutcome(binding.source.name, binding.source.kind, self._clock(),
                                       0.0, error=f"internal error: {type(e).__name__}: {e}")
-            self._record(binding, outcome, late=False)
+            self._record(binding, outcome)
         for binding in skipped:
             prev = self._statuses.get(binding.source.name)
             if prev is not None:
@@ -205,10 +199,10 @@ class Poller:
                 )
         return self._publish(t0)
 
-    def _record(self, binding: SourceBinding, outcome: PollOutcome, late: bool) -> None:
+    def _record(self, binding: SourceBinding, outcome: PollOutcome) -> None:
         self._history.record(outcome)
         prev = self._statuses.get(binding.source.name)
-        status = _next_status(prev, binding, outcome, late)
+        status = _next_status(prev, binding, outcome)
         if prev is None or prev.up != status.up:
             if status.up:
                 log.info("%s %s is up", status.kind, status.name)
@@ -232,7 +226,7 @@ class Poller:
                 latest = self._history.probe(binding.source.name)[-1:]
                 if latest:
                     probes[binding.source.name] = latest[0]
-        evaluation = self._evaluator.evaluate(self._history, statuses, now)
+        found = self._diagnoser.diagnose_cycle(self._history, statuses, now)
         self._cycle += 1
         published = Published(
             at=now,
@@ -241,10 +235,12 @@ class Poller:
             tables=tables,
             derived=derived,
             probes=probes,
-            findings=evaluation.findings,
-            insufficient=evaluation.insufficient,
-            incident_ids=evaluation.incident_ids,
-            incident_log_error=evaluation.incident_log_error,
+            findings=found.findings,
+            insufficient=found.insufficient,
+            incident_ids=found.incident_ids,
+            incident_log_error=found.incident_log_error,
+            incident_log_dropped=found.incident_log_dropped,
+            late_cycles=self.late_cycles,
             config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,
         )

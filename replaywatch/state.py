@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
 
 from replaywatch.diagnosis.derived import TableDerived
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
@@ -50,7 +49,8 @@ class Published:
     cycle_duration_s: float = 0.0
     incident_log_error: str | None = None
     config_errors: tuple[str, ...] = ()
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    incident_log_dropped: int = 0  # transitions the incident log lost to a full queue
+    late_cycles: int = 0  # poll cycles that overran the interval
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -124,8 +125,6 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         # Never a traceback to the client; the log keeps it.
-        import logging
-
         logging.getLogger("replaywatch.api").exception("unhandled error")
         return _error(500, f"internal error: {type(exc).__name__}")
 

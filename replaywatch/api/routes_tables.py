@@ -17,9 +17,8 @@ from replaywatch.api.schemas import (
     TargetOut,
     TargetsOut,
 )
-from replaywatch.config import MAX_HISTORY_S
+from replaywatch.config import MAX_HISTORY_S, RATE_WINDOW_S
 from replaywatch.diagnosis.derived import derive
-from replaywatch.poller import RATE_WINDOW_S
 
 router = APIRouter(prefix="/api/v1")
 

@@ -178,8 +178,3 @@ class FindingOut(BaseModel):
 class FindingsOut(BaseModel):
     findings: list[FindingOut]
     insufficient_data: list[str]
-
-
-class HealthOut(BaseModel):
-    status: str
-    detail: dict[str, Any] = {}

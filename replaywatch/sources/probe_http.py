@@ -1,4 +1,8 @@
-"""Probe source: reads a trainer's `GET /probe` (and, on demand, `/stacks`)."""
+"""The sidecar's HTTP reader of a probe: `GET /probe` (and, on demand, `/stacks`).
+
+Not to be confused with replaywatch/probe.py, the probe itself, which runs in
+the trainer and serves these documents; this module reads them from outside.
+"""
 
 from __future__ import annotations
 
@@ -88,8 +92,8 @@ def get_json(url: str, timeout_s: float) -> dict[str, Any]:
     return doc
 
 
-class ProbeSource:
-    """Polls one TrainerProbe over HTTP."""
+class HttpProbeSource:
+    """Polls one probe (a TrainerProbe today) over HTTP."""
 
     kind = "probe"
 

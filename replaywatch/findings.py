@@ -1,6 +1,6 @@
-"""The evaluator: runs the pure diagnosis on each target's recent history, keeps
-findings' lifecycle, writes every transition to the incident log and, when a
-critical finding opens, captures the trainer's thread stacks as evidence.
+"""The findings keeper: runs the pure diagnosis on each target's recent history,
+keeps findings' lifecycle, writes every transition to the incident log and, when
+a critical finding opens, captures the trainer's thread stacks as evidence.
 
 It runs on the poller's thread (the one writer). Capturing stacks is I/O that
 can take seconds (py-spy), so it runs on a short-lived worker thread and
@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replaywatch.config import WatchConfig
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.lifecycle import Reconciled, Transition, reconcile
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -28,11 +27,11 @@ from replaywatch.errors import SourceError
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, Severity
-from replaywatch.poller import Evaluation
-from replaywatch.sources.probe import get_json
+from replaywatch.poller import CycleFindings
+from replaywatch.sources.probe_http import get_json
 from replaywatch.state import SourceStatus
 
-log = logging.getLogger("replaywatch.evaluator")
+log = logging.getLogger("replaywatch.findings")
 
 # Snapshots around a transition stored with it as context.
 CONTEXT_POINTS = 5
@@ -73,8 +72,15 @@ def py_spy_dump(pid: int, timeout_s: float) -> dict[str, Any]:
         return {"text": done.stdout[:200_000]}
 
 
-class Evaluator:
-    """Diagnoses every target each cycle; the only caller of reconcile()."""
+StackFetcher = Callable[[Sequence[str], int | None], dict[str, Any] | None]
+
+
+class FindingsKeeper:
+    """Diagnoses every target each cycle; the only caller of reconcile().
+
+    The poller's `Diagnoser`: it keeps the active findings between cycles,
+    resumes open incidents after a restart and holds them open for a while.
+    """
 
     def __init__(
         self,
@@ -83,8 +89,7 @@ class Evaluator:
         interval_s: float,
         incidents: IncidentLog | None,
         trainer_pid: int | None = None,
-        stack_fetcher: Callable[[Sequence[str], int | None], dict[str, Any] | None]
-        = fetch_stacks,
+        stack_fetcher: StackFetcher = fetch_stacks,
     ):
         self._targets = targets
         self._th = thresholds
@@ -100,7 +105,6 @@ class Evaluator:
         # several failed polls, a stall a whole window. Until then an incident
         # resumed from the log is held open, not resolved and then re-opened.
         self._hold_s = thresholds.stall_window_s + (thresholds.down_polls + 2) * interval_s
-        self.stack_threads: list[threading.Thread] = []
 
     def _resume(self, now: float) -> None:
         """Open incidents from before a restart continue, not duplicated."""
@@ -115,8 +119,8 @@ class Evaluator:
         if self._active:
             log.info("resumed %d open incident(s) from the log", len(self._active))
 
-    def evaluate(self, history: History, sources: dict[str, SourceStatus], now: float
-                 ) -> Evaluation:
+    def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus], now: float
+                       ) -> CycleFindings:
         if not self._resumed:
             self._resume(now)
         found: list[Finding] = []
@@ -141,15 +145,18 @@ class Evaluator:
         self._active = {k: f for k, f in result.active.items() if f.target in targets}
         self._record(transitions, history, targets, now)
         ids: dict[str, int] = {}
-        log_error = None
+        log_error, dropped = None, 0
         if self._incidents is not None:
             ids = self._incidents.open_incident_ids()
             log_error = self._incidents.last_error
-        return Evaluation(
+            dropped = self._incidents.dropped
+        return CycleFindings(
+            # TODO(H2): use model.worst_first once it lands.
             findings=tuple(sorted(self._active.values(), key=lambda f: (-f.severity, f.since))),
             insufficient=tuple(insufficient),
             incident_ids=ids,
             incident_log_error=log_error,
+            incident_log_dropped=dropped,
         )
 
     def _record(self, transitions: list[Transition], history: History,
@@ -193,25 +200,7 @@ class Evaluator:
             if stacks is not None and not incidents.attach_stacks(finding.finding_id, stacks):
                 log.warning("could not store stacks for %s", finding.finding_id)
 
-        thread = threading.Thread(target=capture, name="replaywatch-stacks", daemon=True)
-        self.stack_threads = [t for t in self.stack_threads if t.is_alive()] + [thread]
-        thread.start()
+        # Nobody joins it: it ends when the fetch does (every fetch has a timeout),
+        # and a daemon thread never holds up the sidecar's exit.
+        threading.Thread(target=capture, name="replaywatch-stacks", daemon=True).start()
 
-
-def make_evaluator(config: WatchConfig, targets: Callable[[], dict[str, list[str]]],
-                   path: str | None = None) -> tuple[Evaluator, IncidentLog | None]:
-    """Wires the evaluator for `config`; the incident log directory is created here."""
-    path = path or config.db_path
-    if path is None:
-        from replaywatch.config import default_db_path
-
-        path = default_db_path()
-    if path != ":memory:":
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        except OSError as e:  # the log reports it in /readyz; watching goes on
-            log.error("cannot create the incident log's directory: %s", e)
-    incidents = IncidentLog(path)
-    evaluator = Evaluator(targets, config.thresholds, config.poll.interval_s, incidents,
-                          trainer_pid=config.trainer_pid)
-    return evaluator, incidents

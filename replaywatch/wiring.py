@@ -1,0 +1,172 @@
+"""The composition root: a WatchConfig becomes a running sidecar, and back to nothing.
+
+    config -> sources (+ targets file) -> history -> findings keeper (+ incident log)
+           -> poller -> state store
+
+`build_sidecar` is the one place these parts meet; `replaywatch check` and
+`replaywatch watch` both start from it. The HTTP edge (app, registry, server)
+is added on top of a Sidecar by replaywatch/watch.py, so that `check` never
+imports the web stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from replaywatch.config import WatchConfig, default_db_path
+from replaywatch.errors import ConfigError
+from replaywatch.findings import FindingsKeeper
+from replaywatch.history import History
+from replaywatch.incidents import IncidentLog
+from replaywatch.poller import Poller, SourceBinding, targets_of
+from replaywatch.sources.probe_http import HttpProbeSource
+from replaywatch.sources.reverb import ReverbSource
+from replaywatch.state import StateStore
+from replaywatch.targets_file import ParsedTargets, TargetsFile
+
+log = logging.getLogger("replaywatch")
+
+Reload = Callable[[], list[SourceBinding] | None]
+
+
+def make_bindings(config: WatchConfig) -> list[SourceBinding]:
+    """The sources named on the command line."""
+    timeout = config.poll.effective_timeout_s
+    bindings = [SourceBinding(ReverbSource(t, timeout), t) for t in config.targets]
+    for probe in config.probes:
+        assert probe.target is not None  # resolved by WatchConfig
+        bindings.append(SourceBinding(HttpProbeSource(probe.url, timeout), probe.target))
+    return bindings
+
+
+def bindings_from_file(parsed: ParsedTargets, timeout: float) -> list[SourceBinding]:
+    out = []
+    for entry in parsed.entries:
+        out.append(SourceBinding(ReverbSource(entry.address, timeout), entry.address,
+                                 entry.labels))
+        if entry.probe_url:
+            out.append(SourceBinding(HttpProbeSource(entry.probe_url, timeout), entry.address,
+                                     entry.labels))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetsPlan:
+    """The initial bindings, how to reload them, and the targets file's current errors."""
+
+    bindings: list[SourceBinding]
+    reload: Reload | None = None
+    errors: Callable[[], tuple[str, ...]] = tuple
+
+
+def plan_targets(config: WatchConfig, static: list[SourceBinding]) -> TargetsPlan:
+    """Adds --targets-file's entries to the static bindings.
+
+    At start an unreadable or shapeless file is a ConfigError (exit 2); bad
+    entries are reported and skipped. Later, a broken edit keeps what runs.
+    """
+    if not config.targets_file:
+        return TargetsPlan(static)
+    timeout = config.poll.effective_timeout_s
+    tf = TargetsFile(config.targets_file, reserved=frozenset(config.targets))
+    parsed = tf.read_if_changed()
+    if parsed is None:
+        raise ConfigError(tf.last_error or f"targets file {config.targets_file}: unreadable")
+    for error in parsed.errors:
+        log.warning("%s", error)
+    if not static and not parsed.entries:
+        raise ConfigError(f"targets file {config.targets_file} has no valid target")
+
+    def reload() -> list[SourceBinding] | None:
+        fresh = tf.read_if_changed()
+        if fresh is None:
+            if tf.last_error:
+                log.warning("%s; keeping the current targets", tf.last_error)
+            return None
+        for error in fresh.errors:
+            log.warning("%s", error)
+        return static + bindings_from_file(fresh, timeout)
+
+    def errors() -> tuple[str, ...]:
+        return (tf.last_error,) if tf.last_error else ()
+
+    return TargetsPlan(static + bindings_from_file(parsed, timeout), reload, errors)
+
+
+def open_incident_log(path: str) -> IncidentLog:
+    """The incident log at `path` (":memory:" for none on disk); its directory is made here."""
+    if path != ":memory:":
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as e:  # the log reports it in /readyz; watching goes on
+            log.error("cannot create the incident log's directory: %s", e)
+    return IncidentLog(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sidecar:
+    """Every part of one sidecar; `close()` (or leaving a `with`) stops and closes them."""
+
+    config: WatchConfig
+    history: History
+    store: StateStore
+    incidents: IncidentLog
+    keeper: FindingsKeeper
+    poller: Poller
+    _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+
+    def start(self) -> None:
+        """Polls on a background thread until `close()`."""
+        thread = threading.Thread(target=self.poller.run, args=(self._stop,),
+                                  name="replaywatch-poller", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def close(self) -> None:
+        """Stops polling, then closes the sources and the incident log; safe to repeat."""
+        self._stop.set()
+        poll = self.config.poll
+        for thread in self._threads:
+            thread.join(timeout=poll.interval_s + poll.effective_timeout_s + 2)
+        self._threads.clear()
+        self.poller.close()
+        self.incidents.close()
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sidecar:
+    """Builds (and starts nothing of) the sidecar for `config`.
+
+    `incidents_path` overrides the config's log (":memory:" for a one-shot look).
+    """
+    history = History(max_age_s=config.poll.history_s, max_points=config.poll.max_points)
+    store = StateStore()
+    plan = plan_targets(config, make_bindings(config))
+    incidents = open_incident_log(incidents_path or config.db_path or default_db_path())
+    poller: Poller | None = None
+
+    def current_targets() -> dict[str, list[str]]:
+        # Asked at each cycle, so a reloaded targets file is diagnosed from its
+        # next cycle on.
+        assert poller is not None
+        return targets_of(poller.bindings)
+
+    keeper = FindingsKeeper(current_targets, config.thresholds, config.poll.interval_s,
+                            incidents, trainer_pid=config.trainer_pid)
+    poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
+                    timeout_s=config.poll.effective_timeout_s, reload=plan.reload,
+                    config_errors=plan.errors)
+    return Sidecar(config=config, history=history, store=store, incidents=incidents,
+                   keeper=keeper, poller=poller)
