@@ -62,3 +62,11 @@ def test_values_read_back_through_the_registry() -> None:
     assert registry.get_sample_value(
         "replaywatch_table_worker_seconds_total",
         {**labels, "state": "waiting_for_inserts"}) is not None
+
+
+def test_late_cycles_and_dropped_incident_writes_are_exported() -> None:
+    state = dataclasses.replace(_published(), late_cycles=4, incident_log_dropped=2)
+    registry = make_registry(lambda: state)
+    assert registry.get_sample_value("replaywatch_late_poll_cycles_total") == 4
+    assert registry.get_sample_value("replaywatch_incident_log_dropped_total") == 2
+    assert render(registry) == generate_latest(registry)
