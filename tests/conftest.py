@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
+from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 WORKLOAD = "tests/support/reverb_workload.py"
 

@@ -1,0 +1,205 @@
+"""The poller's tick and loop, with fake sources behind the Source protocol.
+
+No process, no network: sources are ours (tests.fakes-style classes below), the
+diagnoser records what it was asked, the clocks are injected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from replaywatch.history import History
+from replaywatch.model import PollOutcome
+from replaywatch.poller import CycleFindings, Poller, SourceBinding, targets_of
+from replaywatch.state import SourceStatus, StateStore
+from tests.builders import table_snapshot
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSource:
+    """A source whose answer the test sets: a table, an error, an exception or a hang."""
+
+    def __init__(self, name: str, clock: FakeClock, kind: str = "reverb"):
+        self.name, self.kind, self._clock = name, kind, clock
+        self.error: str | None = None
+        self.raises: Exception | None = None
+        self.gate = threading.Event()  # cleared: poll() hangs until set
+        self.gate.set()
+        self.polls = 0
+        self.closed = False
+
+    def poll(self) -> PollOutcome:
+        self.gate.wait(10)
+        self.polls += 1
+        if self.raises is not None:
+            raise self.raises
+        at = self._clock()
+        if self.error is not None:
+            return PollOutcome(self.name, self.kind, at, 0.001, error=self.error)
+        if self.kind == "probe":
+            return PollOutcome(self.name, self.kind, at, 0.001)
+        snap = table_snapshot(at, 10 * self.polls, 10 * self.polls, target=self.name)
+        return PollOutcome(self.name, self.kind, at, 0.001, tables=(snap,))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordingDiagnoser:
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, SourceStatus], float]] = []
+
+    def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus], now: float
+                       ) -> CycleFindings:
+        self.calls.append((sources, now))
+        return CycleFindings(insufficient=(f"cycle {len(self.calls)}",))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def made() -> Iterator[list[Poller]]:
+    pollers: list[Poller] = []
+    yield pollers
+    for p in pollers:
+        p.close()
+
+
+def poller_of(made: list[Poller], *sources: FakeSource, timeout_s: float = 1.0,
+              clock: FakeClock | None = None, diagnoser: object = None, **kw: object
+              ) -> tuple[Poller, StateStore]:
+    store = StateStore()
+    bindings = [SourceBinding(s, s.name) for s in sources]
+    poller = Poller(bindings, History(), store, diagnoser or RecordingDiagnoser(),  # type: ignore[arg-type]
+                    interval_s=1.0,
+                    timeout_s=timeout_s, clock=clock or FakeClock(), **kw)  # type: ignore[arg-type]
+    made.append(poller)
+    return poller, store
+
+
+def test_a_tick_publishes_statuses_tables_and_the_diagnosers_answer(
+        made: list[Poller], clock: FakeClock) -> None:
+    a = FakeSource("a:1", clock)
+    poller, store = poller_of(made, a, clock=clock)
+    state = poller.tick()
+    assert store.current() is state
+    assert (state.cycle, state.at) == (1, 1000.0)
+    assert state.sources["a:1"].up and state.sources["a:1"].polls_total == 1
+    assert state.tables[("a:1", "replay")].rate_limiter.inserts == 10
+    assert state.insufficient == ("cycle 1",)  # what the diagnoser answered
+
+
+def test_a_failing_source_is_data_and_the_others_are_unaffected(
+        made: list[Poller], clock: FakeClock) -> None:
+    ok, down, broken = FakeSource("ok:1", clock), FakeSource("down:1", clock), \
+        FakeSource("broken:1", clock)
+    down.error = "down:1: unreachable (connection refused)"
+    broken.raises = RuntimeError("boom")
+    poller, _ = poller_of(made, ok, down, broken, clock=clock)
+    poller.tick()
+    clock.now += 1
+    state = poller.tick()
+    assert state.sources["ok:1"].up and state.sources["ok:1"].polls_total == 2
+    assert ("ok:1", "replay") in state.tables
+    d = state.sources["down:1"]
+    assert (d.up, d.last_error, d.consecutive_failures, d.failures_total, d.last_ok_at) == (
+        False, "down:1: unreachable (connection refused)", 2, 2, None)
+    b = state.sources["broken:1"]
+    assert not b.up and b.last_error == "internal error: RuntimeError: boom"
+    # The diagnoser saw all three, down ones included.
+    assert set(poller._diagnoser.calls[-1][0]) == {"ok:1", "down:1", "broken:1"}  # type: ignore[attr-defined]
+    down.error = None
+    clock.now += 1
+    back = poller.tick().sources["down:1"]
+    assert (back.up, back.consecutive_failures, back.failures_total, back.last_ok_at) == (
+        True, 0, 2, clock.now)
+
+
+def test_a_late_source_is_skipped_and_counted_without_delaying_the_others(
+        made: list[Poller], clock: FakeClock) -> None:
+    fast, slow = FakeSource("fast:1", clock), FakeSource("slow:1", clock)
+    poller, _ = poller_of(made, fast, slow, timeout_s=0.05, clock=clock)
+    try:
+        poller.tick()
+        slow.gate.clear()  # its next poll hangs
+        t0 = time.perf_counter()
+        clock.now += 1
+        state = poller.tick()
+        assert time.perf_counter() - t0 < 2.0  # the timeout and its margin, not the hang
+        clock.now += 1
+        state = poller.tick()  # its poll is still running: not started again
+        s = state.sources["slow:1"]
+        assert (s.late_polls_total, s.polls_total, s.up) == (2, 1, True)
+        assert state.sources["fast:1"].polls_total == 3
+        assert slow.polls == 1  # one poll in flight, no pile-up of threads
+    finally:
+        slow.gate.set()
+    deadline = time.monotonic() + 5
+    while slow.polls < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    clock.now += 1
+    s = poller.tick().sources["slow:1"]
+    assert (s.polls_total, s.late_polls_total) == (2, 2)
+
+
+def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
+        made: list[Poller], clock: FakeClock) -> None:
+    kept, dropped = FakeSource("kept:1", clock), FakeSource("gone:1", clock)
+    added, kept_again = FakeSource("new:1", clock), FakeSource("kept:1", clock)
+    probe = FakeSource("http://new:9", clock, kind="probe")
+    fresh: list[list[SourceBinding] | None] = [
+        None,  # first tick: the file did not change
+        [SourceBinding(kept_again, "kept:1"), SourceBinding(added, "new:1"),
+         SourceBinding(probe, "new:1")],
+    ]
+    poller, _ = poller_of(made, kept, dropped, clock=clock, reload=lambda: fresh.pop(0))
+    first = poller.tick()
+    assert set(first.sources) == {"kept:1", "gone:1"}
+    clock.now += 1
+    second = poller.tick()
+    assert set(second.sources) == {"kept:1", "new:1", "http://new:9"}
+    assert dropped.closed and not kept.closed
+    # The live source object (and its channel) of a target that stays is kept.
+    assert kept.polls == 2 and kept_again.polls == 0
+    assert second.sources["kept:1"].polls_total == 2
+    assert targets_of(poller.bindings) == {"kept:1": [], "new:1": ["http://new:9"]}
+
+
+def test_the_loop_counts_cycles_that_overran_the_interval(made: list[Poller]) -> None:
+    perf = FakeClock(0.0)
+    durations = [2.5, 2.5, 2.5, 0.25, 0.25]  # three cycles overrun a 1 s interval
+
+    class SlowDiagnoser(RecordingDiagnoser):
+        def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus],
+                           now: float) -> CycleFindings:
+            perf.now += durations[len(self.calls)]  # the cycle's work takes this long
+            return super().diagnose_cycle(history, sources, now)
+
+    poller, store = poller_of(made, FakeSource("a:1", FakeClock()), perf=perf,
+                              diagnoser=SlowDiagnoser())
+    waits: list[float] = []
+
+    def sleep(delay: float) -> bool:
+        waits.append(delay)
+        return len(waits) == len(durations)  # True: stop
+
+    poller.run(threading.Event(), sleep=sleep)
+    assert poller.late_cycles == 3
+    # A late cycle is followed at once and the cadence realigns, no burst to catch up.
+    assert waits == [0.0, 0.0, 0.0, pytest.approx(0.75), pytest.approx(1.5)]
+    # Published with each picture.
+    assert (store.current().cycle, store.current().late_cycles) == (5, 3)
