@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -10,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.procs import get_json, wait_until
 from replaywatch.probe import TrainerProbe
-from tests.support.procs import get_json, wait_until
 
 
 class GatedIterator:
@@ -143,3 +144,22 @@ def test_probe_imports_only_the_standard_library() -> None:
             "bad=[m for m in ('tensorflow','jax','fastapi','reverb','grpc','pydantic',"
             "'prometheus_client','numpy') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_document_says_role_trainer_and_counts_os_threads(probe: TrainerProbe) -> None:
+    before = get_json(f"{probe.url}/probe")[1]
+    assert before["role"] == "trainer" and before["wrapped"] is None
+    if not os.path.isdir("/proc/self/task"):
+        assert before["os_threads"] is None
+        return
+    gate = threading.Event()
+    extra = [threading.Thread(target=gate.wait, daemon=True) for _ in range(3)]
+    for t in extra:
+        t.start()
+    try:
+        during = get_json(f"{probe.url}/probe")[1]
+    finally:
+        gate.set()
+    assert during["os_threads"] - before["os_threads"] == 3
+    assert during["thread_count"] - before["thread_count"] == 3
+    assert during["os_threads"] >= during["thread_count"]

@@ -1,44 +1,22 @@
-"""TrainerProbe: what only the trainer process knows, served over loopback HTTP.
+"""TrainerProbe: what only the trainer process knows.
 
 Reverb can tell how many samples left the table, but not whether the learner
 got them: the seed incident (12 tf.data workers each batching on their own)
 shows a table that "can sample" while `next()` blocks forever. The probe wraps
 the learner's iterator and counts batches and the time spent blocked in
-`next()`, then serves those numbers from a daemon thread, so it keeps
-answering while the trainer's own thread is stuck.
-
-    from replaywatch.probe import TrainerProbe
-    probe = TrainerProbe(batch_size=256, num_parallel_calls=12, name="learner")
-    iterator = probe.wrap(iterator)
-    port = probe.start()        # GET /probe, GET /stacks on 127.0.0.1:port
-    ...
-    probe.step()                # optional learner-step heartbeat
-
-Standard library only: it must be importable next to any trainer without
-pulling TensorFlow, JAX or a web framework. Read-only: no endpoint changes the
-trainer.
+`next()`; `serving.ProbeServer` answers from a daemon thread while the
+trainer's own thread is stuck.
 """
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
-import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-_MAX_FRAMES = 64
-
-
-def _parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"listen ({listen!r}) must be HOST:PORT, e.g. 127.0.0.1:0")
-    return host.strip("[]") or "127.0.0.1", int(port)
+from replaywatch.probe import learner as _learner
+from replaywatch.probe.serving import ProbeServer, thread_counts, thread_stacks
 
 
 class _ProbedIterator:
@@ -95,9 +73,10 @@ class TrainerProbe:
         ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{label} ({value!r}) must be a non-negative int")
-        self._address = _parse_listen(listen)
+        self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
         self._static = {
+            "role": "trainer",
             "pid": os.getpid(),
             "name": name,
             "batch_size": batch_size,
@@ -112,13 +91,30 @@ class TrainerProbe:
         # (learner steps, last step at)
         self._steps_state: tuple[int, float | None] = (0, None)
         self._iterator: _ProbedIterator | None = None
-        self._server: http.server.ThreadingHTTPServer | None = None
+        self._wrapped: str | None = None
 
     # -- the trainer's side -------------------------------------------------
     def wrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """Returns an iterator that yields the same items and is counted."""
+        if isinstance(iterator, _ProbedIterator) and iterator._probe is self:
+            return iterator  # wrapping twice would count every batch twice
         self._iterator = _ProbedIterator(iterator, self)
+        self._wrapped = "iterator"
         return self._iterator
+
+    def wrap_learner(self, learner: Any, iterator_attr: str | None = None) -> Any:
+        """Wraps the iterator an Acme-style learner consumes and counts its `step()`s.
+
+        Returns the same learner object, so whatever holds it (the actor's
+        variable source, checkpointers) keeps working. See `learner.wrap_learner`.
+        """
+        learner, attr = _learner.wrap_learner(self, learner, iterator_attr)
+        self._wrapped = f"learner.{attr}"
+        return learner
+
+    def wrap_builder(self, builder: Any) -> Any:
+        """Makes an Acme builder's `make_learner` return learners wrapped by this probe."""
+        return _learner.wrap_builder(self, builder)
 
     def step(self) -> None:
         """Heartbeat for one learner step (call after each update)."""
@@ -153,13 +149,12 @@ class TrainerProbe:
             last_batch_at=last_batch_at,
             learner_steps=steps,
             last_step_at=last_step_at,
-        )
-        doc.update(
             ready=self._ready(),
-            thread_count=threading.active_count(),
+            wrapped=self._wrapped,
             started_at=self._started_at,
             now=now,
         )
+        doc.update(thread_counts())
         return doc
 
     def _ready(self) -> bool | None:
@@ -173,85 +168,16 @@ class TrainerProbe:
 
     def stacks(self) -> dict[str, Any]:
         """Every thread's Python stack, innermost frame last (`GET /stacks`)."""
-        names = {t.ident: t for t in threading.enumerate()}
-        threads = []
-        for ident, frame in sys._current_frames().items():
-            thread = names.get(ident)
-            frames = traceback.extract_stack(frame)[-_MAX_FRAMES:]
-            threads.append(
-                {
-                    "ident": ident,
-                    "name": thread.name if thread else f"thread-{ident}",
-                    "daemon": bool(thread.daemon) if thread else None,
-                    "frames": [
-                        {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line}
-                        for f in frames
-                    ],
-                }
-            )
-        return {"pid": os.getpid(), "name": self._static["name"], "taken_at": self._clock(),
-                "threads": threads}
+        return thread_stacks(str(self._static["name"]), self._clock())
 
     # -- serving ------------------------------------------------------------
     def start(self) -> int:
         """Starts serving on a daemon thread; returns the bound port."""
-        if self._server is not None:
-            return self._server.server_address[1]
-        server = http.server.ThreadingHTTPServer(self._address, _make_handler(self))
-        server.daemon_threads = True
-        thread = threading.Thread(
-            target=server.serve_forever, name="replaywatch-probe", daemon=True
-        )
-        thread.start()
-        self._server = server
-        return server.server_address[1]
+        return self._http.start()
 
     @property
     def url(self) -> str | None:
-        if self._server is None:
-            return None
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._http.url
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
-def _make_handler(probe: TrainerProbe) -> type[http.server.BaseHTTPRequestHandler]:
-    routes: dict[str, Callable[[], dict[str, Any]]] = {
-        "/probe": probe.snapshot,
-        "/stacks": probe.stacks,
-    }
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        server_version = "replaywatch-probe"
-        timeout = 5  # a stuck client must not hold a handler thread forever
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            route = routes.get(self.path.split("?", 1)[0])
-            if route is None:
-                self._send(404, {"error": f"unknown path {self.path[:100]!r}; try /probe"})
-            else:
-                self._send(200, route())
-
-        def _read_only(self) -> None:
-            self._send(405, {"error": "the probe is read-only; use GET"})
-
-        do_POST = do_PUT = do_DELETE = do_PATCH = _read_only  # noqa: N815
-
-        def _send(self, status: int, doc: dict[str, Any]) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # the trainer's stderr is not ours to fill
-
-    return Handler
+        self._http.stop()

@@ -1,0 +1,44 @@
+"""Probes: what only the trainer and actor processes know, served over loopback HTTP.
+
+Standard library only: a probe must be importable next to any trainer or
+actor without pulling TensorFlow, JAX, Reverb, Acme or a web framework.
+Read-only: no endpoint changes the process. Each probe serves `GET /probe`
+(a JSON document whose `role` is "trainer" or "actor") and `GET /stacks`
+(every Python thread's stack) from a daemon thread, so it answers while the
+process's own loop is stuck.
+
+The learner, plain tf.data loop (wrap the iterator the loop calls `next()` on):
+
+    from replaywatch.probe import TrainerProbe
+    probe = TrainerProbe(batch_size=256, num_parallel_calls=12, name="learner")
+    iterator = probe.wrap(iterator)
+    port = probe.start()        # GET /probe, GET /stacks on 127.0.0.1:port
+    ...
+    probe.step()                # optional learner-step heartbeat
+
+The learner, Acme (LocalLayout, `run_experiment`): wrap the builder once; the
+learner it makes gets its own iterator (above `utils.prefetch`, so `ready()`
+and each `next()` of the learner's `step()` are seen) and `step()` counted:
+
+    probe = TrainerProbe(batch_size=256, num_parallel_calls=12, name="learner")
+    probe.start()
+    builder = probe.wrap_builder(td3.TD3Builder(config))   # same builder object
+    experiments.run_experiment(experiments.ExperimentConfig(builder=builder, ...))
+    # or, with a learner in hand: learner = probe.wrap_learner(learner)
+
+An actor:
+
+    from replaywatch.probe import ActorProbe
+    probe = ActorProbe(table="replay", name="actor-0", listen="127.0.0.1:0")
+    writer = probe.wrap_writer(writer)  # reverb.TrajectoryWriter or reverb.Writer
+    with probe.waiting("learner"):      # waits outside Reverb: parameters, policy lag
+        ...
+    probe.step()                        # one environment step (heartbeat)
+    port = probe.start()
+    probe.stop()
+"""
+
+from replaywatch.probe.actor import ActorProbe
+from replaywatch.probe.trainer import TrainerProbe
+
+__all__ = ["ActorProbe", "TrainerProbe"]

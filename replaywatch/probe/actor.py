@@ -1,0 +1,262 @@
+"""ActorProbe: what only the actor process knows.
+
+From Reverb and the learner alone, dead actors and live actors that wait for
+the learner (a policy-lag bound, a parameter hand-off) look the same: inserts
+stop either way. The actor probe tells them apart, and names the writer call
+an actor is stuck in (`create_item`/`flush` after the server went away,
+`end_episode()` hanging).
+
+It counts environment steps (`step()`), wraps a Reverb writer to count and
+time its calls, and marks waits outside Reverb (`waiting("learner")`). Every
+time is taken from a monotonic clock on the actor's thread and turned into
+wall-clock times only when the document is built, so a clock jump cannot
+make a call look blocked for hours.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from replaywatch.probe.serving import ProbeServer, thread_counts, thread_stacks
+
+CALLS = ("append", "create_item", "flush", "end_episode", "close")
+_MAX_ERROR_CHARS = 300
+
+
+class _ProbedWriter:
+    """A transparent proxy for reverb.TrajectoryWriter / reverb.Writer that times its calls."""
+
+    def __init__(self, inner: Any, probe: ActorProbe):
+        self._inner = inner
+        self._probe = probe
+
+    def append(self, *args: Any, **kwargs: Any) -> Any:
+        # Inlined (no call into the probe): this runs once per environment step.
+        probe = self._probe
+        start = probe._monotonic()
+        probe._call = ("append", start)
+        try:
+            result = self._inner.append(*args, **kwargs)
+        except BaseException as e:
+            probe._failed("append", start, e)
+            raise
+        end = probe._monotonic()
+        probe._call = None
+        stats = probe._stats
+        calls, errors, total = stats["append"]
+        stats["append"] = (calls + 1, errors, total + (end - start))
+        return result
+
+    def append_sequence(self, *args: Any, **kwargs: Any) -> Any:
+        return self._probe._run("append", self._inner.append_sequence, args, kwargs)
+
+    def create_item(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._probe._run("create_item", self._inner.create_item, args, kwargs)
+        self._probe._pending += 1
+        return result
+
+    def flush(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._probe._run("flush", self._inner.flush, args, kwargs)
+        # TrajectoryWriter.flush(block_until_num_items=k) returns once at most k
+        # items are unconfirmed; reverb.Writer.flush() takes no argument (k = 0).
+        keep = args[0] if args else kwargs.get("block_until_num_items", 0)
+        self._probe._pending = min(self._probe._pending, max(0, int(keep)))
+        return result
+
+    def end_episode(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._probe._run("end_episode", self._inner.end_episode, args, kwargs)
+        self._probe._pending = 0  # end_episode flushes every pending item first
+        return result
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        return self._probe._run("close", self._inner.close, args, kwargs)
+
+    def __enter__(self) -> _ProbedWriter:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        # Both writers flush on a clean exit (reverb.Writer closes too): time it as one.
+        result = self._probe._run("flush", self._inner.__exit__, exc, {})
+        if exc[0] is None:
+            self._probe._pending = 0
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)  # history, episode_steps, configure, ...
+
+    def __repr__(self) -> str:
+        return f"ProbedWriter({self._inner!r})"
+
+
+class _Waiting:
+    """`with probe.waiting("learner"):` marks time the actor spends outside Reverb."""
+
+    __slots__ = ("_probe", "_on", "_outer")
+
+    def __init__(self, probe: ActorProbe, on: str):
+        self._probe = probe
+        self._on = on
+        self._outer: tuple[str, float] | None = None
+
+    def __enter__(self) -> None:
+        probe = self._probe
+        self._outer = probe._waiting
+        probe._waiting = (self._on, probe._monotonic())
+
+    def __exit__(self, *exc: Any) -> None:
+        probe = self._probe
+        current = probe._waiting
+        if self._outer is None and current is not None:
+            # Only the outermost wait adds to the total: nested waits overlap it.
+            count, total = probe._wait_totals
+            probe._wait_totals = (count + 1, total + (probe._monotonic() - current[1]))
+        probe._waiting = self._outer
+
+
+class ActorProbe:
+    """Counts an actor's steps and writer calls and the time it waits; serves them as JSON.
+
+    One probe per actor: its state is written without locks by the thread that
+    drives the actor (each update is one assignment, atomic under the GIL, as in
+    TrainerProbe), so two threads sharing one probe could lose counts.
+    """
+
+    def __init__(
+        self,
+        table: str | None = None,
+        name: str = "actor",
+        listen: str = "127.0.0.1:0",
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        if table is not None and (not isinstance(table, str) or not table):
+            raise ValueError(f"table ({table!r}) must be a non-empty string or None")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name ({name!r}) must be a non-empty string")
+        self._http = ProbeServer(listen, self.snapshot, self.stacks)
+        self._clock = clock
+        self._monotonic = monotonic
+        self._static = {"role": "actor", "pid": os.getpid(), "name": name, "table": table}
+        self._started = monotonic()
+        self._steps: tuple[int, float | None] = (0, None)  # (steps, last step at)
+        self._call: tuple[str, float] | None = None  # (writer call, entered at)
+        self._stats: dict[str, tuple[int, int, float]] = {c: (0, 0, 0.0) for c in CALLS}
+        # Items created since the last flush that returned with nothing left
+        # unconfirmed (or end_episode). Reverb confirms items asynchronously and
+        # does not expose the count, so this is an upper bound: some may already
+        # be in the table. It is exact for what matters here: a flush that
+        # returns proves them written, one that hangs holds at most this many.
+        self._pending = 0
+        self._last_error: tuple[str, str, str, float] | None = None
+        self._waiting: tuple[str, float] | None = None  # (on what, since)
+        self._wait_totals: tuple[int, float] = (0, 0.0)  # (completed waits, seconds)
+        self._writers = 0
+
+    # -- the actor's side ---------------------------------------------------
+    def wrap_writer(self, writer: Any) -> Any:
+        """Returns a proxy of a reverb.TrajectoryWriter or reverb.Writer whose calls are counted."""
+        if isinstance(writer, _ProbedWriter) and writer._probe is self:
+            return writer
+        for method in ("append", "create_item", "flush"):
+            if not callable(getattr(writer, method, None)):
+                raise ValueError(f"{type(writer).__name__} has no {method}(): not a Reverb writer")
+        self._writers += 1
+        return _ProbedWriter(writer, self)
+
+    def waiting(self, on: str) -> _Waiting:
+        """Context manager: the actor waits on `on` (e.g. "learner"), outside Reverb."""
+        if not isinstance(on, str) or not on:
+            raise ValueError(f"waiting on ({on!r}) must be a non-empty string, e.g. 'learner'")
+        return _Waiting(self, on)
+
+    def step(self) -> None:
+        """Heartbeat for one environment step."""
+        self._steps = (self._steps[0] + 1, self._monotonic())
+
+    def _run(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        start = self._monotonic()
+        self._call = (name, start)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:
+            self._failed(name, start, e)
+            raise
+        end = self._monotonic()
+        self._call = None
+        calls, errors, total = self._stats[name]
+        self._stats[name] = (calls + 1, errors, total + (end - start))
+        return result
+
+    def _failed(self, name: str, start: float, error: BaseException) -> None:
+        end = self._monotonic()
+        self._call = None
+        calls, errors, total = self._stats[name]
+        self._stats[name] = (calls + 1, errors + 1, total + (end - start))
+        self._last_error = (name, type(error).__name__, str(error)[:_MAX_ERROR_CHARS], end)
+
+    # -- what it serves -----------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The `GET /probe` document (role "actor")."""
+        # Read each field once: the actor's thread may replace it meanwhile.
+        wall, now = self._clock(), self._monotonic()
+        steps, last_step = self._steps
+        call, waiting, error = self._call, self._waiting, self._last_error
+        stats = dict(self._stats)
+        waits, waited = self._wait_totals
+
+        def at(t: float | None) -> float | None:
+            return None if t is None else wall - (now - t)
+
+        blocked_for = 0.0 if call is None else max(0.0, now - call[1])
+        waiting_for = 0.0 if waiting is None else max(0.0, now - waiting[1])
+        calls = {
+            c: {"count": n, "errors": e,
+                "seconds_total": t + (blocked_for if call and call[0] == c else 0.0)}
+            for c, (n, e, t) in stats.items()
+        }
+        doc = dict(self._static)
+        doc.update(
+            steps_total=steps,
+            last_step_at=at(last_step),
+            seconds_since_last_step=None if last_step is None else max(0.0, now - last_step),
+            in_call=None if call is None else call[0],
+            in_call_since=None if call is None else at(call[1]),
+            blocked_for_s=blocked_for,
+            items_created_total=stats["create_item"][0] - stats["create_item"][1],
+            appends_total=stats["append"][0] - stats["append"][1],
+            pending_items=self._pending,
+            calls=calls,
+            last_error=None if error is None else {
+                "call": error[0], "type": error[1], "message": error[2], "at": at(error[3])},
+            waiting=waiting is not None,
+            waiting_on=None if waiting is None else waiting[0],
+            waiting_since=None if waiting is None else at(waiting[1]),
+            waiting_for_s=waiting_for,
+            waits_total=waits,
+            waiting_seconds_total=waited + waiting_for,
+            writers_wrapped=self._writers,
+            started_at=at(self._started),
+            now=wall,
+        )
+        doc.update(thread_counts())
+        return doc
+
+    def stacks(self) -> dict[str, Any]:
+        """Every thread's Python stack, innermost frame last (`GET /stacks`)."""
+        return thread_stacks(str(self._static["name"]), self._clock())
+
+    # -- serving ------------------------------------------------------------
+    def start(self) -> int:
+        """Starts serving on a daemon thread; returns the bound port."""
+        return self._http.start()
+
+    @property
+    def url(self) -> str | None:
+        return self._http.url
+
+    def stop(self) -> None:
+        self._http.stop()

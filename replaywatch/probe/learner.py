@@ -1,0 +1,83 @@
+"""Where an Acme user attaches the trainer probe: the learner's own iterator.
+
+Acme's layouts wrap the builder's dataset in `utils.prefetch` before the
+learner sees it (and many learners prefetch again in their constructor:
+`self._iterator = utils.prefetch(iterator)`). The builder's
+`make_dataset_iterator` is below all of that: a probe there counts the
+prefetch thread's `next()`, never sees `ready()`, and no learner step. The
+learner's `_iterator` attribute is above it: its `step()` calls
+`next(self._iterator)`, so wrapping that attribute and the learner's `step`
+sees exactly what the training loop waits on.
+
+The one place a LocalLayout or `run_experiment` user can reach is the builder
+(both take it as an argument and call `builder.make_learner(...)`), so
+`wrap_builder` patches that one method. Nothing here imports Acme.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replaywatch.probe.trainer import TrainerProbe
+
+# Where Acme's learners keep the iterator `step()` consumes: DQN, TD3, D4PG and
+# most JAX learners use `_iterator`; the generic SGD learner `_data_iterator`.
+ITERATOR_ATTRS = ("_iterator", "_data_iterator")
+
+
+def _find_iterator_attr(learner: Any) -> str:
+    own = getattr(learner, "__dict__", {})
+    for attr in ITERATOR_ATTRS:
+        if hasattr(own.get(attr), "__next__"):
+            return attr
+    raise ValueError(
+        f"{type(learner).__name__} has no iterator in {', '.join(ITERATOR_ATTRS)}; "
+        "pass iterator_attr= the attribute its step() calls next() on"
+    )
+
+
+def wrap_learner(probe: TrainerProbe, learner: Any, iterator_attr: str | None = None
+                 ) -> tuple[Any, str]:
+    """Wraps `learner.<iterator_attr>` with the probe and counts `learner.step()`.
+
+    Patches the learner object in place (instance attributes shadow the
+    class's) and returns it with the attribute used. Idempotent per probe.
+    """
+    attr = iterator_attr or _find_iterator_attr(learner)
+    iterator: Any = getattr(learner, attr, None)
+    if not hasattr(iterator, "__next__"):
+        raise ValueError(f"{type(learner).__name__}.{attr} ({iterator!r}) is not an iterator")
+    setattr(learner, attr, probe.wrap(iterator))
+    step = learner.step
+    if getattr(step, "_replaywatch_probe", None) is not probe:
+
+        @functools.wraps(step)
+        def counted_step(*args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            probe.step()  # only a step that returned: a hung step is not progress
+            return result
+
+        counted_step._replaywatch_probe = probe  # type: ignore[attr-defined]
+        learner.step = counted_step
+    return learner, attr
+
+
+def wrap_builder(probe: TrainerProbe, builder: Any) -> Any:
+    """Patches `builder.make_learner` so the learner it returns is probe-wrapped.
+
+    Returns the same builder object: Acme checks builders' types in places, so
+    a proxy would not do.
+    """
+    make_learner = builder.make_learner
+    if getattr(make_learner, "_replaywatch_probe", None) is probe:
+        return builder
+
+    @functools.wraps(make_learner)
+    def make_probed_learner(*args: Any, **kwargs: Any) -> Any:
+        return probe.wrap_learner(make_learner(*args, **kwargs))
+
+    make_probed_learner._replaywatch_probe = probe  # type: ignore[attr-defined]
+    builder.make_learner = make_probed_learner
+    return builder
