@@ -23,10 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from agents import seed_hang
-from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
+from harness.agent import AgentProcess
+from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERVAL_S = 1.0
@@ -80,48 +78,10 @@ SCENARIOS = {
 }
 
 
-class Agent:
-    """`python -m agents.run` with every output line timestamped as it arrives."""
-
-    def __init__(self, flags: list[str], log: Path):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-               "RAY_USAGE_STATS_ENABLED": "0"}
-        self.proc = subprocess.Popen(
-            [PYTHON, "-m", "agents.run", *flags, "--steps", "100000000", "--eval-every", "0",
-             "--probe-listen", "127.0.0.1:0"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
-        self.lines: list[tuple[float, str]] = []
-        self._log = open(log, "w")
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append((time.time(), line))
-            self._log.write(line)
-
-    def event(self, predicate: Any) -> tuple[float, dict] | None:
-        for at, line in list(self.lines):
-            start = line.find("{")
-            if start < 0:
-                continue
-            try:
-                record = json.loads(line[start:])
-            except ValueError:
-                continue
-            if isinstance(record, dict) and predicate(record):
-                return at, record
-        return None
-
-    def kill(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=10)
-                return
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+def _agent(flags: list[str], log: Path) -> AgentProcess:
+    """The agent with no end and no evals, so only the fault changes its course."""
+    return AgentProcess([*flags, "--steps", "100000000", "--eval-every", "0",
+                         "--probe-listen", "127.0.0.1:0"], log=log).spawn()
 
 
 def _sidecar(flags: list[str], tmp: Path, name: str) -> tuple[Proc, str]:
@@ -142,7 +102,7 @@ def _first_seen(base: str, seen: dict[str, float], alarms: set[str]) -> None:
 
 
 def run_once(scenario: Scenario, tmp: Path) -> dict[str, Any]:
-    agent = Agent(scenario.flags, tmp / f"{scenario.name}-agent.log")
+    agent = _agent(scenario.flags, tmp / f"{scenario.name}-agent.log")
     procs: list[Proc] = []
     try:
         start = wait_until(lambda: agent.event(lambda r: r.get("reverb")), 180)[1]
@@ -182,7 +142,7 @@ def run_once(scenario: Scenario, tmp: Path) -> dict[str, Any]:
     return out
 
 
-def _onset(scenario: Scenario, agent: Agent, probe: dict, first_poll: float) -> float | None:
+def _onset(scenario: Scenario, agent: AgentProcess, probe: dict, first_poll: float) -> float | None:
     if scenario.name == "seed_hang":
         return probe.get("blocked_since")
     if scenario.name == "learner_hang":
@@ -199,7 +159,7 @@ def healthy(seconds: float, tmp: Path) -> dict[str, Any]:
     agents, procs, bases = {}, [], {}
     try:
         for name, flags in runs.items():
-            agents[name] = Agent(flags, tmp / f"healthy-{name}.log")
+            agents[name] = _agent(flags, tmp / f"healthy-{name}.log")
         for name, agent in agents.items():
             start = wait_until(lambda a=agent: a.event(lambda r: r.get("reverb")), 180)[1]
             proc, base = _sidecar(["--reverb", start["reverb"], "--probe", start["probe"]],

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
+from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 PATHS = ("/metrics", "/api/v1/tables", "/api/v1/findings")
 RSS_EVERY_S = 2.0

@@ -23,7 +23,7 @@ import tracemalloc
 import urllib.request
 from pathlib import Path
 
-from tests.support.procs import PYTHON, Proc, free_port, get_json, wait_until
+from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 SHAPES = [(1, 1), (1, 10), (1, 100), (10, 5), (50, 5)]
 

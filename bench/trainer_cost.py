@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.procs import PYTHON, Proc, free_port, wait_until
+from harness.procs import PYTHON, Proc, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = ["--mode", "sync", "--steps", "100000000", "--eval-every", "0", "--log-every", "2",

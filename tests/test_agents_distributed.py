@@ -7,7 +7,8 @@ flows through the real server; when every actor dies the learner waits in
 
 from __future__ import annotations
 
-from agents.testing import AgentProcess, wait_until
+from harness.agent import AgentProcess
+from harness.procs import wait_until
 
 FLAGS = [
     "--mode", "distributed", "--num-actors", "4", "--batch-size", "64",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from agents import seed_hang
-from agents.testing import AgentProcess
+from harness.agent import AgentProcess
 
 HANG_TIMEOUT_S = 10.0
 # The parameters recorded in agents/README.md: error_buffer = 4000 * 128 * 0.002 = 1024

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.testing import AgentProcess, wait_until
+from harness.agent import AgentProcess
+from harness.procs import wait_until
 
 SMALL = [
     "--mode", "sync", "--batch-size", "64", "--samples-per-insert", "64",

@@ -26,7 +26,7 @@ from agents.local import LearningActor
 from agents.networks import make_networks, random_crop
 from agents.run import configs_from_args
 from agents.stalls import StallTimer
-from agents.testing import wait_until
+from harness.procs import wait_until
 
 
 # -- configuration ------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_dataset_delivers_batches_from_a_real_server_and_says_ready() -> None:
         batch = next(iterator)
         assert batch.data["observation"].shape == (8, 3)
         assert iterator.retrieved_elements() == 1
-        assert wait_until(iterator.ready, timeout_s=10, every_s=0.01)
+        assert wait_until(iterator.ready, timeout_s=10, interval_s=0.01)
     finally:
         server.stop()
 

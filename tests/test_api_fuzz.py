@@ -13,12 +13,12 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from tests.support.procs import Proc, get_json, wait_until
+from harness.procs import Proc, get_json, wait_until
 
 
 @pytest.fixture(scope="module")
 def api_schema(tmp_path_factory: pytest.TempPathFactory) -> object:
-    from tests.support.procs import PYTHON, free_port
+    from harness.procs import PYTHON, free_port
 
     tmp = tmp_path_factory.mktemp("fuzz")
     workload = Proc([PYTHON, "tests/support/reverb_workload.py", "--tables", "2"],

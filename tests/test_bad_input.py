@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import Proc, get_json
+from harness.procs import Proc, get_json
 
 
 def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

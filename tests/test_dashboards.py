@@ -30,7 +30,7 @@ from tests.support.monitoring import (
     panels,
     substitute,
 )
-from tests.support.procs import ROOT, Proc
+from harness.procs import ROOT, Proc
 
 PROMTOOL = "/usr/bin/promtool"
 AMTOOL = "/usr/bin/amtool"

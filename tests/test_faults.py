@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.procs import PYTHON, Proc, free_port, get_json, get_text, wait_until
+from harness.procs import PYTHON, Proc, free_port, get_json, get_text, wait_until
 
 INTERVAL = 0.5
 FAST = ("--interval", str(INTERVAL), "--stall-window-s", "3", "--min-history-s", "1")

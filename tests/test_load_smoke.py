@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from bench.load import run
-from tests.support.procs import Proc, get_json
+from harness.procs import Proc, get_json
 
 
 def test_five_targets_and_twenty_clients_get_no_errors_and_polls_stay_on_time() -> None:

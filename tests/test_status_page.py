@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.procs import PYTHON, ROOT, Proc, get_json, wait_until
+from harness.procs import PYTHON, ROOT, Proc, get_json, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

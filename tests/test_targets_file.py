@@ -12,7 +12,7 @@ import pytest
 
 from replaywatch.errors import ConfigError
 from replaywatch.targets_file import TargetsFile, parse_targets
-from tests.support.procs import Proc, get_json, wait_until
+from harness.procs import Proc, get_json, wait_until
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import Proc, free_port, get_json, get_text, wait_until
+from harness.procs import Proc, free_port, get_json, get_text, wait_until
 
 INTERVAL = 0.5
 

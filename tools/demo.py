@@ -9,47 +9,33 @@ you press Ctrl-C. Both processes are stopped on the way out.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agents import seed_hang
-
+# `python tools/demo.py` puts tools/ on sys.path; agents/ and harness/ live at the root and
+# are not installed (the wheel is replaywatch alone).
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agents import seed_hang  # noqa: E402
+from harness.agent import AgentProcess  # noqa: E402
+from harness.procs import PYTHON, Proc, get_json  # noqa: E402
+
 HEALTHY = ["--mode", "sync", "--steps", "20000", "--eval-every", "5000"]
 # The seed's shape: a synchronous loop, Acme's 12 batching workers (agents/README.md).
 DEADLOCK = [*seed_hang.FLAGS, "--steps", "1000000", "--eval-every", "0"]
 
 
-def start_line(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> dict:
-    """The agent's first JSON line naming its Reverb address (it goes to the log file,
-    so the agent never blocks on a full pipe)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("reverb"):
-                return record
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: the agent exited ({proc.returncode}) before starting; "
-                             f"see {log}")
-        time.sleep(0.2)
-    raise SystemExit("demo: the agent printed no start line in time")
-
-
 def read_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return json.loads(r.read())
+    status, doc = get_json(url, 2)
+    if status != 200:
+        raise OSError(f"{url} answered {status}")
+    return doc
 
 
 def findings(base: str) -> list[dict]:
@@ -59,18 +45,8 @@ def findings(base: str) -> list[dict]:
         return []
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
 # One start: the agent, its start line, the sidecar attached to it.
-Started = tuple[subprocess.Popen[bytes], dict, subprocess.Popen[bytes]]
+Started = tuple[AgentProcess, dict, Proc]
 
 
 def main() -> int:
@@ -78,33 +54,32 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     deadlock = os.environ.get("DEADLOCK", "0") not in ("", "0")
     port = int(os.environ.get("DEMO_PORT", "9321"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     (ROOT / "var").mkdir(exist_ok=True)
     log = ROOT / "var" / "demo-agent.log"
     base = f"http://127.0.0.1:{port}"
-    procs: list[subprocess.Popen[bytes]] = []  # every start, so `finally` stops them all
+    # Every start, so `finally` stops them all (each kills its process group).
+    stops: list[Callable[[], object]] = []
 
     def launch(attempt: int) -> Started:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "agents.run", *(DEADLOCK if deadlock else HEALTHY),
-             "--probe-listen", "127.0.0.1:0"],
-            cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
-        procs.append(agent)
-        start = start_line(agent, log)
+        agent = AgentProcess([*(DEADLOCK if deadlock else HEALTHY),
+                              "--probe-listen", "127.0.0.1:0"], log=log).spawn()
+        stops.append(agent.kill)
+        try:
+            start = agent.start_line(timeout_s=180)
+        except AssertionError as error:
+            raise SystemExit(f"demo: the agent printed no start line ({error}); "
+                             f"see {log}") from None
         # Attached at once, as a user would: the sidecar sees the run before any hang.
-        sidecar = subprocess.Popen(
-            [sys.executable, "-m", "replaywatch", "watch", "--reverb", start["reverb"],
-             "--probe", start["probe"], "--listen", f"127.0.0.1:{port}",
-             "--db", str(ROOT / "var" / "demo-incidents.sqlite3")],
-            cwd=ROOT, env=env, start_new_session=True,
-            stderr=open(ROOT / "var" / "demo-sidecar.log", "w"))
-        procs.append(sidecar)
+        sidecar = Proc([PYTHON, "-m", "replaywatch", "watch", "--reverb", start["reverb"],
+                        "--probe", start["probe"], "--listen", f"127.0.0.1:{port}",
+                        "--db", str(ROOT / "var" / "demo-incidents.sqlite3")],
+                       stdout_path=ROOT / "var" / "demo-sidecar.log")
+        stops.append(sidecar.terminate)
         return agent, start, sidecar
 
     def stop_both(started: Started) -> None:
-        stop(started[2])
-        stop(started[0])
+        started[2].terminate()
+        started[0].kill()
 
     try:
         if deadlock:
@@ -133,7 +108,7 @@ replaywatch demo: {'the seed incident (12 batching workers, synchronous)' if dea
 Ctrl-C stops both.
 """, flush=True)
         last = None
-        while agent.poll() is None:
+        while agent.returncode is None:
             time.sleep(5)
             now = sorted(f"{f['severity']}: {f['kind']} {f['table']}".strip()
                          for f in findings(base))
@@ -146,8 +121,8 @@ Ctrl-C stops both.
     except KeyboardInterrupt:
         return 0
     finally:
-        for proc in reversed(procs):
-            stop(proc)
+        for stop in reversed(stops):
+            stop()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.procs import ROOT, Proc, free_port, get_json, get_text, wait_until
+from harness.procs import ROOT, Proc, free_port, get_json, get_text, wait_until
 
 DASHBOARDS = ROOT / "dashboards"
 DASHBOARD_JSON = DASHBOARDS / "grafana" / "replaywatch.json"

@@ -1,4 +1,8 @@
-"""Real processes for tests: spawn, read the announce line, always clean up."""
+"""Real processes: spawn in their own session, read the announce line, always clean up.
+
+Every HTTP call here has a timeout, and `Proc.terminate` ends the whole process group
+(TERM, then KILL), so neither a test nor a bench run can outlive a hung child.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
@@ -27,23 +32,30 @@ class Proc:
     """A child in its own session, so the whole group can be signalled."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 stdout_path: Path | None = None):
+                 stdout_path: Path | None = None, pipes: bool = False):
+        """Output goes to `stdout_path` (stderr with it), to two text pipes the caller must
+        read (`pipes`), or nowhere: a pipe nobody reads would fill and block the child."""
         self.args = args
         self.log_path = stdout_path
-        out = open(stdout_path, "wb") if stdout_path else subprocess.PIPE
+        out: Any = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
         self.popen = subprocess.Popen(
-            args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if stdout_path else
-            subprocess.DEVNULL, start_new_session=True,
+            args, cwd=ROOT, start_new_session=True, text=pipes,
+            stdout=subprocess.PIPE if pipes else out,
+            stderr=subprocess.PIPE if pipes else subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
-                 **(env or {})},
+                 "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
         )
+        if stdout_path:
+            out.close()  # the child holds its own copy
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
-    def announce(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """The first JSON object line the child prints on stdout."""
+    def announce(self, timeout_s: float = 60.0,
+                 match: Callable[[dict[str, Any]], bool] = lambda record: True
+                 ) -> dict[str, Any]:
+        """The first JSON object line the child prints on stdout (that `match` accepts)."""
         deadline = time.monotonic() + timeout_s
         assert self.log_path is not None
         while time.monotonic() < deadline:
@@ -52,9 +64,11 @@ class Proc:
                     try:
                         # raw_decode: a child's C++ threads log to the same file and may
                         # append to the line before its newline lands.
-                        return json.JSONDecoder().raw_decode(line)[0]
+                        record = json.JSONDecoder().raw_decode(line)[0]
                     except ValueError:
-                        pass
+                        continue
+                    if isinstance(record, dict) and match(record):
+                        return record
             if self.popen.poll() is not None:
                 raise RuntimeError(f"{self.args} exited {self.popen.returncode}: "
                                    f"{self.log_path.read_text(errors='replace')[-2000:]}")
@@ -66,6 +80,10 @@ class Proc:
             os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
             pass
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
 
     def kill(self) -> None:
         self.signal(signal.SIGCONT)
