@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
-from agents import builder  # noqa: E402
+from agents import builder, reporting  # noqa: E402
 from agents.acting import run_episode  # noqa: E402
 from agents.config import ReplayConfig, RunConfig, StallInjection, StallKind, TD3Config  # noqa: E402
 from agents.environments import EnvironmentSpec, make_environment_spec  # noqa: E402
@@ -59,13 +59,7 @@ class ReplayProcess:
         return self._server.port
 
     def info(self) -> dict[str, Any]:
-        info = self._table.info
-        limiter = info.rate_limiter_info
-        return {
-            "table_size": info.current_size,
-            "inserts": limiter.insert_stats.completed,
-            "samples": limiter.sample_stats.completed,
-        }
+        return reporting.table_counts(self._table.info)
 
 
 @ray.remote(num_cpus=0, max_concurrency=4)
@@ -175,7 +169,9 @@ class _Actors:
         self._handles: dict[int, Any] = {}
         self._runs: dict[Any, int] = {}  # run() ref -> slot; it only ends when the actor dies
         self._steps_of_dead = 0
+        self._episodes_of_dead = 0
         self._last_steps: dict[int, int] = {}
+        self._last_episodes: dict[int, int] = {}
         self._last_returns: dict[int, float] = {}
         self._replace_at: dict[int, float] = {}
         self._next_index = 0
@@ -186,6 +182,7 @@ class _Actors:
         handle = self._start(index)
         self._handles[slot] = handle
         self._last_steps[slot] = 0
+        self._last_episodes[slot] = 0
         self._runs[handle.run.remote(stall, started_at)] = slot
 
     def check_deaths(self, now: float, replace_after_s: float) -> None:
@@ -198,6 +195,7 @@ class _Actors:
             except Exception as error:  # RayActorError, or whatever the actor raised
                 reason = type(error).__name__
             self._steps_of_dead += self._last_steps.pop(slot, 0)
+            self._episodes_of_dead += self._last_episodes.pop(slot, 0)
             self._handles.pop(slot, None)
             self._emit({"event": "actor_died", "slot": slot, "reason": reason})
             if replace_after_s >= 0:
@@ -218,6 +216,7 @@ class _Actors:
             except Exception:
                 continue  # dying; check_deaths() will account for it
             self._last_steps[slot] = stats["env_steps"]
+            self._last_episodes[slot] = stats["episodes"]
             if stats["train_return"] is not None:
                 self._last_returns[slot] = stats["train_return"]
 
@@ -226,12 +225,16 @@ class _Actors:
         return self._steps_of_dead + sum(self._last_steps.values())
 
     @property
+    def episodes(self) -> int:
+        return self._episodes_of_dead + sum(self._last_episodes.values())
+
+    @property
     def alive(self) -> int:
         return len(self._handles)
 
     def train_return(self) -> float | None:
         returns = list(self._last_returns.values())
-        return round(float(np.mean(returns)), 1) if returns else None
+        return float(np.mean(returns)) if returns else None
 
 
 def _init_ray(run: RunConfig) -> None:
@@ -281,7 +284,7 @@ def _drive(
                               num_actors=run.num_actors))
     learner_run = learner.run.remote(run.stall, started_at)
     evaluator = _Evaluator(td3, spec, run, learner)
-    last_log, last_env, last_learner = time.monotonic(), 0, 0
+    last = reporting.Reading(time.monotonic(), 0, 0)
     next_eval = run.eval_every
     while actors.env_steps < run.steps:
         time.sleep(0.5)
@@ -290,24 +293,22 @@ def _drive(
         actors.replace_due(now, started_at)
         actors.poll()
         _raise_if_finished(learner_run)
-        if now - last_log >= run.log_every_s:
+        if now - last.at >= run.log_every_s:
             learner_steps = ray.get(learner.stats.remote(), timeout=_RAY_TIMEOUT_S)["learner_steps"]
             table = ray.get(replay_process.info.remote(), timeout=_RAY_TIMEOUT_S)
-            dt = now - last_log
+            reading = reporting.Reading(now, actors.env_steps, learner_steps)
             emit(
-                {
-                    "event": "progress",
-                    "elapsed_s": round(time.time() - started_at, 1),
-                    "env_steps": actors.env_steps,
-                    "env_steps_per_s": round((actors.env_steps - last_env) / dt, 1),
-                    "learner_steps": learner_steps,
-                    "learner_steps_per_s": round((learner_steps - last_learner) / dt, 1),
-                    "actors_alive": actors.alive,
-                    "train_return": actors.train_return(),
-                    **table,
-                }
+                reporting.progress_event(
+                    elapsed_s=time.time() - started_at,
+                    now=reading,
+                    last=last,
+                    episodes=actors.episodes,
+                    train_return=actors.train_return(),
+                    actors_alive=actors.alive,
+                    table=table,
+                )
             )
-            last_log, last_env, last_learner = now, actors.env_steps, learner_steps
+            last = reading
         if run.eval_every and actors.env_steps >= next_eval:
             next_eval += run.eval_every
             evaluator.evaluate(actors.env_steps, emit)
@@ -348,12 +349,5 @@ class _Evaluator:
         learner_steps, _ = ray.get(self._learner.get_params.remote(), timeout=_RAY_TIMEOUT_S)
         self._actor.update(wait=True)
         returns = [run_episode(self._env, self._actor)[0] for _ in range(self._episodes)]
-        emit(
-            {
-                "event": "eval",
-                "env_steps": env_steps,
-                "learner_steps": learner_steps,
-                "episodes": len(returns),
-                "mean_return": round(float(np.mean(returns)), 2),
-            }
-        )
+        emit(reporting.eval_event(env_steps=env_steps, learner_steps=learner_steps,
+                                  returns=returns))

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import reverb
 
-from agents import builder
+from agents import builder, reporting
 from agents.acting import TD3Actor, run_episode
 from agents.config import ReplayConfig, RunConfig, TD3Config
 from agents.environments import make_environment_spec
@@ -150,22 +150,10 @@ def _before_step(stall: StallTimer, emit: Emit, debug_table: reverb.Table | None
 
 def _evaluate(
     env: Any, evaluator: TD3Actor, episodes: int, env_steps: int, learner: TD3Learner, emit: Emit
-) -> float:
+) -> None:
     evaluator.update(wait=True)
     returns = [run_episode(env, evaluator)[0] for _ in range(episodes)]
-    mean = sum(returns) / len(returns)
-    emit(
-        {
-            "event": "eval",
-            "env_steps": env_steps,
-            "learner_steps": learner.steps,
-            "episodes": len(returns),
-            "mean_return": round(mean, 2),
-            "min_return": round(min(returns), 2),
-            "max_return": round(max(returns), 2),
-        }
-    )
-    return mean
+    emit(reporting.eval_event(env_steps=env_steps, learner_steps=learner.steps, returns=returns))
 
 
 class _Progress:
@@ -176,39 +164,31 @@ class _Progress:
         self._every_s = every_s
         self._learner = learner
         self._table = table
-        self._started = self._last = time.monotonic()
-        self._steps = self._last_steps = 0
-        self._last_learner_steps = 0
+        self._started = time.monotonic()
+        self._steps = 0
+        self._last = reporting.Reading(self._started, 0, 0)
         self._episodes = 0
         self._last_return: float | None = None
 
     def tick(self, steps: int) -> None:
         self._steps += steps
-        if time.monotonic() - self._last >= self._every_s:
+        if time.monotonic() - self._last.at >= self._every_s:
             self.flush()
 
     def episode(self, episode_return: float, episodes: int) -> None:
         self._last_return, self._episodes = episode_return, episodes
 
     def flush(self) -> None:
-        now = time.monotonic()
-        dt = max(now - self._last, 1e-9)
-        info = self._table.info
-        limiter = info.rate_limiter_info
-        learner_steps = self._learner.steps
+        now = reporting.Reading(time.monotonic(), self._steps, self._learner.steps)
         self._emit(
-            {
-                "event": "progress",
-                "elapsed_s": round(now - self._started, 1),
-                "env_steps": self._steps,
-                "env_steps_per_s": round((self._steps - self._last_steps) / dt, 1),
-                "learner_steps": learner_steps,
-                "learner_steps_per_s": round((learner_steps - self._last_learner_steps) / dt, 1),
-                "episodes": self._episodes,
-                "train_return": None if self._last_return is None else round(self._last_return, 1),
-                "table_size": info.current_size,
-                "inserts": limiter.insert_stats.completed,
-                "samples": limiter.sample_stats.completed,
-            }
+            reporting.progress_event(
+                elapsed_s=now.at - self._started,
+                now=now,
+                last=self._last,
+                episodes=self._episodes,
+                train_return=self._last_return,
+                actors_alive=1,  # the one actor, on this thread
+                table=reporting.table_counts(self._table.info),
+            )
         )
-        self._last, self._last_steps, self._last_learner_steps = now, self._steps, learner_steps
+        self._last = now
