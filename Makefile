@@ -1,6 +1,8 @@
 # replaywatch: two commands do all the set-up on a fresh machine.
 #   make demo   creates .venv, installs, runs the JAX agent with the sidecar attached
 #   make test   creates .venv, installs (Python and Debian packages), runs every test
+#   make test-fast   the edit-test loop: no Debian packages, no processes, no Reverb
+#               or agents (tests marked slow are left out; see tests/conftest.py)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -14,7 +16,7 @@ PYTEST_ARGS ?=
 # Chromium for the status page, docker-compose to validate the compose file.
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose
 
-.PHONY: demo test lint typecheck bench system-deps venv clean
+.PHONY: demo test test-fast lint typecheck bench system-deps venv clean
 
 venv: $(STAMP)
 
@@ -42,6 +44,9 @@ test: $(STAMP) system-deps
 	$(PY) -m ruff check replaywatch agents tests bench tools
 	$(PY) -m mypy replaywatch
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check replaywatch agents tests bench tools

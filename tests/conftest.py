@@ -1,7 +1,20 @@
-"""Fixtures that start real processes: Reverb workloads and the sidecar."""
+"""Fixtures that start real processes (Reverb workloads, the sidecar), and the `slow` mark.
+
+Two tiers: `make test-fast` runs `pytest -m "not slow"` (pure core, fakes behind
+our interfaces, in-process API and SQLite: seconds); `make test` runs all.
+A test is slow when it starts processes, a Reverb server, an agent, or needs
+Debian packages. Marked slow here, without a line in the test: a test that uses
+the process fixtures below, and every test of a module that imports what starts
+agents or Reverb (or costs seconds to import: JAX, TensorFlow). Any other
+module that is slow as a whole says `pytestmark = pytest.mark.slow`.
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
+import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +23,45 @@ import pytest
 from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 WORKLOAD = "tests/support/reverb_workload.py"
+
+# Fixtures that start processes: a test using one is slow wherever it lives.
+PROCESS_FIXTURES = frozenset({"spawn", "sidecar", "reverb_workload"})
+_SLOW_MODULE = re.compile(r"^pytestmark = .*pytest\.mark\.slow\b", re.MULTILINE)
+# A module importing these starts agents or Reverb servers, or pays seconds of imports.
+SLOW_IMPORTS = ("reverb", "tensorflow", "jax", "harness.agent", "bench.detection")
+
+
+@functools.cache
+def is_slow_module(path: Path) -> bool:
+    """Read from the source, so that a fast run need not import the module at all."""
+    text = path.read_text()
+    if _SLOW_MODULE.search(text):
+        return True
+    for node in ast.parse(text, str(path)).body:  # module level: what collection imports
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n == m or n.startswith(m + ".") for n in names for m in SLOW_IMPORTS):
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: starts processes, Reverb, an agent or needs Debian packages; "
+                   "deselect with -m 'not slow' (make test-fast)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under -m "not slow", a module that is slow as a whole is not even imported.
+
+    None of its tests would run, but importing it would: the agent and Reverb
+    test modules import TensorFlow and JAX, several seconds each on this machine.
+    """
+    if config.getoption("markexpr", "") != "not slow" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return is_slow_module(collection_path) or None
 
 
 @pytest.fixture
@@ -55,16 +107,18 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems() -> None:
-    """Drop haiku's flax shim before hypothesis scans sys.modules.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks process-starting tests slow; drops haiku's flax shim.
 
     dm-haiku puts an object in sys.modules["haiku.experimental.flax"] whose every
     attribute raises ImportError; hypothesis' plugin reads `__file__` of every
     loaded module while collecting and would stop the whole session. We never
     use haiku's flax interop.
     """
-    import sys
-
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or is_slow_module(
+                Path(str(item.fspath))):
+            item.add_marker(pytest.mark.slow)
     shim = sys.modules.get("haiku.experimental.flax")
     if shim is not None and type(shim).__name__ == "FlaxNotInstalled":
         del sys.modules["haiku.experimental.flax"]

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 
 from harness.procs import Proc, get_json, wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def api_schema(tmp_path_factory: pytest.TempPathFactory) -> object:

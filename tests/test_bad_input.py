@@ -11,6 +11,8 @@ import pytest
 
 from harness.procs import Proc, get_json
 
+pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+
 
 def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "replaywatch", *args], capture_output=True,

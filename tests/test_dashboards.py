@@ -32,6 +32,8 @@ from tests.support.monitoring import (
 )
 from harness.procs import ROOT, Proc
 
+pytestmark = pytest.mark.slow  # promtool, Prometheus, docker-compose: Debian packages
+
 PROMTOOL = "/usr/bin/promtool"
 AMTOOL = "/usr/bin/amtool"
 DOCKER_COMPOSE = "/usr/bin/docker-compose"

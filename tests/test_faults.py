@@ -10,7 +10,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from harness.procs import PYTHON, Proc, free_port, get_json, get_text, wait_until
+
+pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
 
 INTERVAL = 0.5
 FAST = ("--interval", str(INTERVAL), "--stall-window-s", "3", "--min-history-s", "1")

@@ -15,6 +15,8 @@ from replaywatch.model import FLOAT_MAX
 from replaywatch.sources.reverb import ReverbSource, snapshot_from_info
 from replaywatch.sources.reverb_wire import WireError, decode_server_info
 
+pytestmark = pytest.mark.slow  # a Reverb server and TensorFlow (see tests/conftest.py)
+
 
 def _tables() -> list[reverb.Table]:
     signature = {"obs": tf.TensorSpec([3], tf.float32)}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from replaywatch.api.app import _token_ok
 from harness.procs import Proc, free_port, get_json, get_text, wait_until
+from replaywatch.api.app import _token_ok
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -80,6 +80,7 @@ def test_token_comparison_accepts_only_the_exact_token() -> None:
         assert not _token_ok(header, expected), header
 
 
+@pytest.mark.slow  # runs replaywatch as a process
 def test_binds_loopback_by_default_and_warns_when_exposed_without_a_token(tmp_path: Path
                                                                          ) -> None:
     done = subprocess.run([sys.executable, "-m", "replaywatch", "watch", "--help"],

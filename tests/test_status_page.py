@@ -20,6 +20,8 @@ import pytest
 
 from harness.procs import PYTHON, ROOT, Proc, get_json, wait_until
 
+pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]

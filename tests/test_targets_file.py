@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import Proc, get_json, wait_until
 from replaywatch.errors import ConfigError
 from replaywatch.targets_file import TargetsFile, parse_targets
-from harness.procs import Proc, get_json, wait_until
 
 
 @pytest.mark.parametrize(
@@ -99,6 +99,7 @@ def test_the_sidecar_reloads_the_file_without_a_restart(
     wait_until(lambda: names() == {second}, 15)
 
 
+@pytest.mark.slow  # runs replaywatch as a process
 def test_an_unreadable_targets_file_at_start_is_exit_2(tmp_path: Path) -> None:
     import subprocess
     import sys
