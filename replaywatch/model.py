@@ -165,3 +165,11 @@ class Finding:
     @property
     def finding_id(self) -> str:
         return f"{self.kind}:{self.target}:{self.table}"
+
+    def to_document(self) -> dict[str, Any]:
+        """The one JSON shape of a finding (`--json`, the API, the incident log): its fields,
+        its `id`, and the severity by its lowercase name."""
+        return {"id": self.finding_id, "kind": self.kind, "severity": self.severity.label,
+                "target": self.target, "table": self.table, "summary": self.summary,
+                "evidence": dict(self.evidence), "fix": self.fix, "since": self.since,
+                "last_seen": self.last_seen, "resolved_at": self.resolved_at}

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from replaywatch.diagnosis import progress as pg
 from replaywatch.diagnosis import rules
+from replaywatch.diagnosis.kinds import superseded_by, worst_first
 from replaywatch.diagnosis.rates import TargetView
 from replaywatch.diagnosis.rules import TableCase
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -30,15 +31,6 @@ STALL_TABLE_RULES: tuple[TableRule, ...] = (
     rules.is_sample_blocked, rules.is_insert_blocked, rules.is_spi_drift, rules.is_warmup)
 CONFIG_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_batch_exceeds_headroom,
                                              rules.is_deadlock_risk)
-
-# The more specific cause wins on the same table: starvation *is* a blocked
-# sample with its cause named; a batch that never fits is the certain form of
-# the predicted risk.
-SUPERSEDES = {
-    "worker_starvation": ("sample_blocked",),
-    "batch_exceeds_headroom": ("deadlock_risk",),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
@@ -97,7 +89,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
                   if (f := rule(case, probe, th)) is not None]
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(pg.since_last_restart(h), th)]
-    return Diagnosis(_worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
+    return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
 
 
 def _table_findings(case: TableCase, probes: list[Probe], th: Thresholds) -> list[Finding]:
@@ -115,11 +107,7 @@ def _first_per_key(found: list[Finding]) -> list[Finding]:
 
 
 def _supersede(found: list[Finding]) -> list[Finding]:
+    """The more specific cause wins on the same table (see `Kind.supersedes`)."""
     present = {f.key for f in found}
     return [f for f in found
-            if not any((winner, f.target, f.table) in present
-                       for winner, losers in SUPERSEDES.items() if f.kind in losers)]
-
-
-def _worst_first(found: list[Finding]) -> tuple[Finding, ...]:
-    return tuple(sorted(found, key=lambda f: (-f.severity, f.target, f.table, f.kind)))
+            if not any((winner, f.target, f.table) in present for winner in superseded_by(f.kind))]

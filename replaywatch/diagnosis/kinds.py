@@ -1,0 +1,132 @@
+"""Every finding kind, declared once: severity, whether it needs the probe, runbook, meaning, fix.
+
+The rules build findings from these declarations (`case.finding(SAMPLE_BLOCKED, ...)`), the
+engine takes its precedence and what supersedes what from them, and the alert, runbook and
+README tests read them. Adding a kind is one `Kind(...)` here, its place in `ALL`, and its rule.
+
+`ALL` is the precedence, worst first: severity first, then, within one severity, the finding
+that names the more specific (or more certain) cause. A kind that supersedes another on the
+same table comes before it.
+
+    for f in worst_first(findings): ...   # the one ordering of findings, everywhere
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from replaywatch.model import Finding, Severity
+
+RUNBOOKS = "docs/runbooks"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of finding. `meaning` and `fix` are one line each (README table, status page)."""
+
+    name: str
+    severity: Severity
+    needs_probe: bool
+    meaning: str
+    fix: str
+    # Kinds this one replaces on the same table: the more specific cause wins.
+    supersedes: tuple[str, ...] = ()
+
+    @property
+    def runbook(self) -> str:
+        """Path of its runbook, relative to the repository root."""
+        return f"{RUNBOOKS}/{self.name}.md"
+
+
+WORKER_STARVATION = Kind(
+    "worker_starvation", Severity.CRITICAL, needs_probe=True,
+    meaning="The learner is blocked in `next()`, sampling stopped, the limiter allows no more "
+            "samples, and at least a batch of samples was drawn but never delivered: parallel "
+            "batching workers each hold part of a batch. Needs the probe.",
+    fix="Synchronous loop: `num_parallel_calls=1`. Otherwise widen the limiter's slack (the "
+        "finding computes the `error_buffer`).",
+    # Starvation *is* a blocked sample with its cause named.
+    supersedes=("sample_blocked",))
+LEARNER_STALLED = Kind(
+    "learner_stalled", Severity.CRITICAL, needs_probe=True,
+    meaning="The iterator has data (ready, or the table can sample a batch) but the learner took "
+            "no batch or step for the stall window: hung compute, e.g. a pmap deadlock. Needs "
+            "the probe.",
+    fix="Look at the stored stacks.")
+SAMPLE_BLOCKED = Kind(
+    "sample_blocked", Severity.CRITICAL, needs_probe=False,
+    meaning="Sampling is blocked by the rate limiter and inserts stopped: actors dead, stuck or "
+            "too slow. From Reverb alone this is also how worker starvation looks; attach the "
+            "probe to tell them apart.",
+    fix="Restart or unblock the actors; check their logs.")
+INSERT_BLOCKED = Kind(
+    "insert_blocked", Severity.CRITICAL, needs_probe=False,
+    meaning="Inserts are blocked at `max_diff` and sampling stopped: the learner is not "
+            "consuming.",
+    fix="Find what the learner waits on (the stacks are in the incident).")
+BATCH_EXCEEDS_HEADROOM = Kind(
+    "batch_exceeds_headroom", Severity.CRITICAL, needs_probe=True,
+    meaning="`max_diff - min_diff` is smaller than one batch plus `samples_per_insert`: once "
+            "warm-up credit is spent no full batch can be sampled.",
+    fix="Raise `error_buffer` (value given) or lower the batch size.",
+    # A batch that never fits is the certain form of the predicted risk.
+    supersedes=("deadlock_risk",))
+TARGET_DOWN = Kind(
+    "target_down", Severity.WARNING, needs_probe=False,
+    meaning="The Reverb server did not answer for more than `down_polls` (2) polls.",
+    fix="Is the job alive? Is the address right?")
+PROBE_DOWN = Kind(
+    "probe_down", Severity.WARNING, needs_probe=True,
+    meaning="A trainer probe did not answer for more than `down_polls` (2) polls.",
+    fix="Is the trainer alive and serving its probe? Is the address right?")
+DEADLOCK_RISK = Kind(
+    "deadlock_risk", Severity.WARNING, needs_probe=True,
+    meaning="Predicted from the configuration before any hang: a synchronous layout with more "
+            "than one batching worker, or a limiter slack smaller than `workers x (batch_size - "
+            "1) + samples_per_insert`.",
+    fix="Set `num_parallel_calls=1` or raise `error_buffer` (value given), before it hangs.")
+SPI_DRIFT = Kind(
+    "spi_drift", Severity.WARNING, needs_probe=False,
+    meaning="Observed samples per insert stays off the configured ratio by more than the "
+            "limiter's tolerance.",
+    fix="Check actor/learner speeds and the limiter.")
+TOO_MANY_THREADS = Kind(
+    "too_many_threads", Severity.WARNING, needs_probe=True,
+    meaning="The trainer runs more threads than the threshold (the seed's job had over 500).",
+    fix="Fewer parallel calls / prefetch threads.")
+WARMUP = Kind(
+    "warmup", Severity.INFO, needs_probe=False,
+    meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
+    fix="Wait.")
+
+# Precedence, worst first.
+ALL: tuple[Kind, ...] = (
+    WORKER_STARVATION, LEARNER_STALLED, SAMPLE_BLOCKED, INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, TOO_MANY_THREADS,
+    WARMUP,
+)
+BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
+
+
+def precedence(kind: str) -> int:
+    """Rank of a kind in `ALL` (0 is worst); a kind no longer declared (an old incident) last."""
+    return next((i for i, k in enumerate(ALL) if k.name == kind), len(ALL))
+
+
+def worst_first(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    """The one ordering of findings: severity, then precedence, then oldest, then place."""
+    return tuple(sorted(findings, key=lambda f: (-f.severity, precedence(f.kind), f.since,
+                                                 f.target, f.table)))
+
+
+def superseded_by(kind: str) -> tuple[str, ...]:
+    """The kinds that replace `kind` when both hold on the same table."""
+    return tuple(k.name for k in ALL if kind in k.supersedes)
+
+
+def markdown_table() -> str:
+    """README's finding table, one row per kind in precedence order."""
+    rows = ["| kind | severity | means | typical fix |", "| --- | --- | --- | --- |"]
+    rows += [f"| `{k.name}` | {k.severity.label} | {k.meaning} | {k.fix} |" for k in ALL]
+    return "\n".join(rows)

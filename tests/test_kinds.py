@@ -1,0 +1,56 @@
+"""The finding-kind declaration: complete, consistent, and the one ordering of findings."""
+
+from __future__ import annotations
+
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis.kinds import ALL, BY_NAME, worst_first
+from replaywatch.model import Finding, Severity
+
+
+def _finding(kind: str, severity: Severity, since: float = 0.0, table: str = "t") -> Finding:
+    return Finding(kind, severity, "host:1", table, "s", {"n": 1}, "f", since=since,
+                   last_seen=since)
+
+
+def test_precedence_never_puts_a_milder_kind_before_a_worse_one() -> None:
+    severities = [k.severity for k in ALL]
+    assert severities == sorted(severities, reverse=True)
+
+
+def test_a_kind_comes_before_the_kinds_it_supersedes() -> None:
+    for k in ALL:
+        for loser in k.supersedes:
+            assert kinds.precedence(k.name) < kinds.precedence(loser), (k.name, loser)
+            assert k.name in kinds.superseded_by(loser)
+
+
+def test_names_are_unique_and_every_declared_constant_is_listed() -> None:
+    assert len(BY_NAME) == len(ALL)
+    constants = {v for v in vars(kinds).values() if isinstance(v, kinds.Kind)}
+    assert constants == set(ALL)
+
+
+def test_worst_first_orders_by_severity_then_precedence_then_age() -> None:
+    found = [_finding("warmup", Severity.INFO), _finding("spi_drift", Severity.WARNING, 5.0),
+             _finding("sample_blocked", Severity.CRITICAL, 9.0),
+             _finding("worker_starvation", Severity.CRITICAL, 9.0, table="u"),
+             _finding("spi_drift", Severity.WARNING, 1.0, table="u"),
+             _finding("gone_kind", Severity.WARNING, 0.0)]
+    assert [(f.kind, f.since) for f in worst_first(found)] == [
+        ("worker_starvation", 9.0), ("sample_blocked", 9.0), ("spi_drift", 1.0),
+        ("spi_drift", 5.0), ("gone_kind", 0.0), ("warmup", 0.0)]
+
+
+def test_a_finding_document_has_its_id_and_severity_by_name() -> None:
+    doc = _finding("sample_blocked", Severity.CRITICAL, 3.0).to_document()
+    assert doc == {"id": "sample_blocked:host:1:t", "kind": "sample_blocked",
+                   "severity": "critical", "target": "host:1", "table": "t", "summary": "s",
+                   "evidence": {"n": 1}, "fix": "f", "since": 3.0, "last_seen": 3.0,
+                   "resolved_at": None}
+
+
+def test_the_markdown_table_has_one_row_per_kind_in_precedence_order() -> None:
+    rows = kinds.markdown_table().splitlines()[2:]
+    assert [r.split("`")[1] for r in rows] == [k.name for k in ALL]
+    assert rows[0].startswith("| `worker_starvation` | critical | ")
+    assert all(r.count(" | ") == 3 for r in rows)
