@@ -13,6 +13,7 @@ import pytest
 
 from harness.procs import get_json, wait_until
 from replaywatch.probe import TrainerProbe
+from replaywatch.probe.serving import thread_counts
 
 
 class GatedIterator:
@@ -140,26 +141,40 @@ def test_bad_arguments_raise_value_error(kwargs: dict) -> None:
 
 
 def test_probe_imports_only_the_standard_library() -> None:
-    code = ("import sys; import replaywatch.probe;"
-            "bad=[m for m in ('tensorflow','jax','fastapi','reverb','grpc','pydantic',"
-            "'prometheus_client','numpy') if m in sys.modules]; assert not bad, bad")
+    # Both probes run inside users' trainers and actors: anything beyond the
+    # standard library would be a new dependency there (or a 5 s TensorFlow import).
+    code = ("import sys; before = set(sys.modules); import replaywatch.probe;"
+            "new = {m.split('.')[0] for m in set(sys.modules) - before};"
+            "bad = sorted(new - set(sys.stdlib_module_names) - {'replaywatch'});"
+            "assert not bad, bad;"
+            "from replaywatch.probe import ActorProbe, TrainerProbe")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_document_says_role_trainer_and_counts_os_threads(probe: TrainerProbe) -> None:
-    before = get_json(f"{probe.url}/probe")[1]
-    assert before["role"] == "trainer" and before["wrapped"] is None
+    doc = get_json(f"{probe.url}/probe")[1]
+    assert doc["role"] == "trainer" and doc["wrapped"] is None
+    assert doc["os_threads"] is None or doc["os_threads"] >= doc["thread_count"] >= 2
     if not os.path.isdir("/proc/self/task"):
-        assert before["os_threads"] is None
+        assert doc["os_threads"] is None
         return
-    gate = threading.Event()
-    extra = [threading.Thread(target=gate.wait, daemon=True) for _ in range(3)]
-    for t in extra:
-        t.start()
-    try:
-        during = get_json(f"{probe.url}/probe")[1]
-    finally:
+
+    def diff_with_three_more_threads() -> tuple[int | None, int]:
+        gate = threading.Event()
+        before = thread_counts()
+        extra = [threading.Thread(target=gate.wait, daemon=True) for _ in range(3)]
+        for t in extra:
+            t.start()
+        during = thread_counts()
         gate.set()
-    assert during["os_threads"] - before["os_threads"] == 3
-    assert during["thread_count"] - before["thread_count"] == 3
-    assert during["os_threads"] >= during["thread_count"]
+        for t in extra:
+            t.join(timeout=5)
+        os_before = before["os_threads"]
+        os_during = during["os_threads"]
+        assert os_before is not None and os_during is not None
+        return os_during - os_before, int(during["thread_count"] or 0) - int(
+            before["thread_count"] or 0)
+
+    # An HTTP handler thread of an earlier request may exit meanwhile: retry, and a
+    # count that does not follow the OS never reaches (3, 3).
+    assert wait_until(lambda: diff_with_three_more_threads() == (3, 3), timeout_s=5)

@@ -202,7 +202,7 @@ class ActorProbe:
     def snapshot(self) -> dict[str, Any]:
         """The `GET /probe` document (role "actor")."""
         # Read each field once: the actor's thread may replace it meanwhile.
-        wall, now = self._clock(), self._monotonic()
+        wall, now = self._clocks()
         steps, last_step = self._steps
         call, waiting, error = self._call, self._waiting, self._last_error
         stats = dict(self._stats)
@@ -244,6 +244,23 @@ class ActorProbe:
         )
         doc.update(thread_counts())
         return doc
+
+    def _clocks(self) -> tuple[float, float]:
+        """(wall, monotonic) read as close together as we can.
+
+        Wall-clock times in the document are monotonic times shifted by
+        `wall - monotonic`. A GIL switch between the two reads (5 ms by default)
+        would shift every time by that much, so take the tightest of three pairs.
+        """
+        best: tuple[float, float, float] | None = None
+        for _ in range(3):
+            before = self._monotonic()
+            wall = self._clock()
+            after = self._monotonic()
+            if best is None or after - before < best[0]:
+                best = (after - before, wall, after)
+        assert best is not None
+        return best[1], best[2]
 
     def stacks(self) -> dict[str, Any]:
         """Every thread's Python stack, innermost frame last (`GET /stacks`)."""
