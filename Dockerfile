@@ -11,10 +11,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # Dependencies first, so a code change does not reinstall TensorFlow and JAX. An editable
-# install needs the package folders to exist; empty ones suffice for this layer.
+# install needs the package folder to exist; an empty one suffices for this layer. agents/
+# is not installed (the wheel is replaywatch alone): `python -m agents.run` finds it in the
+# working directory, /app.
 COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir -p replaywatch agents \
-    && touch replaywatch/__init__.py agents/__init__.py \
+RUN mkdir -p replaywatch \
+    && touch replaywatch/__init__.py \
     && pip install -c constraints.txt -e '.[agents]'
 
 COPY replaywatch ./replaywatch

@@ -144,4 +144,8 @@ class AgentProcess:
         self._proc.terminate(grace_s)
         # The group may outlive its leader (Ray's workers): make sure it is gone.
         self._proc.kill()
+        with self._lock:  # the readers write to the log under the same lock
+            if self._log is not None:
+                self._log.close()
+                self._log = None
 
