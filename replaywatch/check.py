@@ -9,6 +9,7 @@ import time
 from typing import Any, TextIO
 
 from replaywatch.config import WatchConfig
+from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.model import Severity
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
@@ -26,8 +27,6 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def to_document(state: Published) -> dict[str, Any]:
     """The `--json` document: targets, probes, tables (with derived) and findings."""
-    # TODO(H2): once model.py has worst_first() and the one finding->dict
-    # function, use them here and in render_text (same output shape).
     return {
         "at": state.at,
         "targets": [dataclasses.asdict(s) for s in state.sources.values() if s.kind == "reverb"],
@@ -40,10 +39,7 @@ def to_document(state: Published) -> dict[str, Any]:
             {**dataclasses.asdict(snap), "derived": dataclasses.asdict(state.derived[key])}
             for key, snap in sorted(state.tables.items())
         ],
-        "findings": [
-            {**dataclasses.asdict(f), "id": f.finding_id, "severity": f.severity.label}
-            for f in sorted(state.findings, key=lambda f: -f.severity)
-        ],
+        "findings": [f.to_document() for f in worst_first(state.findings)],
         "insufficient_data": list(state.insufficient),
     }
 
@@ -78,7 +74,7 @@ def render_text(state: Published, out: TextIO) -> None:
     print(file=out)
     if not state.findings:
         print("findings: none", file=out)
-    for f in sorted(state.findings, key=lambda f: -f.severity):
+    for f in worst_first(state.findings):
         print(f"[{f.severity.label.upper()}] {f.kind} {f.target} {f.table}".rstrip(), file=out)
         print(f"  {f.summary}", file=out)
         for k, v in f.evidence.items():

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Reconciled, Transition, reconcile
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import SourceError
@@ -151,8 +152,7 @@ class FindingsKeeper:
             log_error = self._incidents.last_error
             dropped = self._incidents.dropped
         return CycleFindings(
-            # TODO(H2): use model.worst_first once it lands.
-            findings=tuple(sorted(self._active.values(), key=lambda f: (-f.severity, f.since))),
+            findings=worst_first(self._active.values()),
             insufficient=tuple(insufficient),
             incident_ids=ids,
             incident_log_error=log_error,

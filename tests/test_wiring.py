@@ -84,7 +84,7 @@ def test_start_polls_in_the_background_and_close_stops_it(tmp_path: Path) -> Non
 
 def test_check_json_keeps_its_shape(tmp_path: Path) -> None:
     out = io.StringIO()
-    assert run_check(config(tmp_path), 0.3, as_json=True, out=out) == 0  # down is a warning
+    assert run_check(config(tmp_path), 0.7, as_json=True, out=out) == 0  # down is a warning
     doc = json.loads(out.getvalue())
     assert list(doc) == ["at", "targets", "probes", "tables", "findings", "insufficient_data"]
     (target,) = doc["targets"]
@@ -92,5 +92,10 @@ def test_check_json_keeps_its_shape(tmp_path: Path) -> None:
                             "last_error", "last_duration_s", "consecutive_failures",
                             "polls_total", "failures_total", "late_polls_total", "labels"]
     assert target["up"] is False
+    (down,) = doc["findings"]  # four failed polls at 0.2 s: target_down
+    assert (down["kind"], down["severity"], down["id"]) == ("target_down", "warning",
+                                                            f"target_down:{CLOSED}:")
+    assert set(down) == {"id", "kind", "severity", "target", "table", "summary", "evidence",
+                         "fix", "since", "last_seen", "resolved_at"}
     # check keeps its incidents in memory: nothing is written beside a running watch.
     assert not (tmp_path / "state").exists()

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from replaywatch.api.deps import ApiError, IncidentsDep, PublishedDep
 from replaywatch.api.schemas import FindingOut, FindingsOut
+from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.model import Severity
 
 router = APIRouter(prefix="/api/v1")
@@ -27,7 +28,7 @@ def findings(
     """Active findings, worst first; `state=all` adds resolved ones from the log."""
     out = [
         FindingOut.of(f, state.incident_ids.get(f.finding_id))
-        for f in sorted(state.findings, key=lambda f: (-f.severity, f.since))
+        for f in worst_first(state.findings)
         if _matches(f.target, f.kind, f.severity.label, target, kind, severity)
     ]
     if scope == "all" and incidents is not None:

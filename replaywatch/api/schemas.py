@@ -159,20 +159,7 @@ class FindingOut(BaseModel):
 
     @classmethod
     def of(cls, f: Finding, incident_id: int | None = None) -> FindingOut:
-        return cls(
-            id=f.finding_id,
-            kind=f.kind,
-            severity=f.severity.label,
-            target=f.target,
-            table=f.table,
-            summary=f.summary,
-            evidence=f.evidence,
-            fix=f.fix,
-            since=f.since,
-            last_seen=f.last_seen,
-            resolved_at=f.resolved_at,
-            incident_id=incident_id,
-        )
+        return cls(**f.to_document(), incident_id=incident_id)
 
 
 class FindingsOut(BaseModel):
