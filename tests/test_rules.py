@@ -6,13 +6,15 @@ newest poll. The stall window is the default 10 s.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from replaywatch.diagnosis import kinds, rules
 from replaywatch.diagnosis import progress as pg
-from replaywatch.diagnosis import rules
 from replaywatch.diagnosis.rules import TableCase
 from replaywatch.model import FLOAT_MAX, Finding, ProbeSnapshot, Severity, TableSnapshot
 from tests.builders import (
@@ -36,6 +38,13 @@ def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
     history = pg.since_last_reset(table)
     return TableCase("localhost:8000", history, probes,
                      history[-1].observed_at if now is None else now)
+
+
+def assert_as_declared(finding: Finding | None, rule: Callable) -> None:
+    """A rule produces only its own declared kind, at the declared severity."""
+    if finding is not None:
+        assert rules.BY_KIND[finding.kind] is rule
+        assert finding.severity is kinds.BY_NAME[finding.kind].severity
 
 
 def waiting(rate_ms_per_s: float = 980.0, times: list[float] = T20) -> list[int]:
@@ -140,6 +149,7 @@ TABLE_CASES: list[tuple[str, Callable[[TableCase, Any], Finding | None], Scenari
 def test_table_rule(name: str, rule: Callable, scenario: Scenario, expected: str | None) -> None:
     finding = rule(scenario(), DEFAULT)
     assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rule)
 
 
 def test_sample_blocked_evidence_counts_the_inserts_needed_and_onset() -> None:
@@ -192,6 +202,7 @@ SPI_CASES = [
 def test_spi_drift(name: str, scenario: TableCase, expected: str | None) -> None:
     finding = rules.is_spi_drift(scenario, DEFAULT)
     assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rules.is_spi_drift)
 
 
 def test_no_spi_drift_with_a_min_size_limiter_that_targets_no_ratio() -> None:
@@ -297,6 +308,7 @@ def test_probe_rule(name: str, rule: Callable, scenario: ProbeScenario,
     table_case, probe = scenario()
     finding = rule(table_case, probe, DEFAULT)
     assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rule)
 
 
 def test_worker_starvation_evidence_shows_the_stranded_arithmetic() -> None:
@@ -375,6 +387,7 @@ VIEW_CASES = [
 def test_view_rule(name: str, rule: Callable, view: Any, expected: str | None) -> None:
     finding = rule(view, DEFAULT, 1004.0)
     assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rule)
 
 
 def test_target_down_since_is_the_first_failed_poll() -> None:
@@ -387,3 +400,26 @@ def test_too_many_threads_since_is_the_start_of_the_run_above_the_threshold() ->
     view = target_view(probes=[probe_history(T5, 0, threads=[100, 600, 100, 600, 700])])
     finding = rules.is_too_many_threads(view, DEFAULT, 1004.0)
     assert finding is not None and finding.since == 1003.0
+
+
+# -- the declaration and the rules agree --------------------------------------------------------
+
+def test_every_declared_kind_has_a_rule_and_every_rule_a_declared_kind() -> None:
+    assert set(rules.BY_KIND) == set(kinds.BY_NAME)
+
+
+def test_every_declared_kind_is_produced_by_some_case_above() -> None:
+    expected = {c[-1] for c in [*TABLE_CASES, *SPI_CASES, *PROBE_CASES, *VIEW_CASES]}
+    assert expected - {None} == set(kinds.BY_NAME)
+
+
+RULE_MODULES = sorted((Path(rules.__file__).parent).glob("rules_*.py"))
+
+
+@pytest.mark.parametrize("path", RULE_MODULES, ids=[p.name for p in RULE_MODULES])
+def test_rules_name_kinds_by_their_declaration_not_by_string(path: Path) -> None:
+    calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+    assert not [n for n in calls if getattr(n.func, "id", None) == "Finding"]
+    named = [n.args[0] for n in calls if getattr(n.func, "attr", None) == "finding"
+             and n.args and isinstance(n.args[0], ast.Constant)]
+    assert named == []

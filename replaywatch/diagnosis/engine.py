@@ -14,13 +14,12 @@ from collections.abc import Callable
 
 from replaywatch.diagnosis import progress as pg
 from replaywatch.diagnosis import rules
+from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
 from replaywatch.diagnosis.rates import TargetView
-from replaywatch.diagnosis.rules import TableCase
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import Finding, ProbeSnapshot
+from replaywatch.model import Finding
 
-Probe = tuple[ProbeSnapshot, ...]
 TableRule = Callable[[TableCase, Thresholds], "Finding | None"]
 ProbeRule = Callable[[TableCase, Probe, Thresholds], "Finding | None"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from replaywatch.model import Finding, Severity
 
@@ -37,6 +38,12 @@ class Kind:
     def runbook(self) -> str:
         """Path of its runbook, relative to the repository root."""
         return f"{RUNBOOKS}/{self.name}.md"
+
+    def finding(self, target: str, table: str, summary: str, evidence: dict[str, Any],
+                fix: str, since: float, last_seen: float) -> Finding:
+        """A finding of this kind, at its declared severity."""
+        return Finding(self.name, self.severity, target, table, summary, evidence, fix,
+                       since=since, last_seen=last_seen)
 
 
 WORKER_STARVATION = Kind(

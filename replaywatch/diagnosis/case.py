@@ -1,0 +1,55 @@
+"""What a table rule judges: one table's history since its last reset, and the probes on it.
+
+Also the facts several rules share, in Reverb's words: whether the table worker waited in a
+state during the stall window, and the limiter numbers every table finding shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis.kinds import Kind
+from replaywatch.diagnosis.ratelimiter import cursor
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+
+Probe = tuple[ProbeSnapshot, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableCase:
+    """One table's snapshots since its last counter reset, and the probes reading it."""
+
+    target: str
+    history: tuple[TableSnapshot, ...]  # non-empty, time-ordered
+    probes: tuple[Probe, ...]  # each since its trainer's last restart
+    now: float
+
+    @property
+    def latest(self) -> TableSnapshot:
+        return self.history[-1]
+
+    @property
+    def name(self) -> str:
+        return self.latest.name
+
+    def finding(self, kind: Kind, summary: str, evidence: dict[str, Any], fix: str,
+                since: float) -> Finding:
+        return kind.finding(self.target, self.name, summary, evidence, fix, since=since,
+                            last_seen=self.now)
+
+
+def worker_waited(case: TableCase, state: str, th: Thresholds) -> bool:
+    """The table worker spent time in `state` (e.g. `waiting_for_inserts`) in the window."""
+    points = pg.window(case.history, case.latest.observed_at - th.stall_window_s)
+    return pg.increase(points, lambda s: s.worker_time.ms(state)) > 0
+
+
+def limiter_evidence(t: TableSnapshot) -> dict[str, Any]:
+    """The rate limiter's numbers, shown with every table finding."""
+    rl = t.rate_limiter
+    return {"cursor": cursor(t), "min_diff": rl.min_diff, "max_diff": rl.max_diff,
+            "samples_per_insert": rl.samples_per_insert, "current_size": t.current_size,
+            "min_size_to_sample": rl.min_size_to_sample}

@@ -1,0 +1,81 @@
+"""Reachability and the trainer's health: target_down, probe_down, too_many_threads.
+
+These judge a whole target (its polls and its probes), not one table, so their findings
+carry table "". Each rule is a predicate on the poll records or the thread count, then its
+explanation (summary, evidence, fix).
+"""
+
+from __future__ import annotations
+
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis.case import Probe
+from replaywatch.diagnosis.rates import PollRecord, TargetView
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding
+
+
+def failing_since(polls: tuple[PollRecord, ...], th: Thresholds) -> PollRecord | None:
+    """The first poll of a run of more than `down_polls` failures ending now."""
+    run = 0
+    for record in reversed(polls):
+        if record.ok:
+            break
+        run += 1
+    return polls[-run] if run > th.down_polls else None
+
+
+def is_target_down(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """The Reverb server has not answered for more than `down_polls` polls."""
+    first = failing_since(view.polls, th)
+    return None if first is None else _target_down(view, first, now)
+
+
+def _target_down(view: TargetView, first: PollRecord, now: float) -> Finding:
+    ok = [r.at for r in view.polls if r.ok]
+    evidence = {"failed_polls": sum(1 for r in view.polls if r.at >= first.at),
+                "last_error": view.polls[-1].error, "last_ok_at": ok[-1] if ok else None}
+    return kinds.TARGET_DOWN.finding(
+        view.target, "", f"The Reverb server '{view.target}' does not answer.", evidence,
+        f"Check that the replay process runs and is reachable at {view.target}.",
+        since=first.at, last_seen=now)
+
+
+def is_probe_down(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """A trainer probe has not answered for more than `down_polls` polls."""
+    down = {url: first for url, polls in sorted(view.probe_polls.items())
+            if (first := failing_since(polls, th)) is not None}
+    return _probe_down(view, down, now) if down else None
+
+
+def _probe_down(view: TargetView, down: dict[str, PollRecord], now: float) -> Finding:
+    evidence = {"probes": sorted(down),
+                "last_errors": {u: view.probe_polls[u][-1].error for u in sorted(down)}}
+    return kinds.PROBE_DOWN.finding(
+        view.target, "", f"{len(down)} trainer probe(s) of '{view.target}' do not answer.",
+        evidence, "Check that the trainer runs and serves its probe (TrainerProbe.start()).",
+        since=min(r.at for r in down.values()), last_seen=now)
+
+
+def is_too_many_threads(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """The trainer runs more threads than the threshold (the seed's hung job had over 500)."""
+    over = {url: h for url, h in sorted(view.probes.items())
+            if h and now - h[-1].observed_at <= th.stall_window_s
+            and h[-1].thread_count > th.too_many_threads}
+    return _too_many_threads(view, over, th, now) if over else None
+
+
+def _too_many_threads(view: TargetView, over: dict[str, Probe], th: Thresholds,
+                      now: float) -> Finding:
+    since = []
+    for h in over.values():  # the first snapshot of the run above the threshold
+        start = len(h) - 1
+        while start > 0 and h[start - 1].thread_count > th.too_many_threads:
+            start -= 1
+        since.append(h[start].observed_at)
+    evidence = {"threads": {u: h[-1].thread_count for u, h in over.items()},
+                "threshold": th.too_many_threads}
+    return kinds.TOO_MANY_THREADS.finding(
+        view.target, "", f"A trainer of '{view.target}' runs more than {th.too_many_threads} "
+        "threads.", evidence, "Cap the thread pools (tf.data num_parallel_calls, "
+        "TF inter/intra op threads, XLA) so workers are scheduled.",
+        since=min(since), last_seen=now)

@@ -1,0 +1,157 @@
+"""Stalls seen from Reverb alone: sample_blocked, insert_blocked, spi_drift, warmup.
+
+Stalls are judged by progress (insert and sample counters that did not move for the whole
+stall window, proven by snapshots at both ends); `table_worker_time` only says which side
+waits, because a healthy synchronous loop waits for inserts ~98% of the time too. Each rule is
+a predicate in Reverb's words, then its explanation: the summary (stable facts only, so an open
+finding is not rewritten every poll), the evidence (the moving numbers) and the fix.
+"""
+
+from __future__ import annotations
+
+from replaywatch.diagnosis import arithmetic as ar
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis.case import TableCase, limiter_evidence, worker_waited
+from replaywatch.diagnosis.ratelimiter import (
+    can_insert,
+    can_sample,
+    insert_headroom,
+    is_warming_up,
+    sample_headroom,
+)
+from replaywatch.diagnosis.rates import inserts_of, samples_of
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding
+
+
+def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
+    """The learner wants samples, the limiter refuses, and no actor inserts: training stopped.
+
+    Blocked means `not can_sample(table, 1)`: below `min_size_to_sample`, or
+    `cursor - 1 < min_diff`. Someone wants samples when the table worker kept
+    `waiting_for_inserts`, or a probe reading the table is blocked in next().
+    Inserts must have *stopped*: a table that never had an insert is a job whose
+    actors are still starting (distributed actors take 10-30 s to import and
+    connect), and calling that a stall was our one false alarm on healthy runs.
+    """
+    t = case.latest
+    if t.rate_limiter.inserts == 0:
+        return None
+    idle = pg.idle_for(case.history, inserts_of, samples_of)
+    if idle < th.stall_window_s or can_sample(t, 1) or not samples_wanted(case, th):
+        return None
+    return _sample_blocked(case, idle)
+
+
+def samples_wanted(case: TableCase, th: Thresholds) -> bool:
+    """The table worker kept waiting for inserts, or a learner waits in next()."""
+    return (worker_waited(case, "waiting_for_inserts", th)
+            or any(p[-1].blocked_in_next for p in case.probes))
+
+
+def _sample_blocked(case: TableCase, idle: float) -> Finding:
+    t = case.latest
+    needed = ar.inserts_to_sample(t)
+    summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
+               "stopped: the actors are dead, stuck or too slow.")
+    if not case.probes:
+        summary += (" From Reverb alone this is also how worker starvation looks; attach the "
+                    "trainer probe to tell them apart.")
+    fix = (f"Check that the actors are alive and inserting into '{t.name}' (an adder stuck in "
+           f"flush, a crashed actor); {needed} more insert(s) would let the next sample through. "
+           "If actors and learner share one loop, attach replaywatch's TrainerProbe to the "
+           "learner's iterator: parallel batching workers can strand the samples it needs.")
+    evidence = {**limiter_evidence(t), "sample_headroom": sample_headroom(t),
+                "inserts_needed": needed, "seconds_without_progress": idle}
+    return case.finding(kinds.SAMPLE_BLOCKED, summary, evidence, fix, since=t.observed_at - idle)
+
+
+def is_insert_blocked(case: TableCase, th: Thresholds) -> Finding | None:
+    """Actors wait at max_diff and the learner draws nothing: the learner stopped consuming.
+
+    Blocked means `not can_insert(table, 1)`: `cursor + samples_per_insert >
+    max_diff` with the table past `min_size_to_sample`; the table worker kept
+    `waiting_for_sampling`, so inserts are queued behind it.
+    """
+    t = case.latest
+    idle = pg.idle_for(case.history, inserts_of, samples_of)
+    if (idle < th.stall_window_s or can_insert(t, 1)
+            or not worker_waited(case, "waiting_for_sampling", th)):
+        return None
+    return _insert_blocked(case, idle)
+
+
+def _insert_blocked(case: TableCase, idle: float) -> Finding:
+    t = case.latest
+    needed = ar.samples_to_insert(t)
+    summary = (f"Inserts into table '{t.name}' are blocked at max_diff and sampling has stopped: "
+               "the learner is not consuming.")
+    fix = (f"Check the learner: {needed} sample(s) would let the next insert through. Attach "
+           "the trainer probe and read GET /stacks to see whether it waits in next() or hangs "
+           "in its update step.")
+    evidence = {**limiter_evidence(t), "insert_headroom": insert_headroom(t),
+                "samples_needed": needed, "seconds_without_progress": idle}
+    return case.finding(kinds.INSERT_BLOCKED, summary, evidence, fix, since=t.observed_at - idle)
+
+
+def is_warmup(case: TableCase, th: Thresholds) -> Finding | None:
+    """Below min_size_to_sample while actors insert: the learner waits by design, not a stall."""
+    t = case.latest
+    points = pg.window(case.history, t.observed_at - th.stall_window_s)
+    if not is_warming_up(t) or pg.increase(points, inserts_of) <= 0:
+        return None
+    return _warmup(case, points)
+
+
+def _warmup(case: TableCase, points: tuple) -> Finding:
+    t, rl = case.latest, case.latest.rate_limiter
+    inserted, secs = pg.increase(points, inserts_of), pg.span(points)
+    rate = inserted / secs if secs > 0 else None
+    missing = rl.min_size_to_sample - t.current_size
+    evidence = {**limiter_evidence(t), "insert_rate_per_s": rate, "items_missing": missing,
+                "eta_s": missing / rate if rate else None}
+    summary = (f"Table '{t.name}' is filling up to min_size_to_sample "
+               f"({rl.min_size_to_sample} items); sampling waits by design.")
+    warm = [s for s in case.history if is_warming_up(s)]
+    return case.finding(kinds.WARMUP, summary, evidence, "Nothing to fix: wait.",
+                        since=warm[0].observed_at)
+
+
+def is_spi_drift(case: TableCase, th: Thresholds) -> Finding | None:
+    """Samples per insert stayed off the configured ratio: learner and actors out of balance.
+
+    With tolerance `error_buffer / (spi * min_size)` (Acme's
+    `samples_per_insert_tolerance_rate`), it holds when over the whole window
+    `|observed / spi - 1| > tolerance` and `|spi * inserts - samples|` exceeds
+    the error_buffer, so post-warm-up catch-up (at most one buffer) is not drift.
+    A blocking limiter keeps this bounded by its slack; it drifts when inserts
+    never block (synchronous layout) and the learner falls behind.
+    """
+    t, start = case.latest, case.latest.observed_at - th.spi_window_s
+    rl, tol = t.rate_limiter, ar.spi_tolerance(t)
+    if tol is None or not ar.is_sample_limited(t) or not pg.covers(case.history, start):
+        return None
+    points = pg.window(case.history, start)
+    inserted, sampled = pg.increase(points, inserts_of), pg.increase(points, samples_of)
+    if any(is_warming_up(s) for s in points) or inserted < th.spi_min_inserts:
+        return None
+    observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
+    if abs(observed / rl.samples_per_insert - 1) <= tol or abs(gap) <= ar.error_buffer(t):
+        return None
+    return _spi_drift(case, points, tol)
+
+
+def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
+    t, rl = case.latest, case.latest.rate_limiter
+    inserted, sampled = pg.increase(points, inserts_of), pg.increase(points, samples_of)
+    observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
+    side = "the learner samples less" if gap > 0 else "the learner samples more"
+    evidence = {**limiter_evidence(t), "observed_samples_per_insert": observed,
+                "tolerance_rate": tol, "window_s": pg.span(points), "inserts": inserted,
+                "samples": sampled, "sample_deficit": gap}
+    summary = (f"Table '{t.name}' is sampled off its configured {rl.samples_per_insert:g} "
+               f"samples per insert by more than {tol:.0%}: {side} than configured.")
+    fix = ("Balance the loop: speed up the learner (or slow the actors) until samples per "
+           "insert returns to the configured ratio, or lower samples_per_insert.")
+    return case.finding(kinds.SPI_DRIFT, summary, evidence, fix, since=points[0].observed_at)
