@@ -46,8 +46,8 @@ class _ProbedWriter:
         end = probe._monotonic()
         probe._call = None
         stats = probe._stats
-        calls, errors, total = stats["append"]
-        stats["append"] = (calls + 1, errors, total + (end - start))
+        calls, errors, total, _ = stats["append"]
+        stats["append"] = (calls + 1, errors, total + (end - start), end)
         return result
 
     def append_sequence(self, *args: Any, **kwargs: Any) -> Any:
@@ -86,10 +86,31 @@ class _ProbedWriter:
         return result
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set yet (copy, unpickling): no endless recursion
+            raise AttributeError(name)
         return getattr(self._inner, name)  # history, episode_steps, configure, ...
 
     def __repr__(self) -> str:
         return f"ProbedWriter({self._inner!r})"
+
+
+class _ProbedClient:
+    """A reverb.Client proxy: `trajectory_writer()` and `writer()` return probed writers."""
+
+    def __init__(self, inner: Any, probe: ActorProbe):
+        self._inner = inner
+        self._probe = probe
+
+    def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._probe.wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
+
+    def writer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._probe.wrap_writer(self._inner.writer(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)  # sample, server_info, mutate_priorities, ...
 
 
 class _Waiting:
@@ -144,7 +165,9 @@ class ActorProbe:
         self._started = monotonic()
         self._steps: tuple[int, float | None] = (0, None)  # (steps, last step at)
         self._call: tuple[str, float] | None = None  # (writer call, entered at)
-        self._stats: dict[str, tuple[int, int, float]] = {c: (0, 0, 0.0) for c in CALLS}
+        # call -> (calls returned or raised, of which raised, seconds inside, last ended at)
+        self._stats: dict[str, tuple[int, int, float, float | None]] = {
+            c: (0, 0, 0.0, None) for c in CALLS}
         # Items created since the last flush that returned with nothing left
         # unconfirmed (or end_episode). Reverb confirms items asynchronously and
         # does not expose the count, so this is an upper bound: some may already
@@ -167,6 +190,14 @@ class ActorProbe:
         self._writers += 1
         return _ProbedWriter(writer, self)
 
+    def wrap_client(self, client: Any) -> Any:
+        """Returns a proxy of a reverb.Client whose writers come wrapped.
+
+        For code that makes its own writers from a client, such as Acme's
+        adders (`builder.make_adder(probe.wrap_client(replay_client), ...)`).
+        """
+        return _ProbedClient(client, self)
+
     def waiting(self, on: str) -> _Waiting:
         """Context manager: the actor waits on `on` (e.g. "learner"), outside Reverb."""
         if not isinstance(on, str) or not on:
@@ -187,15 +218,15 @@ class ActorProbe:
             raise
         end = self._monotonic()
         self._call = None
-        calls, errors, total = self._stats[name]
-        self._stats[name] = (calls + 1, errors, total + (end - start))
+        calls, errors, total, _ = self._stats[name]
+        self._stats[name] = (calls + 1, errors, total + (end - start), end)
         return result
 
     def _failed(self, name: str, start: float, error: BaseException) -> None:
         end = self._monotonic()
         self._call = None
-        calls, errors, total = self._stats[name]
-        self._stats[name] = (calls + 1, errors + 1, total + (end - start))
+        calls, errors, total, _ = self._stats[name]
+        self._stats[name] = (calls + 1, errors + 1, total + (end - start), end)
         self._last_error = (name, type(error).__name__, str(error)[:_MAX_ERROR_CHARS], end)
 
     # -- what it serves -----------------------------------------------------
@@ -214,9 +245,9 @@ class ActorProbe:
         blocked_for = 0.0 if call is None else max(0.0, now - call[1])
         waiting_for = 0.0 if waiting is None else max(0.0, now - waiting[1])
         calls = {
-            c: {"count": n, "errors": e,
+            c: {"count": n, "errors": e, "last_at": at(last),
                 "seconds_total": t + (blocked_for if call and call[0] == c else 0.0)}
-            for c, (n, e, t) in stats.items()
+            for c, (n, e, t, last) in stats.items()
         }
         doc = dict(self._static)
         doc.update(
