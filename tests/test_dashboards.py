@@ -7,7 +7,6 @@ structure and by sending every one of its PromQL expressions to a real Prometheu
 
 from __future__ import annotations
 
-import ast
 import re
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.procs import ROOT, Proc
+from replaywatch.diagnosis import kinds
 from tests.support.monitoring import (
     ALERTMANAGER_YML,
     ALERTS_YML,
@@ -30,7 +31,6 @@ from tests.support.monitoring import (
     panels,
     substitute,
 )
-from harness.procs import ROOT, Proc
 
 pytestmark = pytest.mark.slow  # promtool, Prometheus, docker-compose: Debian packages
 
@@ -54,28 +54,9 @@ def _alert_rules() -> list[dict[str, Any]]:
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
-def finding_kinds() -> dict[str, str]:
-    """kind -> severity of every finding replaywatch/diagnosis/rules.py can produce.
-
-    Read from the source: each rule ends in `case.finding("kind", SEVERITY, ...)` or
-    `Finding("kind", SEVERITY, ...)` with SEVERITY one of CRITICAL, WARNING, INFO.
-    """
-    tree = ast.parse((ROOT / "replaywatch" / "diagnosis" / "rules.py").read_text())
-    kinds: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or len(node.args) < 2:
-            continue
-        name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
-        kind, severity = node.args[0], node.args[1]
-        if (name in ("finding", "Finding") and isinstance(kind, ast.Constant)
-                and isinstance(severity, ast.Name)
-                and severity.id in ("CRITICAL", "WARNING", "INFO")):
-            kinds[kind.value] = severity.id.lower()
-    return kinds
-
-
 def _kinds(severity: str) -> set[str]:
-    return {k for k, s in finding_kinds().items() if s == severity}
+    """The declared finding kinds of one severity (replaywatch/diagnosis/kinds.py)."""
+    return {k.name for k in kinds.ALL if k.severity.label == severity}
 
 
 # -- promtool and amtool ---------------------------------------------------------------------
@@ -115,13 +96,20 @@ def test_alertmanager_config_passes_amtool_check_config() -> None:
 
 # -- alerts against the engine and the runbooks ----------------------------------------------
 
-def test_the_kinds_read_from_rules_py_are_the_public_ones() -> None:
-    # Guards the AST reading above: if it found nothing, the tests below would prove nothing.
-    assert _kinds("critical") == {"worker_starvation", "sample_blocked", "insert_blocked",
-                                  "learner_stalled", "batch_exceeds_headroom"}
-    assert _kinds("warning") == {"deadlock_risk", "spi_drift", "target_down", "probe_down",
-                                 "too_many_threads"}
-    assert _kinds("info") == {"warmup"}
+def test_the_declaration_has_critical_and_warning_kinds() -> None:
+    # Guards the tests below: with no kinds of a severity they would prove nothing.
+    assert _kinds("critical") and _kinds("warning") and _kinds("info")
+
+
+def test_every_warning_and_critical_kind_fires_an_alert_in_a_promtool_case() -> None:
+    cases = yaml.safe_load((ALERTS_YML.parent / "alerts_test.yml").read_text())["tests"]
+    fired = {alert["exp_labels"].get("kind"): check["alertname"]
+             for case in cases for check in case["alert_rule_test"]
+             for alert in check.get("exp_alerts") or []}
+    for kind in _kinds("critical"):
+        assert fired.get(kind) == "Replaywatch" + kind.title().replace("_", ""), kind
+    for kind in _kinds("warning"):
+        assert fired.get(kind) == "ReplaywatchWarningFinding", kind
 
 
 def test_every_critical_finding_kind_has_its_own_alert() -> None:
@@ -167,9 +155,14 @@ def test_every_alert_has_for_severity_annotations_and_a_runbook_that_exists() ->
             assert (RUNBOOKS / page).is_file(), f"{name}: docs/runbooks/{page} is missing"
 
 
+def test_runbooks_exist_exactly_for_the_declared_kinds_and_the_sidecar() -> None:
+    assert {p.stem for p in RUNBOOKS.glob("*.md")} == set(kinds.BY_NAME) | {"sidecar_down"}
+    for kind in kinds.ALL:
+        assert (ROOT / kind.runbook).is_file(), kind.runbook
+
+
 def test_every_runbook_says_what_it_means_how_to_confirm_and_how_to_fix() -> None:
-    expected = _kinds("critical") | _kinds("warning") | {"sidecar_down"}
-    assert {p.stem for p in RUNBOOKS.glob("*.md")} >= expected
+    expected = set(kinds.BY_NAME) | {"sidecar_down"}
     for kind in expected:
         text = (RUNBOOKS / f"{kind}.md").read_text()
         for heading in ("## What it means", "## How to confirm", "## How to fix"):
