@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from agents import seed_hang
+from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 from tests.support.monitoring import (
     ALERTMANAGER_YML,
     ALERTS_YML,
@@ -33,7 +34,6 @@ from tests.support.monitoring import (
     panel_targets,
     substitute,
 )
-from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 # The seed incident's layout as agents/README.md records it: a synchronous loop with Acme's
 # 12 batching workers, batch 256, samples_per_insert 128; tolerance 0.002 and min replay
