@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from replaywatch.diagnosis import engine, rules
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
@@ -195,3 +196,9 @@ def test_a_longer_stall_window_holds_the_verdict_back() -> None:
 def test_an_empty_view_is_insufficient_data() -> None:
     diagnosis = diagnose(target_view(target_polls=()), DEFAULT, 1000.0)
     assert diagnosis.findings == () and diagnosis.insufficient == ("target:localhost:8000",)
+
+
+def test_the_engine_runs_every_rule_of_the_declared_kinds() -> None:
+    run = {*engine.STALL_PROBE_RULES, *engine.STALL_TABLE_RULES, *engine.CONFIG_PROBE_RULES,
+           *engine.VIEW_RULES}
+    assert run == set(rules.BY_KIND.values())

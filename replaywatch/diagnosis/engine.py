@@ -22,6 +22,7 @@ from replaywatch.model import Finding
 
 TableRule = Callable[[TableCase, Thresholds], "Finding | None"]
 ProbeRule = Callable[[TableCase, Probe, Thresholds], "Finding | None"]
+ViewRule = Callable[[TargetView, Thresholds, float], "Finding | None"]
 
 # Worst first. Stall rules need history covering the stall window; the
 # configuration rules judge settings, which one snapshot proves.
@@ -30,6 +31,8 @@ STALL_TABLE_RULES: tuple[TableRule, ...] = (
     rules.is_sample_blocked, rules.is_insert_blocked, rules.is_spi_drift, rules.is_warmup)
 CONFIG_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_batch_exceeds_headroom,
                                              rules.is_deadlock_risk)
+VIEW_RULES: tuple[ViewRule, ...] = (rules.is_target_down, rules.is_probe_down,
+                                    rules.is_too_many_threads)
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
@@ -70,8 +73,7 @@ def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, l
 def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
     """Every rule on every table and probe of one target; worst first."""
     th = thresholds
-    found = [f for f in (rules.is_target_down(view, th, now), rules.is_probe_down(view, th, now),
-                         rules.is_too_many_threads(view, th, now)) if f is not None]
+    found = [f for rule in VIEW_RULES if (f := rule(view, th, now)) is not None]
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     for name in sorted(view.tables):

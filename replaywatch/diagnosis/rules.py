@@ -10,8 +10,9 @@ explanation (summary, evidence, fix); the kind's severity comes from its declara
     rules_config    batch_exceeds_headroom, deadlock_risk                (settings that hang)
     rules_liveness  target_down, probe_down, too_many_threads            (whole target)
 
-Adding a kind: declare it in `kinds`, write its rule in its family, list it in `BY_KIND`
-and in the engine's rule tuples.
+Adding a kind: declare it in `kinds`, write its rule in its family, map it in `BY_KIND` and
+run it from the engine's rule tuples; tests/test_rules.py and test_engine.py check all four
+agree.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe, TableCase
+from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.rules_config import is_batch_exceeds_headroom, is_deadlock_risk
 from replaywatch.diagnosis.rules_learner import is_learner_stalled, is_worker_starvation
 from replaywatch.diagnosis.rules_liveness import (
@@ -41,17 +44,17 @@ __all__ = [
     "is_worker_starvation",
 ]
 
-# kind name -> the rule that produces it (the declaration test checks both ways).
-BY_KIND: dict[str, Callable[..., Any]] = {
-    "worker_starvation": is_worker_starvation,
-    "learner_stalled": is_learner_stalled,
-    "sample_blocked": is_sample_blocked,
-    "insert_blocked": is_insert_blocked,
-    "batch_exceeds_headroom": is_batch_exceeds_headroom,
-    "target_down": is_target_down,
-    "probe_down": is_probe_down,
-    "deadlock_risk": is_deadlock_risk,
-    "spi_drift": is_spi_drift,
-    "too_many_threads": is_too_many_threads,
-    "warmup": is_warmup,
+# The declared kind -> the rule that produces it (the declaration test checks both ways).
+BY_KIND: dict[Kind, Callable[..., Any]] = {
+    kinds.WORKER_STARVATION: is_worker_starvation,
+    kinds.LEARNER_STALLED: is_learner_stalled,
+    kinds.SAMPLE_BLOCKED: is_sample_blocked,
+    kinds.INSERT_BLOCKED: is_insert_blocked,
+    kinds.BATCH_EXCEEDS_HEADROOM: is_batch_exceeds_headroom,
+    kinds.TARGET_DOWN: is_target_down,
+    kinds.PROBE_DOWN: is_probe_down,
+    kinds.DEADLOCK_RISK: is_deadlock_risk,
+    kinds.SPI_DRIFT: is_spi_drift,
+    kinds.TOO_MANY_THREADS: is_too_many_threads,
+    kinds.WARMUP: is_warmup,
 }
