@@ -143,3 +143,16 @@ def test_the_checks_themselves_find_a_cycle_and_a_path() -> None:
                      "def f():\n    import c\n")
     names = {a.name for n in _walk_runtime(tree) if isinstance(n, ast.Import) for a in n.names}
     assert names == {"b", "c"}
+
+
+def test_check_and_the_cli_start_without_the_web_stack() -> None:
+    """`check`, `--help` and bad command lines must not pay ~0.9 s of fastapi/uvicorn imports.
+
+    cli.py reaches replaywatch.watch only through its one function-level import, in the
+    `watch` branch; everything it imports at module level stays clear of the API.
+    """
+    graph = import_graph()
+    assert not {"replaywatch.api", "replaywatch.watch"} & reaches(graph, "replaywatch.check")
+    top_level = set(graph["replaywatch.cli"]) - {"replaywatch.watch"}
+    for name in top_level:
+        assert "replaywatch.api" not in reaches(graph, name) | {name}, name
