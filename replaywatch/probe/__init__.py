@@ -31,11 +31,18 @@ An actor:
     from replaywatch.probe import ActorProbe
     probe = ActorProbe(table="replay", name="actor-0", listen="127.0.0.1:0")
     writer = probe.wrap_writer(writer)  # reverb.TrajectoryWriter or reverb.Writer
+    # or, where writers are made for you (Acme's adders), wrap the client they come from:
+    # adder = builder.make_adder(probe.wrap_client(replay_client), ...)
     with probe.waiting("learner"):      # waits outside Reverb: parameters, policy lag
         ...
     probe.step()                        # one environment step (heartbeat)
     port = probe.start()
     probe.stop()
+
+Both documents carry `role`, `pid`, `name`, `table`, `started_at`, `now` (wall
+clock, seconds), `thread_count` (Python threads) and `os_threads` (the
+process's OS threads from /proc/self/task; null off Linux). The rest of each
+is listed at `TrainerProbe.snapshot` and `ActorProbe.snapshot`.
 """
 
 from replaywatch.probe.actor import ActorProbe

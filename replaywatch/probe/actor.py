@@ -231,7 +231,16 @@ class ActorProbe:
 
     # -- what it serves -----------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """The `GET /probe` document (role "actor")."""
+        """The `GET /probe` document (role "actor"). Times in wall-clock seconds.
+
+        steps_total, last_step_at, seconds_since_last_step: the `step()` heartbeat.
+        in_call (append/create_item/flush/end_episode/close or null), in_call_since,
+        blocked_for_s: the writer call the actor is inside now, and for how long.
+        items_created_total, appends_total, pending_items (an upper bound, see
+        __init__), calls[call] = {count, errors, seconds_total, last_at}, last_error.
+        waiting, waiting_on, waiting_since, waiting_for_s, waits_total,
+        waiting_seconds_total: `waiting(on)` blocks, current and past.
+        """
         # Read each field once: the actor's thread may replace it meanwhile.
         wall, now = self._clocks()
         steps, last_step = self._steps

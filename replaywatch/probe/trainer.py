@@ -133,7 +133,14 @@ class TrainerProbe:
 
     # -- what it serves -----------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """The `GET /probe` document."""
+        """The `GET /probe` document (role "trainer"). Times in wall-clock seconds.
+
+        batches_retrieved, blocked_in_next, blocked_since, blocked_for_s,
+        blocked_seconds_total, last_batch_at: the wrapped iterator's `next()`.
+        learner_steps, last_step_at: `step()` or a wrapped learner's steps.
+        ready: the wrapped iterator's `ready()` (null without one). wrapped:
+        "iterator", "learner.<attr>" or null, i.e. where the probe sits.
+        """
         now = self._clock()
         blocked_since = self._blocked_since
         batches, total, last_batch_at = self._batch_state
