@@ -7,7 +7,11 @@ resumed and held open meanwhile: not resolved and re-opened, never duplicated.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from replaywatch.diagnosis.lifecycle import Transition
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -15,7 +19,8 @@ from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, PollOutcome, Severity
-from tests.builders import table_snapshot
+from tests.builders import PROBE, TARGET, table_snapshot
+from tests.test_rules import seed_hung_probe, seed_hung_table
 
 T = "localhost:8000"
 TH = Thresholds()  # stall window 10 s, down after 3 failed polls
@@ -105,5 +110,40 @@ def test_with_no_open_incident_there_is_nothing_to_hold(tmp_path: Path) -> None:
         out = keeper.diagnose_cycle(history, {}, START)
         assert downs(out.findings) == [] and log.list("all") == []
         assert out.incident_log_error is None and out.incident_log_dropped == 0
+    finally:
+        log.close()
+
+
+def test_a_critical_opening_fetches_the_trainers_stacks_off_the_poll_thread(
+        tmp_path: Path) -> None:
+    """The fetcher runs on its own thread; the test's fetcher signals instead of a join."""
+    asked: list[tuple[list[str], int | None]] = []
+    called = threading.Event()
+
+    def fetch(urls: Sequence[str], pid: int | None) -> dict[str, Any]:
+        asked.append((list(urls), pid))
+        called.set()
+        return {PROBE: {"threads": [{"name": "learner", "frames": ["next"]}]}}
+
+    log = IncidentLog(str(tmp_path / "incidents.db"))
+    keeper = FindingsKeeper(lambda: {TARGET: [PROBE]}, TH, 1.0, log, trainer_pid=4242,
+                            stack_fetcher=fetch)
+    history = History()
+    for table, probe in zip(seed_hung_table(), seed_hung_probe(), strict=True):
+        history.record(PollOutcome(TARGET, "reverb", table.observed_at, 0.001, tables=(table,)))
+        history.record(PollOutcome(PROBE, "probe", probe.observed_at, 0.001, probe=probe))
+    try:
+        out = keeper.diagnose_cycle(history, {}, 1019.0)
+        critical = [f for f in out.findings if f.severity == Severity.CRITICAL]
+        assert [f.kind for f in critical] == ["worker_starvation"]
+        assert called.wait(5)
+        assert asked == [([PROBE], 4242)]
+        incident_id = out.incident_ids[critical[0].finding_id]
+        # The fetcher has returned; attach_stacks follows on the same thread.
+        deadline = time.monotonic() + 5
+        while (row := log.get(incident_id)) is not None and not row.get("stacks"):
+            assert time.monotonic() < deadline, "stacks never stored"
+            time.sleep(0.01)
+        assert row is not None and row["stacks"][PROBE]["threads"][0]["name"] == "learner"
     finally:
         log.close()
