@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from replaywatch.probe import learner as _learner
+from replaywatch.probe.learner import wrap_builder as _wrap_builder
+from replaywatch.probe.learner import wrap_learner as _wrap_learner
 from replaywatch.probe.serving import ProbeServer, thread_counts, thread_stacks
 
 
@@ -106,15 +107,15 @@ class TrainerProbe:
         """Wraps the iterator an Acme-style learner consumes and counts its `step()`s.
 
         Returns the same learner object, so whatever holds it (the actor's
-        variable source, checkpointers) keeps working. See `learner.wrap_learner`.
+        variable source, checkpointers) keeps working. See `probe.learner`.
         """
-        learner, attr = _learner.wrap_learner(self, learner, iterator_attr)
+        learner, attr = _wrap_learner(self, learner, iterator_attr)
         self._wrapped = f"learner.{attr}"
         return learner
 
     def wrap_builder(self, builder: Any) -> Any:
         """Makes an Acme builder's `make_learner` return learners wrapped by this probe."""
-        return _learner.wrap_builder(self, builder)
+        return _wrap_builder(self, builder)
 
     def step(self) -> None:
         """Heartbeat for one learner step (call after each update)."""
