@@ -106,7 +106,7 @@ def run(targets: int, tables: int, clients: int, duration: float, interval: floa
         history: float = 30.0
         ) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="rw-load-"))
-    servers = Proc([PYTHON, "tests/support/reverb_workload.py", "--servers", str(targets),
+    servers = Proc([PYTHON, "harness/reverb_workload.py", "--servers", str(targets),
                     "--tables", str(tables), "--insert-hz", "20"], stdout_path=tmp / "r.log")
     port = free_port()
     sidecar = None

@@ -40,7 +40,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def measure_shape(targets: int, tables: int, idle_s: float, scrapes: int) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="rw-scale-"))
-    servers = Proc([PYTHON, "tests/support/reverb_workload.py", "--servers", str(targets),
+    servers = Proc([PYTHON, "harness/reverb_workload.py", "--servers", str(targets),
                     "--tables", str(tables), "--insert-hz", "10"], stdout_path=tmp / "r.log")
     sidecar = None
     try:
@@ -83,7 +83,7 @@ def full_window_memory_mb(targets: int = 50, tables: int = 5, points: int = 900)
     from replaywatch.model import PollOutcome, RateLimiterInfo, TableSnapshot
     from replaywatch.sources.reverb import ReverbSource
 
-    servers = Proc([PYTHON, "tests/support/reverb_workload.py", "--tables", "1"],
+    servers = Proc([PYTHON, "harness/reverb_workload.py", "--tables", "1"],
                    stdout_path=Path(tempfile.mkdtemp()) / "r.log")
     try:
         address = servers.announce(timeout_s=120)["reverb"]

@@ -22,7 +22,7 @@ import pytest
 
 from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
-WORKLOAD = "tests/support/reverb_workload.py"
+WORKLOAD = "harness/reverb_workload.py"
 
 # Fixtures that start processes: a test using one is slow wherever it lives.
 PROCESS_FIXTURES = frozenset({"spawn", "sidecar", "reverb_workload"})

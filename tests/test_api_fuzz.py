@@ -23,7 +23,7 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> object:
     from harness.procs import PYTHON, free_port
 
     tmp = tmp_path_factory.mktemp("fuzz")
-    workload = Proc([PYTHON, "tests/support/reverb_workload.py", "--tables", "2"],
+    workload = Proc([PYTHON, "harness/reverb_workload.py", "--tables", "2"],
                     stdout_path=tmp / "reverb.log")
     port = free_port()
     address = workload.announce()["reverb"]

@@ -1,9 +1,9 @@
-"""A small real Reverb workload for tests: a server plus insert and sample loops.
+"""A small real Reverb workload for tests and bench: a server plus insert and sample loops.
 
 Run as a subprocess so tests can kill it, freeze it (SIGSTOP) and restart it on
 the same port. Prints one JSON line {"reverb": ADDR, "pid": PID} when serving.
 
-    python tests/support/reverb_workload.py --port 0 --tables 1 --insert-hz 50
+    python harness/reverb_workload.py --port 0 --tables 1 --insert-hz 50
 """
 
 from __future__ import annotations
