@@ -202,3 +202,12 @@ def test_the_engine_runs_every_rule_of_the_declared_kinds() -> None:
     run = {*engine.STALL_PROBE_RULES, *engine.STALL_TABLE_RULES, *engine.CONFIG_PROBE_RULES,
            *engine.VIEW_RULES}
     assert run == set(rules.BY_KIND.values())
+
+
+def test_the_kinds_whose_rules_read_a_trainer_probe_are_declared_as_needing_it() -> None:
+    probe_rules = {*engine.STALL_PROBE_RULES, *engine.CONFIG_PROBE_RULES}
+    for kind, rule in rules.BY_KIND.items():
+        if rule in probe_rules:
+            assert kind.needs_probe, kind.name
+        elif rule in engine.STALL_TABLE_RULES:
+            assert not kind.needs_probe, kind.name
