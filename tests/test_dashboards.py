@@ -161,6 +161,12 @@ def test_runbooks_exist_exactly_for_the_declared_kinds_and_the_sidecar() -> None
         assert (ROOT / kind.runbook).is_file(), kind.runbook
 
 
+def test_every_runbook_title_names_its_kind_and_declared_severity() -> None:
+    for kind in kinds.ALL:
+        title = (ROOT / kind.runbook).read_text().splitlines()[0]
+        assert title.startswith(f"# {kind.name} ({kind.severity.label})"), title
+
+
 def test_every_runbook_says_what_it_means_how_to_confirm_and_how_to_fix() -> None:
     expected = set(kinds.BY_NAME) | {"sidecar_down"}
     for kind in expected:
