@@ -28,6 +28,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from agents.run import make_parser as trainer_parser
+from harness.procs import PYTHON, free_port, get_json, get_text, wait_until
 from replaywatch.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,19 @@ def test_generate_check_fails_on_a_stale_file(tmp_path: Path) -> None:
     assert gen.main(["--check"]) == 1
     assert gen.PROMETHEUS_RULE.read_text() == "stale\n"  # --check writes nothing
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+
+
+def test_a_changed_source_makes_the_checked_in_files_stale(tmp_path: Path) -> None:
+    gen = _generator()
+    assert gen.main(["--check"]) == 0
+    alerts = tmp_path / "alerts.yml"
+    alerts.write_text(ALERTS.read_text().replace("for: 1m", "for: 90s", 1))
+    dashboard = tmp_path / "replaywatch.json"
+    dashboard.write_text(DASHBOARD.read_text().replace('"refresh": "10s"', '"refresh": "30s"'))
+    for name, changed in (("ALERTS", alerts), ("DASHBOARD", dashboard)):
+        gen = _generator()
+        setattr(gen, name, changed)
+        assert gen.main(["--check"]) == 1, f"a change to {name} went unnoticed"
 
 
 def test_prometheus_rule_groups_equal_alerts_yml() -> None:
@@ -305,3 +319,29 @@ def test_readme_names_the_command_that_regenerates_and_it_runs() -> None:
     done = subprocess.run([sys.executable, "deploy/kubernetes/generate.py", "--check"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_sidecar_runs_with_the_manifest_flags(spawn: Any, tmp_path: Path) -> None:
+    """The Job's exact flags, with only the pod's paths and port moved onto this machine.
+
+    No Reverb runs at 127.0.0.1:8000 here: the sidecar must still serve, get ready (a poll
+    cycle completes with the target down), keep /metrics open and the API behind the token.
+    """
+    sidecar = _sidecar(_objects())
+    args = list(sidecar["args"])
+    token = tmp_path / "token"
+    token.write_text("k8s-test-token\n")
+    port = free_port()
+    moved = {"--listen": f"127.0.0.1:{port}", "--token-file": str(token),
+             "--db": str(tmp_path / "incidents.sqlite3")}
+    for flag, value in moved.items():
+        args[args.index(flag) + 1] = value
+    spawn([PYTHON, "-m", "replaywatch", *args], name="k8s-sidecar")
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: get_json(f"{base}/readyz", 1.0)[0] == 200, timeout_s=60)
+    assert get_json(f"{base}/healthz", 2.0)[0] == 200
+    status, text = get_text(f"{base}/metrics", 5.0)
+    assert status == 200 and "replaywatch_target_up" in text
+    assert get_json(f"{base}/api/v1/findings", 5.0)[0] == 401
+    auth = {"Authorization": "Bearer k8s-test-token"}
+    assert get_json(f"{base}/api/v1/findings", 5.0, headers=auth)[0] == 200
