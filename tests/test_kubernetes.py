@@ -306,12 +306,14 @@ def test_pod_monitor_finds_the_sidecar_port_and_names_the_job_the_rules_expect()
     [endpoint] = monitor["podMetricsEndpoints"]
     assert endpoint["port"] in [p["name"] for p in _sidecar(objects)["ports"]]
     assert endpoint["path"] == "/metrics"
-    # ReplaywatchSidecarDown reads up{job="..."}: the relabelling must produce that job.
+    # ReplaywatchSidecarDown reads up{job="..."} (or =~): the relabelling must produce that job.
     exprs = [r["expr"] for g in objects["PrometheusRule"]["spec"]["groups"] for r in g["rules"]]
-    jobs = {m for e in exprs for m in re.findall(r'\bup\{[^}]*job="([^"]+)"', e)}
-    assert jobs, "no rule reads up{job=...}"
+    matchers = [m for e in exprs for m in re.findall(r'\bup\{[^}]*\bjob(=~?)"([^"]+)"', e)]
+    assert matchers, "no rule reads up{job=...}"
     set_job = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
-    assert set_job and jobs == {set_job[-1]}
+    assert set_job
+    for op, value in matchers:
+        assert (re.fullmatch(value, set_job[-1]) if op == "=~" else value == set_job[-1])
 
 
 def test_readme_names_the_command_that_regenerates_and_it_runs() -> None:
