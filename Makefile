@@ -41,7 +41,7 @@ system-deps:
 	fi
 
 test: $(STAMP) system-deps
-	$(PY) -m ruff check replaywatch agents harness tests bench tools
+	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy
 	$(PY) -m mypy replaywatch
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
@@ -49,7 +49,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check replaywatch agents harness tests bench tools
+	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy
 
 typecheck: $(STAMP)
 	$(PY) -m mypy replaywatch
