@@ -1,0 +1,142 @@
+"""The docs stay true of the code: README's generated blocks, the paths the docs name, the commands.
+
+README.md's finding table and metric list sit between markers and are rendered from the code
+(the kind declaration; the families the collector emits for a full picture). When a test here
+fails because a kind or a metric changed, regenerate them and review the diff:
+
+    .venv/bin/python -m tests.test_docs        # rewrites README.md's generated blocks
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis.derived import derive
+from replaywatch.metrics import make_registry, render
+from replaywatch.model import Finding, Severity
+from replaywatch.state import Published, SourceStatus
+from tests.builders import probe_snapshot, table_history
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+CONTRIBUTOR_DOCS = ("ARCHITECTURE.md", "CONTRIBUTING.md")
+# A backticked repository path: a file of these kinds, or a directory (trailing slash).
+PREFIX = "replaywatch_"
+PATH = re.compile(r"`([A-Za-z0-9_.][\w./-]*(?:\.py|\.md|\.yml|\.json|/))`")
+# A relative markdown link: [text](path).
+LINK = re.compile(r"\]\((?!https?:|#)([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def block(text: str, name: str) -> str:
+    """The text between `<!-- name:begin -->` and `<!-- name:end -->`, stripped."""
+    found = re.search(rf"<!-- {name}:begin -->\n(.*?)\n?<!-- {name}:end -->", text, re.DOTALL)
+    assert found, f"README.md has no <!-- {name}:begin --> ... <!-- {name}:end --> block"
+    return found.group(1).strip()
+
+
+def full_picture() -> Published:
+    """A published state with every part the collector reads: targets, a table, a probe,
+    a finding, so that every family it can emit has a sample (and so its label names)."""
+    target, url = "127.0.0.1:1", "http://127.0.0.1:2"
+    history = table_history([0.0, 1.0, 2.0], [10, 20, 30], [5, 15, 25], target=target)
+    table = history[-1]
+    sources = {
+        target: SourceStatus(target, "reverb", target, True, 2.0, 2.0, None, 0.001, 0, 3, 0, 1),
+        url: SourceStatus(url, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3, 0, 0),
+    }
+    probe = probe_snapshot(2.0, 40, url=url, blocked_for=1.0, ready=True, table=table.name)
+    finding = Finding("worker_starvation", Severity.CRITICAL, target, table.name, "s", {}, "f",
+                      1.0, 2.0)
+    return Published(at=2.0, cycle=3, sources=sources, tables={(target, table.name): table},
+                     derived={(target, table.name): derive(history)}, probes={url: probe},
+                     findings=(finding,), late_cycles=1, incident_log_dropped=1)
+
+
+def metrics_table() -> str:
+    """README's metric list: every family the collector emits, grouped by its label names.
+
+    Names drop the common `replaywatch_` prefix; `/metrics` itself has each one's help text.
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for family in make_registry(full_picture).collect():
+        assert family.samples, f"{family.name}: the full picture gives it no sample"
+        name = family.name + ("_total" if family.type == "counter" else "")
+        groups.setdefault(tuple(family.samples[0].labels), []).append(name)
+    rows = ["| labels | metrics (each prefixed `replaywatch_`) |", "| --- | --- |"]
+    for labels, names in groups.items():
+        shown = ", ".join(f"`{n.removeprefix(PREFIX)}`" for n in names)
+        rows.append(f"| {', '.join(f'`{k}`' for k in labels) or 'none'} | {shown} |")
+    return "\n".join(rows)
+
+
+def emitted_names() -> list[str]:
+    """Every `# TYPE` name in the exposition of the full picture."""
+    text = render(make_registry(full_picture)).decode()
+    return [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+
+
+def test_readme_finding_table_is_the_declarations_rendering() -> None:
+    assert block(README.read_text(), "kinds") == kinds.markdown_table(), (
+        "README's finding table differs from kinds.markdown_table(); "
+        "run .venv/bin/python -m tests.test_docs")
+
+
+def test_readme_metric_list_is_every_family_the_collector_emits() -> None:
+    rows = block(README.read_text(), "metrics").splitlines()[2:]
+    listed = [PREFIX + n for row in rows for n in re.findall(r"`(\w+)`", row.split(" | ")[1])]
+    assert sorted(listed) == sorted(emitted_names())
+    assert block(README.read_text(), "metrics") == metrics_table(), (
+        "README's metric list differs from the collector; run .venv/bin/python -m tests.test_docs")
+
+
+def test_the_metric_picture_really_reaches_every_family() -> None:
+    # The check above is only as good as this picture: it must reach the families that are
+    # emitted only for a probe, a table, a finding or a source.
+    names = emitted_names()
+    for needed in ("replaywatch_probe_iterator_ready", "replaywatch_table_can_sample",
+                   "replaywatch_finding_active", "replaywatch_late_polls_total",
+                   "replaywatch_late_poll_cycles_total", "replaywatch_target_up"):
+        assert needed in names
+    assert len(names) == len(set(names))
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    for doc in (*CONTRIBUTOR_DOCS, "README.md"):
+        text = (ROOT / doc).read_text()
+        paths = PATH.findall(text) + LINK.findall(text)
+        assert paths, f"{doc} names no path"
+        missing = [p for p in paths if not (ROOT / p).exists()]
+        assert missing == [], f"{doc} names paths that do not exist: {missing}"
+
+
+def test_the_path_pattern_finds_files_and_directories_only() -> None:
+    text = "`replaywatch/poller.py` `docs/runbooks/` `make test` `a.yml` `x.toml` `--probe`"
+    assert PATH.findall(text) == ["replaywatch/poller.py", "docs/runbooks/", "a.yml"]
+    links = "[a](bench/RESULTS.md) [b](https://x.org/y.md) [c](#top) [d](docs/x.md#part)"
+    assert LINK.findall(links) == ["bench/RESULTS.md", "docs/x.md"]
+
+
+def test_readme_commands_are_makefile_targets() -> None:
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    commands = set(re.findall(r"\bmake ([\w-]+)", README.read_text()))
+    assert {"demo", "test", "test-fast"} <= commands
+    assert commands <= targets, f"README names make targets that do not exist: " \
+                                f"{sorted(commands - targets)}"
+
+
+def write_readme() -> None:
+    text = README.read_text()
+    for name, body in (("kinds", kinds.markdown_table()), ("metrics", metrics_table())):
+        block(text, name)  # both markers must be there
+        text = re.sub(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)",
+                      lambda m, body=body: f"{m.group(1)}{body}\n{m.group(2)}", text,
+                      flags=re.DOTALL)
+    README.write_text(text)
+
+
+if __name__ == "__main__":
+    write_readme()
+    print(f"rewrote the generated blocks of {README.relative_to(ROOT)}", file=sys.stderr)
