@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replaywatch.diagnosis.rates import PollRecord, TargetView
-from replaywatch.model import PollOutcome, ProbeSnapshot, TableSnapshot
+from replaywatch.diagnosis.window import PollRecord, TargetView
+from replaywatch.model import ActorSnapshot, PollOutcome, ProbeSnapshot, TableSnapshot
 
 _SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
 
@@ -46,6 +46,7 @@ class History:
         self._polls: dict[str, collections.deque[PollRecord]] = {}
         self._tables: dict[tuple[str, str], collections.deque[TableSnapshot]] = {}
         self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
+        self._actors: dict[str, collections.deque[ActorSnapshot]] = {}
         self._records = 0
 
     def _deque(self, store: dict[Any, Any], key: Any) -> collections.deque[Any]:
@@ -62,16 +63,23 @@ class History:
             for table in outcome.tables:
                 points = self._deque(self._tables, (table.target, table.name))
                 _append(points, table, oldest, _observed_at)
+            # A probe URL has one role at a time: a process replaced by one of
+            # the other role (a port reused) starts that URL's history afresh.
             if outcome.probe is not None:
+                self._actors.pop(outcome.source, None)
                 points = self._deque(self._probes, outcome.source)
                 _append(points, outcome.probe, oldest, _observed_at)
+            if outcome.actor is not None:
+                self._probes.pop(outcome.source, None)
+                points = self._deque(self._actors, outcome.source)
+                _append(points, outcome.actor, oldest, _observed_at)
             self._records += 1
             if self._records % _SWEEP_EVERY == 0:
                 self._sweep(oldest)
 
     def _sweep(self, oldest: float) -> None:
         """Drops sources and tables that stopped reporting (removed, renamed)."""
-        stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes]
+        stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes, self._actors]
         for store in stores:
             for key in list(store):
                 points = store[key]
@@ -93,6 +101,15 @@ class History:
     def probe(self, source: str, start: float = float("-inf")) -> list[ProbeSnapshot]:
         with self._lock:
             return [s for s in self._probes.get(source, ()) if s.observed_at >= start]
+
+    def actor(self, source: str, start: float = float("-inf")) -> list[ActorSnapshot]:
+        with self._lock:
+            return [s for s in self._actors.get(source, ()) if s.observed_at >= start]
+
+    def latest_actors(self, sources: Sequence[str]) -> dict[str, ActorSnapshot]:
+        """Each actor probe's newest snapshot (kept while the probe is down, like probes')."""
+        with self._lock:
+            return {s: self._actors[s][-1] for s in sources if self._actors.get(s)}
 
     def view(self, target: str, probes: Sequence[str], start: float) -> TargetView:
         """An immutable slice since `start` for one target and its probes."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from replaywatch.config import RATE_WINDOW_S
-from replaywatch.diagnosis.derived import derive
+from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.model import Finding, PollOutcome
 from replaywatch.sources import Source
@@ -235,6 +235,7 @@ class Poller:
             tables=tables,
             derived=derived,
             probes=probes,
+            actors=self._history.latest_actors([b.source.name for b in self.bindings]),
             findings=found.findings,
             insufficient=found.insufficient,
             incident_ids=found.incident_ids,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from replaywatch.diagnosis.derived import TableDerived
-from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.diagnosis.ratelimiter import TableDerived
+from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, TableSnapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Published:
     sources: dict[str, SourceStatus]
     tables: dict[tuple[str, str], TableSnapshot]
     derived: dict[tuple[str, str], TableDerived]
-    probes: dict[str, ProbeSnapshot]
+    probes: dict[str, ProbeSnapshot]  # trainer probes' latest documents, by URL
     findings: tuple[Finding, ...] = ()
     insufficient: tuple[str, ...] = ()
     incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -51,6 +51,7 @@ class Published:
     config_errors: tuple[str, ...] = ()
     incident_log_dropped: int = 0  # transitions the incident log lost to a full queue
     late_cycles: int = 0  # poll cycles that overran the interval
+    actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)  # actor probes'
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replaywatch.diagnosis.rates import PollRecord, TargetView
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import PollRecord, TargetView
 from replaywatch.model import (
     FLOAT_MAX,
     KeyDistributionOptions,

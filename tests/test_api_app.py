@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from replaywatch.api import create_app
 from replaywatch.api.routes_health import METRICS_CACHE_KEY
-from replaywatch.diagnosis.derived import derive
+from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.metrics import make_registry

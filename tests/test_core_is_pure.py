@@ -58,7 +58,7 @@ def test_core_module_imports_only_the_stdlib_and_our_model(path: Path) -> None:
     ("replaywatch.sources.reverb", False),
     ("replaywatch.history", False),
     ("replaywatch.model", True),
-    ("replaywatch.diagnosis.rates", True),
+    ("replaywatch.diagnosis.window", True),
     ("dataclasses", True),
     ("math", True),
 ])

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from replaywatch.diagnosis import kinds
-from replaywatch.diagnosis.derived import derive
+from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, Severity
 from replaywatch.state import Published, SourceStatus

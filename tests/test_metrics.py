@@ -6,7 +6,7 @@ import dataclasses
 
 from prometheus_client import generate_latest
 
-from replaywatch.diagnosis.derived import derive
+from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, ProbeSnapshot, Severity
 from replaywatch.state import Published, SourceStatus

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from replaywatch.diagnosis import kinds, rules
-from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.rules import TableCase
 from replaywatch.model import FLOAT_MAX, Finding, ProbeSnapshot, Severity, TableSnapshot
 from tests.builders import (
@@ -35,7 +35,7 @@ FROZEN = [5] * 20
 
 def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
          now: float | None = None) -> TableCase:
-    history = pg.since_last_reset(table)
+    history = win.since_last_reset(table)
     return TableCase("localhost:8000", history, probes,
                      history[-1].observed_at if now is None else now)
 

@@ -18,7 +18,7 @@ from replaywatch.api.schemas import (
     TargetsOut,
 )
 from replaywatch.config import MAX_HISTORY_S, RATE_WINDOW_S
-from replaywatch.diagnosis.derived import derive
+from replaywatch.diagnosis.ratelimiter import derive
 
 router = APIRouter(prefix="/api/v1")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from replaywatch.diagnosis.derived import TableDerived
+from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
 from replaywatch.state import SourceStatus
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.ratelimiter import cursor
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -43,8 +43,8 @@ class TableCase:
 
 def worker_waited(case: TableCase, state: str, th: Thresholds) -> bool:
     """The table worker spent time in `state` (e.g. `waiting_for_inserts`) in the window."""
-    points = pg.window(case.history, case.latest.observed_at - th.stall_window_s)
-    return pg.increase(points, lambda s: s.worker_time.ms(state)) > 0
+    points = win.window(case.history, case.latest.observed_at - th.stall_window_s)
+    return win.increase(points, lambda s: s.worker_time.ms(state)) > 0
 
 
 def limiter_evidence(t: TableSnapshot) -> dict[str, Any]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from replaywatch.diagnosis import progress as pg
 from replaywatch.diagnosis import rules
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
-from replaywatch.diagnosis.rates import TargetView
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import Finding
 
 TableRule = Callable[[TableCase, Thresholds], "Finding | None"]
@@ -49,7 +49,7 @@ def is_fresh(observed_at: float, th: Thresholds, now: float) -> bool:
 
 def has_enough_history(points: tuple, th: Thresholds) -> bool:
     """Two snapshots at least `min_history_s` apart; less is insufficient data."""
-    return len(points) >= 2 and pg.span(points) >= th.min_history_s
+    return len(points) >= 2 and win.span(points) >= th.min_history_s
 
 
 def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, list[Probe]]:
@@ -59,7 +59,7 @@ def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, l
     """
     out: dict[str, list[Probe]] = {}
     for url in sorted(view.probes):
-        history = pg.since_last_restart(view.probes[url])
+        history = win.since_last_restart(view.probes[url])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         table = history[-1].table
@@ -77,7 +77,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     for name in sorted(view.tables):
-        history = pg.since_last_reset(view.tables[name])
+        history = win.since_last_reset(view.tables[name])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         probes = by_table.get(name, [])
@@ -89,7 +89,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
         found += [f for probe in probes for rule in CONFIG_PROBE_RULES
                   if (f := rule(case, probe, th)) is not None]
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
-                     if h and not has_enough_history(pg.since_last_restart(h), th)]
+                     if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
 
 

@@ -7,8 +7,8 @@ arithmetic, then its explanation (summary, evidence, fix).
 
 from __future__ import annotations
 
-from replaywatch.diagnosis import arithmetic as ar
 from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
 from replaywatch.diagnosis.ratelimiter import is_insert_blocking_disabled, limiter_slack
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -23,7 +23,7 @@ def is_batch_exceeds_headroom(case: TableCase, probe: Probe, th: Thresholds) -> 
     before an insert is needed: a batch needs `slack >= batch_size + spi`.
     """
     t, p = case.latest, probe[-1]
-    if p.batch_size is None or is_insert_blocking_disabled(t) or not ar.is_sample_limited(t):
+    if p.batch_size is None or is_insert_blocking_disabled(t) or not lim.is_sample_limited(t):
         return None
     if limiter_slack(t) >= p.batch_size + t.rate_limiter.samples_per_insert:
         return None
@@ -39,7 +39,7 @@ def _batch_exceeds_headroom(case: TableCase, probe: Probe, batch: int) -> Findin
     summary = (f"The rate limiter of '{t.name}' allows {slack:g} samples of slack, less than "
                f"a batch of {batch} plus {spi:g} samples per insert.")
     fix = (f"Raise the slack (max_diff - min_diff) to at least {need:g}: error_buffer >= "
-           f"{ar.error_buffer_for(need)} for SampleToInsertRatio, or lower batch_size.")
+           f"{lim.error_buffer_for(need)} for SampleToInsertRatio, or lower batch_size.")
     return case.finding(kinds.BATCH_EXCEEDS_HEADROOM, summary, evidence, fix,
                         since=max(case.history[0].observed_at, probe[0].observed_at))
 
@@ -51,15 +51,15 @@ def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding |
     after a learner step, and Acme calls next() once one batch is sampleable;
     two or more workers can split that batch so none completes: risk when
     `workers > 1`. Blocking: risk when `slack < workers * (batch_size - 1) + spi`
-    (see arithmetic.required_slack).
+    (see ratelimiter.required_slack).
     """
     t, p = case.latest, probe[-1]
     w, b, spi = p.num_parallel_calls, p.batch_size, t.rate_limiter.samples_per_insert
-    if w is None or b is None or not ar.is_sample_limited(t):
+    if w is None or b is None or not lim.is_sample_limited(t):
         return None
     if is_insert_blocking_disabled(t):
         return _deadlock_risk_synchronous(case, probe, w, b) if w > 1 else None
-    if limiter_slack(t) >= ar.required_slack(w, b, spi):
+    if limiter_slack(t) >= lim.required_slack(w, b, spi):
         return None
     return _deadlock_risk_blocking(case, probe, w, b)
 
@@ -75,11 +75,11 @@ def _deadlock_risk_synchronous(case: TableCase, probe: Probe, w: int, b: int) ->
 def _deadlock_risk_blocking(case: TableCase, probe: Probe, w: int, b: int) -> Finding:
     t = case.latest
     spi = t.rate_limiter.samples_per_insert
-    need, slack = ar.required_slack(w, b, spi), limiter_slack(t)
+    need, slack = lim.required_slack(w, b, spi), limiter_slack(t)
     summary = (f"The slack of '{t.name}' ({slack:g}) is less than {w} workers x "
                f"({b} - 1) + {spi:g}: parallel batching workers can strand a batch.")
-    fix = (f"Raise error_buffer to at least {ar.error_buffer_for(need)} (slack {need:g}) "
-           f"or set num_parallel_calls={ar.workers_within(slack, b, spi)}.")
+    fix = (f"Raise error_buffer to at least {lim.error_buffer_for(need)} (slack {need:g}) "
+           f"or set num_parallel_calls={lim.workers_within(slack, b, spi)}.")
     return _deadlock_risk(case, probe, w, b, summary, fix,
                           {"slack": slack, "required_slack": need})
 

@@ -7,19 +7,19 @@ in Reverb's and Acme's words, then its explanation (summary, evidence, fix).
 
 from __future__ import annotations
 
-from replaywatch.diagnosis import arithmetic as ar
 from replaywatch.diagnosis import kinds
-from replaywatch.diagnosis import progress as pg
-from replaywatch.diagnosis.arithmetic import Stranded
+from replaywatch.diagnosis import ratelimiter as lim
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence, worker_waited
 from replaywatch.diagnosis.ratelimiter import (
+    Stranded,
     can_sample,
     is_insert_blocking_disabled,
     limiter_slack,
     sample_headroom,
 )
-from replaywatch.diagnosis.rates import samples_of
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import samples_of
 from replaywatch.model import Finding
 
 
@@ -32,12 +32,12 @@ def is_worker_starvation(case: TableCase, probe: Probe, th: Thresholds) -> Findi
     (drawn - batches * batch_size - prefetched) reach one batch.
     """
     t, p = case.latest, probe[-1]
-    idle = pg.idle_for(case.history, samples_of)
+    idle = win.idle_for(case.history, samples_of)
     if not p.blocked_in_next or p.blocked_for_s < th.stall_window_s or idle < th.stall_window_s:
         return None
     if sample_headroom(t) >= 1 and not worker_waited(case, "waiting_for_inserts", th):
         return None
-    stranded = ar.stranded_samples(case.history, [h[-1] for h in case.probes])
+    stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
     if stranded is None or p.batch_size is None or stranded.samples < p.batch_size:
         return None
     return _worker_starvation(case, probe, stranded, idle)
@@ -59,10 +59,10 @@ def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded,
         fix = (f"Set num_parallel_calls=1 in make_reverb_dataset (now {workers}): in a "
                "synchronous loop the table only gains sample credit after a learner step.")
     else:
-        need = ar.required_slack(workers, batch, spi)
+        need = lim.required_slack(workers, batch, spi)
         fix = (f"Give the limiter at least {need:g} slack (max_diff - min_diff, now "
-               f"{limiter_slack(t):g}; error_buffer >= {ar.error_buffer_for(need)}), or set "
-               f"num_parallel_calls={ar.workers_within(limiter_slack(t), batch, spi)}.")
+               f"{limiter_slack(t):g}; error_buffer >= {lim.error_buffer_for(need)}), or set "
+               f"num_parallel_calls={lim.workers_within(limiter_slack(t), batch, spi)}.")
     return case.finding(kinds.WORKER_STARVATION, summary, evidence, fix,
                         since=t.observed_at - idle)
 
@@ -74,7 +74,7 @@ def is_learner_stalled(case: TableCase, probe: Probe, th: Thresholds) -> Finding
     The learner is not in next(), so it is stuck elsewhere (a pmap deadlock).
     """
     t, p = case.latest, probe[-1]
-    idle = pg.idle_for(probe, lambda s: s.batches_retrieved, lambda s: s.learner_steps)
+    idle = win.idle_for(probe, lambda s: s.batches_retrieved, lambda s: s.learner_steps)
     has_data = p.ready is True or can_sample(t, p.batch_size or 1)
     if p.blocked_in_next or idle < th.stall_window_s or not has_data:
         return None

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
-from replaywatch.diagnosis.rates import PollRecord, TargetView
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import PollRecord, TargetView
 from replaywatch.model import Finding
 
 

@@ -9,9 +9,9 @@ finding is not rewritten every poll), the evidence (the moving numbers) and the 
 
 from __future__ import annotations
 
-from replaywatch.diagnosis import arithmetic as ar
 from replaywatch.diagnosis import kinds
-from replaywatch.diagnosis import progress as pg
+from replaywatch.diagnosis import ratelimiter as lim
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import TableCase, limiter_evidence, worker_waited
 from replaywatch.diagnosis.ratelimiter import (
     can_insert,
@@ -20,8 +20,8 @@ from replaywatch.diagnosis.ratelimiter import (
     is_warming_up,
     sample_headroom,
 )
-from replaywatch.diagnosis.rates import inserts_of, samples_of
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import inserts_of, samples_of
 from replaywatch.model import Finding
 
 
@@ -38,7 +38,7 @@ def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     t = case.latest
     if t.rate_limiter.inserts == 0:
         return None
-    idle = pg.idle_for(case.history, inserts_of, samples_of)
+    idle = win.idle_for(case.history, inserts_of, samples_of)
     if idle < th.stall_window_s or can_sample(t, 1) or not samples_wanted(case, th):
         return None
     return _sample_blocked(case, idle)
@@ -52,7 +52,7 @@ def samples_wanted(case: TableCase, th: Thresholds) -> bool:
 
 def _sample_blocked(case: TableCase, idle: float) -> Finding:
     t = case.latest
-    needed = ar.inserts_to_sample(t)
+    needed = lim.inserts_to_sample(t)
     summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
                "stopped: the actors are dead, stuck or too slow.")
     if not case.probes:
@@ -75,7 +75,7 @@ def is_insert_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     `waiting_for_sampling`, so inserts are queued behind it.
     """
     t = case.latest
-    idle = pg.idle_for(case.history, inserts_of, samples_of)
+    idle = win.idle_for(case.history, inserts_of, samples_of)
     if (idle < th.stall_window_s or can_insert(t, 1)
             or not worker_waited(case, "waiting_for_sampling", th)):
         return None
@@ -84,7 +84,7 @@ def is_insert_blocked(case: TableCase, th: Thresholds) -> Finding | None:
 
 def _insert_blocked(case: TableCase, idle: float) -> Finding:
     t = case.latest
-    needed = ar.samples_to_insert(t)
+    needed = lim.samples_to_insert(t)
     summary = (f"Inserts into table '{t.name}' are blocked at max_diff and sampling has stopped: "
                "the learner is not consuming.")
     fix = (f"Check the learner: {needed} sample(s) would let the next insert through. Attach "
@@ -98,15 +98,15 @@ def _insert_blocked(case: TableCase, idle: float) -> Finding:
 def is_warmup(case: TableCase, th: Thresholds) -> Finding | None:
     """Below min_size_to_sample while actors insert: the learner waits by design, not a stall."""
     t = case.latest
-    points = pg.window(case.history, t.observed_at - th.stall_window_s)
-    if not is_warming_up(t) or pg.increase(points, inserts_of) <= 0:
+    points = win.window(case.history, t.observed_at - th.stall_window_s)
+    if not is_warming_up(t) or win.increase(points, inserts_of) <= 0:
         return None
     return _warmup(case, points)
 
 
 def _warmup(case: TableCase, points: tuple) -> Finding:
     t, rl = case.latest, case.latest.rate_limiter
-    inserted, secs = pg.increase(points, inserts_of), pg.span(points)
+    inserted, secs = win.increase(points, inserts_of), win.span(points)
     rate = inserted / secs if secs > 0 else None
     missing = rl.min_size_to_sample - t.current_size
     evidence = {**limiter_evidence(t), "insert_rate_per_s": rate, "items_missing": missing,
@@ -129,26 +129,26 @@ def is_spi_drift(case: TableCase, th: Thresholds) -> Finding | None:
     never block (synchronous layout) and the learner falls behind.
     """
     t, start = case.latest, case.latest.observed_at - th.spi_window_s
-    rl, tol = t.rate_limiter, ar.spi_tolerance(t)
-    if tol is None or not ar.is_sample_limited(t) or not pg.covers(case.history, start):
+    rl, tol = t.rate_limiter, lim.spi_tolerance(t)
+    if tol is None or not lim.is_sample_limited(t) or not win.covers(case.history, start):
         return None
-    points = pg.window(case.history, start)
-    inserted, sampled = pg.increase(points, inserts_of), pg.increase(points, samples_of)
+    points = win.window(case.history, start)
+    inserted, sampled = win.increase(points, inserts_of), win.increase(points, samples_of)
     if any(is_warming_up(s) for s in points) or inserted < th.spi_min_inserts:
         return None
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
-    if abs(observed / rl.samples_per_insert - 1) <= tol or abs(gap) <= ar.error_buffer(t):
+    if abs(observed / rl.samples_per_insert - 1) <= tol or abs(gap) <= lim.error_buffer(t):
         return None
     return _spi_drift(case, points, tol)
 
 
 def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
     t, rl = case.latest, case.latest.rate_limiter
-    inserted, sampled = pg.increase(points, inserts_of), pg.increase(points, samples_of)
+    inserted, sampled = win.increase(points, inserts_of), win.increase(points, samples_of)
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
     side = "the learner samples less" if gap > 0 else "the learner samples more"
     evidence = {**limiter_evidence(t), "observed_samples_per_insert": observed,
-                "tolerance_rate": tol, "window_s": pg.span(points), "inserts": inserted,
+                "tolerance_rate": tol, "window_s": win.span(points), "inserts": inserted,
                 "samples": sampled, "sample_deficit": gap}
     summary = (f"Table '{t.name}' is sampled off its configured {rl.samples_per_insert:g} "
                f"samples per insert by more than {tol:.0%}: {side} than configured.")

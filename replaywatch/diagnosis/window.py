@@ -1,0 +1,191 @@
+"""History windows: the view the rules judge, progress over a window, and rates.
+
+Reverb's counters are cumulative and restart from zero when the server
+restarts, so every increase and rate here treats a decrease as a reset (as
+Prometheus's `rate()` does): the increase across a reset is the new value
+itself, never a negative number. Time always comes from the snapshots, never
+from a clock.
+
+A stall is judged by progress, never by waiting time: a healthy synchronous
+loop keeps Reverb's table worker `waiting_for_inserts` ~98% of the time and
+parks the cursor at `min_diff` between inserts. So "stalled" means a counter
+has not moved across the whole window, proven by snapshots at both ends:
+
+    idle_for(points, inserts_of, samples_of) >= stall_window_s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from replaywatch.model import ProbeSnapshot, TableSnapshot
+
+T = TypeVar("T", TableSnapshot, ProbeSnapshot)
+
+
+# -- what the rules see: one target's polls and snapshots ---------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PollRecord:
+    """The bare fact of one poll: when, whether it worked, and why not."""
+
+    at: float
+    ok: bool
+    duration_s: float
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetView:
+    """An immutable slice of one Reverb target's history for the diagnosis."""
+
+    target: str
+    polls: tuple[PollRecord, ...]
+    tables: dict[str, tuple[TableSnapshot, ...]]
+    probes: dict[str, tuple[ProbeSnapshot, ...]]
+    probe_polls: dict[str, tuple[PollRecord, ...]]
+
+
+# -- counters and rates: reset-aware, time from the snapshots ------------------------------------
+
+def counter_increase(points: Sequence[tuple[float, float]]) -> float:
+    """Sum of increases of a cumulative counter; a drop counts as a reset."""
+    total = 0.0
+    for (_, prev), (_, cur) in zip(points, points[1:]):
+        total += cur - prev if cur >= prev else cur
+    return total
+
+
+def rate(points: Sequence[tuple[float, float]]) -> float | None:
+    """Per-second increase over the points' time span; None below two points."""
+    if len(points) < 2:
+        return None
+    span = points[-1][0] - points[0][0]
+    if span <= 0:
+        return None
+    return counter_increase(points) / span
+
+
+def series(
+    snapshots: Iterable[TableSnapshot], value: Callable[[TableSnapshot], float]
+) -> list[tuple[float, float]]:
+    return [(s.observed_at, float(value(s))) for s in snapshots]
+
+
+def inserts_of(s: TableSnapshot) -> float:
+    return s.rate_limiter.inserts
+
+
+def samples_of(s: TableSnapshot) -> float:
+    return s.rate_limiter.samples
+
+
+def insert_rate(snapshots: Sequence[TableSnapshot]) -> float | None:
+    """Items inserted per second over the given snapshots."""
+    return rate(series(snapshots, inserts_of))
+
+
+def sample_rate(snapshots: Sequence[TableSnapshot]) -> float | None:
+    """Items sampled per second over the given snapshots."""
+    return rate(series(snapshots, samples_of))
+
+
+def observed_samples_per_insert(snapshots: Sequence[TableSnapshot]) -> float | None:
+    """Samples drawn per item inserted over the window; None without inserts."""
+    if len(snapshots) < 2:
+        return None
+    inserted = counter_increase(series(snapshots, inserts_of))
+    if inserted <= 0:
+        return None
+    return counter_increase(series(snapshots, samples_of)) / inserted
+
+
+def waiting_growth(snapshots: Sequence[TableSnapshot], state: str) -> float | None:
+    """Milliseconds per second the table worker spent in `state` (e.g.
+    `waiting_for_inserts`) over the window. Healthy runs wait too, so this
+    says which side waits, never whether the job is stalled."""
+    return rate(series(snapshots, lambda s: s.worker_time.ms(state)))
+
+
+def last_reset_index(snapshots: Sequence[TableSnapshot]) -> int:
+    """Index of the first snapshot after the newest counter reset (0 if none)."""
+    start = 0
+    for i in range(1, len(snapshots)):
+        prev, cur = snapshots[i - 1].rate_limiter, snapshots[i].rate_limiter
+        if cur.inserts < prev.inserts or cur.samples < prev.samples:
+            start = i
+    return start
+
+# -- progress: when a counter last moved, and what the window covers ---------------------------
+
+def since_last_reset(snapshots: Sequence[TableSnapshot]) -> tuple[TableSnapshot, ...]:
+    """The snapshots after the newest counter reset (a Reverb restart zeroes them)."""
+    return tuple(snapshots[last_reset_index(snapshots):])
+
+
+def since_last_restart(snapshots: Sequence[ProbeSnapshot]) -> tuple[ProbeSnapshot, ...]:
+    """The probe's snapshots since the trainer last (re)started: new pid, or counters dropped."""
+    start = 0
+    for i in range(1, len(snapshots)):
+        a, b = snapshots[i - 1], snapshots[i]
+        if (
+            b.pid != a.pid
+            or b.started_at != a.started_at
+            or b.batches_retrieved < a.batches_retrieved
+            or b.learner_steps < a.learner_steps
+        ):
+            start = i
+    return tuple(snapshots[start:])
+
+
+def idle_since(points: Sequence[T], *values: Callable[[T], float]) -> float:
+    """When the newest value of every counter was first seen: the onset of "no progress".
+
+    Progress happened somewhere between the previous poll and this one; the
+    first poll that saw the final value is the latest time we can prove it.
+    """
+    onset = points[0].observed_at
+    for value in values:
+        final = value(points[-1])
+        first_seen = points[-1].observed_at
+        for p in reversed(points):
+            if value(p) != final:
+                break
+            first_seen = p.observed_at
+        onset = max(onset, first_seen)
+    return onset
+
+
+def idle_for(points: Sequence[T], *values: Callable[[T], float]) -> float:
+    """Seconds, between the onset and the newest snapshot, that no counter moved."""
+    return points[-1].observed_at - idle_since(points, *values)
+
+
+def window(points: Sequence[T], start: float) -> tuple[T, ...]:
+    """The snapshots from the last one at or before `start` to the newest.
+
+    Starting one point early lets a counter's increase be measured over the
+    whole window rather than from its first poll inside it.
+    """
+    first = 0
+    for i, p in enumerate(points):
+        if p.observed_at <= start:
+            first = i
+    return tuple(points[first:])
+
+
+def covers(points: Sequence[T], start: float) -> bool:
+    """Whether the history reaches back to `start`, so a window claim is proven."""
+    return bool(points) and points[0].observed_at <= start
+
+
+def increase(points: Sequence[T], value: Callable[[T], float]) -> float:
+    """Reset-aware increase of a cumulative counter over the points."""
+    return counter_increase([(p.observed_at, float(value(p))) for p in points])
+
+
+def span(points: Sequence[T]) -> float:
+    """Seconds between the first and the newest snapshot."""
+    return points[-1].observed_at - points[0].observed_at if points else 0.0
