@@ -1,4 +1,4 @@
-"""Domain data: what a Reverb table and a trainer probe look like at one instant.
+"""Domain data: what a Reverb table, a trainer probe and an actor probe look like at one instant.
 
 Everything here is a frozen dataclass built from the stdlib only, so the pure
 diagnosis core, the API edge and the tests share one vocabulary. Field names
@@ -111,6 +111,74 @@ class ProbeSnapshot:
     thread_count: int
     started_at: float
     table: str | None = None
+    os_threads: int | None = None  # every OS thread (tf.data, gRPC); null off Linux
+    wrapped: str | None = None  # what the probe wraps: "iterator", "learner.step", or null
+
+
+# The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a
+# fixed set, so they may be metric label values.
+WRITER_CALLS = ("append", "create_item", "flush", "end_episode", "close")
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterCallStats:
+    """One writer call's totals in an actor: calls returned or raised, time inside."""
+
+    call: str  # one of WRITER_CALLS
+    count: int
+    errors: int
+    seconds_total: float  # includes the call in progress
+    last_at: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSnapshot:
+    """An actor's `GET /probe` document (role "actor") at `observed_at` (sidecar's clock).
+
+    Durations (`blocked_for_s`, `waiting_for_s`, `seconds_since_last_step`) are
+    measured by the actor's own monotonic clock, so clock skew does not distort them.
+    """
+
+    probe: str  # the URL it was read from
+    observed_at: float
+    pid: int
+    name: str
+    table: str | None
+    started_at: float
+    steps_total: int
+    last_step_at: float | None
+    seconds_since_last_step: float | None  # None before the first step()
+    in_call: str | None  # the writer call the actor is inside now (WRITER_CALLS)
+    in_call_since: float | None
+    blocked_for_s: float  # how long it has been inside `in_call`; 0 outside
+    items_created_total: int
+    appends_total: int
+    pending_items: int  # an upper bound: created but not yet proven written
+    waiting_on: str | None  # `probe.waiting(on)`: e.g. "learner"; None when not waiting
+    waiting_since: float | None
+    waiting_for_s: float
+    waits_total: int
+    waiting_seconds_total: float
+    thread_count: int
+    os_threads: int | None = None
+    writers_wrapped: int = 0
+    calls: tuple[WriterCallStats, ...] = ()
+    last_error: str | None = None  # "call: Type: message" of the last failed writer call
+    last_error_at: float | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.waiting_on is not None
+
+    @property
+    def in_call_for_s(self) -> float:
+        """The design notes' name for `blocked_for_s`."""
+        return self.blocked_for_s
+
+    @property
+    def seconds_since_step(self) -> float | None:
+        """The design notes' name for `seconds_since_last_step`."""
+        return self.seconds_since_last_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +190,9 @@ class PollOutcome:
     started_at: float
     duration_s: float
     tables: tuple[TableSnapshot, ...] = ()
-    probe: ProbeSnapshot | None = None
+    probe: ProbeSnapshot | None = None  # a trainer probe's document
     error: str | None = None
+    actor: ActorSnapshot | None = None  # an actor probe's document
 
     @property
     def ok(self) -> bool:

@@ -1,7 +1,10 @@
 """The sidecar's HTTP reader of a probe: `GET /probe` (and, on demand, `/stacks`).
 
-Not to be confused with replaywatch/probe.py, the probe itself, which runs in
-the trainer and serves these documents; this module reads them from outside.
+Not to be confused with replaywatch/probe/, the probes themselves, which run in
+the trainer or an actor and serve these documents; this module reads them from
+outside. One `--probe URL` may be either: the document's `role` ("trainer" or
+"actor"; absent in probes older than the actor probe, which were all trainers)
+says which snapshot it becomes.
 """
 
 from __future__ import annotations
@@ -16,9 +19,17 @@ from collections.abc import Callable
 from typing import Any
 
 from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
-from replaywatch.model import PollOutcome, ProbeSnapshot
+from replaywatch.model import (
+    WRITER_CALLS,
+    ActorSnapshot,
+    PollOutcome,
+    ProbeSnapshot,
+    WriterCallStats,
+)
 
 _MAX_BODY = 4 * 1024 * 1024  # a /stacks document of a 500-thread trainer fits
+_MAX_TEXT = 200  # user-given strings (names, waiting_on, errors) kept per snapshot
+ROLES = ("trainer", "actor")
 
 
 def _opt_float(doc: dict[str, Any], key: str) -> float | None:
@@ -58,10 +69,94 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             last_step_at=_opt_float(doc, "last_step_at"),
             thread_count=int(doc.get("thread_count", 0)),
             started_at=float(doc.get("started_at", 0.0)),
-            table=doc.get("table"),
+            table=_opt_text(doc, "table"),
+            os_threads=_opt_int(doc, "os_threads"),
+            wrapped=_opt_text(doc, "wrapped"),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
+
+
+def _opt_text(doc: dict[str, Any], key: str) -> str | None:
+    value = doc.get(key)
+    return None if value is None else str(value)[:_MAX_TEXT]
+
+
+def _call(doc: dict[str, Any], key: str) -> str | None:
+    """A writer call name, checked: it becomes a metric label value."""
+    value = doc.get(key)
+    if value is not None and value not in WRITER_CALLS:
+        raise ValueError(f"{key} {str(value)[:50]!r} is not a writer call {WRITER_CALLS}")
+    return value
+
+
+def _calls(doc: dict[str, Any]) -> tuple[WriterCallStats, ...]:
+    calls = doc.get("calls") or {}
+    if not isinstance(calls, dict):
+        raise TypeError("calls must be an object")
+    return tuple(
+        WriterCallStats(call=c, count=int(s["count"]), errors=int(s.get("errors", 0)),
+                        seconds_total=float(s.get("seconds_total", 0.0)),
+                        last_at=_opt_float(s, "last_at"))
+        for c in WRITER_CALLS if isinstance(s := calls.get(c), dict)
+    )
+
+
+def _last_error(doc: dict[str, Any]) -> tuple[str | None, float | None]:
+    error = doc.get("last_error")
+    if not isinstance(error, dict):
+        return None, None
+    text = f"{error.get('call')}: {error.get('type')}: {error.get('message', '')}"
+    return " ".join(text.split())[:_MAX_TEXT], _opt_float(error, "at")
+
+
+def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> ActorSnapshot:
+    """Turns an actor probe's `/probe` document into a snapshot; raises on a wrong shape."""
+    try:
+        waiting_on = _opt_text(doc, "waiting_on")
+        if waiting_on is None and doc.get("waiting"):
+            waiting_on = "?"  # waiting, on something unnamed: still waiting
+        error, error_at = _last_error(doc)
+        return ActorSnapshot(
+            probe=probe,
+            observed_at=observed_at,
+            pid=int(doc["pid"]),
+            name=str(doc.get("name", ""))[:_MAX_TEXT],
+            table=_opt_text(doc, "table"),
+            started_at=float(doc.get("started_at", 0.0)),
+            steps_total=int(doc["steps_total"]),
+            last_step_at=_opt_float(doc, "last_step_at"),
+            seconds_since_last_step=_opt_float(doc, "seconds_since_last_step"),
+            in_call=_call(doc, "in_call"),
+            in_call_since=_opt_float(doc, "in_call_since"),
+            blocked_for_s=float(doc.get("blocked_for_s", 0.0)),
+            items_created_total=int(doc["items_created_total"]),
+            appends_total=int(doc.get("appends_total", 0)),
+            pending_items=int(doc.get("pending_items", 0)),
+            waiting_on=waiting_on,
+            waiting_since=_opt_float(doc, "waiting_since"),
+            waiting_for_s=float(doc.get("waiting_for_s", 0.0)),
+            waits_total=int(doc.get("waits_total", 0)),
+            waiting_seconds_total=float(doc.get("waiting_seconds_total", 0.0)),
+            thread_count=int(doc.get("thread_count", 0)),
+            os_threads=_opt_int(doc, "os_threads"),
+            writers_wrapped=int(doc.get("writers_wrapped", 0)),
+            calls=_calls(doc),
+            last_error=error,
+            last_error_at=error_at,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise SourceProtocolError(
+            f"{probe}: not a replaywatch actor probe document ({e!r})"[:300]) from e
+
+
+def role_of(doc: dict[str, Any], probe: str) -> str:
+    """"trainer" or "actor"; a document without a role is an old trainer probe's."""
+    role = doc.get("role", "trainer")
+    if role not in ROLES:
+        raise SourceProtocolError(
+            f"{probe}: unknown probe role {str(role)[:50]!r} (known: actor, trainer)")
+    return str(role)
 
 
 def get_json(url: str, timeout_s: float) -> dict[str, Any]:
@@ -93,7 +188,7 @@ def get_json(url: str, timeout_s: float) -> dict[str, Any]:
 
 
 class HttpProbeSource:
-    """Polls one probe (a TrainerProbe today) over HTTP."""
+    """Polls one probe over HTTP: a TrainerProbe or an ActorProbe, told apart by `role`."""
 
     kind = "probe"
 
@@ -113,13 +208,17 @@ class HttpProbeSource:
         started_at, t0 = self._clock(), self._perf()
         try:
             doc = get_json(f"{self.name}/probe", self._timeout_s)
+            if role_of(doc, self.name) == "actor":
+                actor = actor_from_probe(doc, self.name, started_at)
+                return PollOutcome(self.name, self.kind, started_at, self._perf() - t0,
+                                   actor=actor)
             snap = snapshot_from_probe(doc, self.name, started_at)
         except SourceError as e:
             return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e))
         return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, probe=snap)
 
     def stacks(self) -> dict[str, Any]:
-        """The trainer's thread stacks (`GET /stacks`); raises a SourceError."""
+        """The probed process's thread stacks (`GET /stacks`); raises a SourceError."""
         return get_json(f"{self.name}/stacks", max(self._timeout_s, 2.0))
 
     def close(self) -> None:
