@@ -9,6 +9,7 @@ mode) and writes experience through an adder. Its `update()` fetches only every
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +79,53 @@ class TD3Actor:
         self._calls += 1
         if wait or self._calls % self._update_period == 0:
             self._params = self._variable_source()
+
+
+class PolicyLagBound:
+    """`--max-policy-lag STEPS`: an actor may not run more than STEPS steps ahead of its learner.
+
+    After `max_steps` environment steps without seeing the learner's step count grow,
+    the actor waits (inside `waiting()`, the probe's `waiting("learner")`) until it
+    does, then takes the new parameters (`on_advance`): a parameter hand-off. It is the
+    asynchronous form of the seed's circular wait: a learner blocked in `next()` for
+    samples that only these actors would insert. Before the learner's first step (the
+    table is still filling to `min_replay_size`) an actor never waits, or no job could
+    start. `learner_steps(after, timeout_s)` returns the learner's step count once it
+    exceeds `after`, or after `timeout_s` seconds (0: at once).
+    """
+
+    def __init__(
+        self,
+        max_steps: int,
+        learner_steps: Callable[[int, float], int],
+        waiting: Callable[[], AbstractContextManager[object]],
+        on_advance: Callable[[], None],
+        poll_s: float = 1.0,
+    ):
+        self._max_steps = max_steps
+        self._learner_steps = learner_steps
+        self._waiting = waiting
+        self._on_advance = on_advance
+        self._poll_s = poll_s
+        self._since = 0  # environment steps since the learner was last seen to step
+        self._seen = 0  # the learner's step count then
+
+    def after_step(self) -> None:
+        if not self._max_steps:
+            return
+        self._since += 1
+        if self._since < self._max_steps:
+            return
+        self._since = 0
+        steps = self._learner_steps(self._seen, 0.0)
+        if steps == 0 or steps > self._seen:  # warming up, or it stepped meanwhile
+            self._seen = steps
+            return
+        with self._waiting():
+            while steps <= self._seen:
+                steps = self._learner_steps(self._seen, self._poll_s)
+            self._on_advance()
+        self._seen = steps
 
 
 def run_episode(

@@ -7,6 +7,7 @@ wrapped with `TrainerProbe`, exactly as a user's trainer would do it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from agents.config import ReplayConfig, TD3Config
 from agents.environments import EnvironmentSpec, make_environment
 from agents.learning import PolicyParams, TD3Learner
 from agents.networks import TD3Networks, make_networks
-from replaywatch.probe import TrainerProbe
+from replaywatch.probe import ActorProbe, TrainerProbe
 
 
 def make_environment_factory(config: TD3Config) -> Callable[[int], object]:
@@ -50,6 +51,50 @@ def make_probe(config: ReplayConfig, listen: str) -> TrainerProbe:
         prefetch_size=config.prefetch_size,
         table=config.table,
     )
+
+
+class NoActorProbe:
+    """`--no-actor-probes`: the ActorProbe calls the agent makes, doing nothing."""
+
+    url = None
+
+    def wrap_client(self, client: Any) -> Any:
+        return client
+
+    def waiting(self, on: str) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def step(self) -> None:
+        pass
+
+    def start(self) -> int:
+        return 0
+
+    def stop(self) -> None:
+        pass
+
+
+def any_port(listen: str) -> str:
+    """`HOST:0` for `HOST:PORT`: actor probes share the learner probe's host, not its port."""
+    return f"{listen.rpartition(':')[0]}:0"
+
+
+def make_actor_probe(table: str, name: str, listen: str, enabled: bool = True
+                     ) -> ActorProbe | NoActorProbe:
+    """An actor's probe, started: on `listen`, or any port of its host if that one is taken.
+
+    A replacement actor asks for its predecessor's port, so the URL a sidecar was given
+    for the slot keeps answering; another process may hold it by then.
+    """
+    if not enabled:
+        return NoActorProbe()
+    probe = ActorProbe(table=table, name=name, listen=listen)
+    try:
+        probe.start()
+    except OSError:
+        probe = ActorProbe(table=table, name=name, listen=any_port(listen))
+        probe.start()
+    return probe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +140,10 @@ def make_actor(
 
 __all__ = [
     "LearnerParts",
+    "NoActorProbe",
+    "any_port",
     "make_actor",
+    "make_actor_probe",
     "make_adder",
     "make_environment_factory",
     "make_learner",
@@ -106,13 +154,19 @@ __all__ = [
 
 
 def start_record(mode: str, reverb: str, probe: str | None, replay: ReplayConfig,
-                 td3: TD3Config, **extra: Any) -> dict[str, Any]:
-    """The first JSON line of a run: what `replaywatch watch` needs to attach."""
+                 td3: TD3Config, actor_probes: list[str], **extra: Any) -> dict[str, Any]:
+    """The first JSON line of a run: what `replaywatch watch` needs to attach.
+
+    `probe` is the learner's TrainerProbe; `actor_probes` the ActorProbes' URLs (one per
+    actor slot in distributed mode, the loop's in sync mode; empty with --no-actor-probes),
+    for `--probe actor-0=URL`.
+    """
     return {
         "event": "start",
         "mode": mode,
         "reverb": reverb,
         "probe": probe,
+        "actor_probes": actor_probes,
         "table": replay.table,
         "pid": os.getpid(),
         **extra,

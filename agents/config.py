@@ -178,6 +178,15 @@ class RunConfig:
     # The seed's debugging loop: read `table.info` and print the limiter's numbers
     # before every learner step (sync only). For measuring what that costs.
     seed_debug_loop: bool = False
+    # An ActorProbe per actor (distributed) or on the loop (sync), on probe_listen's host.
+    actor_probes: bool = True
+    # Distributed: after this many environment steps without seeing the learner step, an
+    # actor waits for it (a policy-lag bound, a parameter hand-off); 0: actors never wait.
+    max_policy_lag: int = 0
+    # Distributed: Ray custom resources that place each role on the nodes offering them.
+    replay_resource: str | None = None
+    learner_resource: str | None = None
+    actor_resource: str | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -195,6 +204,20 @@ class RunConfig:
             self.actor_update_period >= 1,
             f"actor_update_period ({self.actor_update_period}) must be >= 1",
         )
+        _require(self.max_policy_lag >= 0,
+                 f"max_policy_lag ({self.max_policy_lag}) must be >= 0 (0: actors never wait)")
+        _require(
+            self.max_policy_lag == 0 or self.mode == "distributed",
+            f"max_policy_lag ({self.max_policy_lag}) needs --mode distributed: in sync mode "
+            "the learner steps on the actor's own thread",
+        )
+        for role in ("replay", "learner", "actor"):
+            resource = getattr(self, f"{role}_resource")
+            if resource is not None:
+                _require(self.mode == "distributed",
+                         f"{role}_resource ({resource!r}) needs --mode distributed")
+                _require(bool(resource.strip()),
+                         f"{role}_resource ({resource!r}) must be a Ray resource name")
         if self.stall is not None and self.mode == "sync":
             _require(
                 self.stall.kind is StallKind.LEARNER_HANG,

@@ -9,7 +9,14 @@ from the learner every `actor_update_period` environment steps.
 The driver (this process) supervises: it logs progress, evaluates the latest
 parameters, and replaces an actor `replace_dead_actors_after_s` seconds after
 it dies, so a dead actor shows up as a learner waiting in `next()`, then a
-recovery. `ray.init()` starts a local Ray here; `--ray-address` joins a cluster.
+recovery. `ray.init()` starts a local Ray here; `--ray-address` joins a cluster,
+where `--replay-resource`/`--learner-resource`/`--actor-resource` put each role on
+the nodes offering that custom resource (agents/placement.py).
+
+Each actor serves an ActorProbe ("actor-<slot>"): its Reverb writer is wrapped, each
+environment step is a heartbeat, and every wait on the learner (a parameter fetch,
+the `--max-policy-lag` bound) is inside `waiting("learner")`. The start line lists
+their URLs (`actor_probes`) and the Ray node of every role (`nodes`).
 """
 
 from __future__ import annotations
@@ -25,18 +32,23 @@ from typing import Any
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # never phone home
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
-from agents import builder, reporting  # noqa: E402
-from agents.acting import run_episode  # noqa: E402
+from agents import builder, placement, reporting  # noqa: E402
+from agents.acting import PolicyLagBound, run_episode  # noqa: E402
 from agents.config import ReplayConfig, RunConfig, StallInjection, StallKind, TD3Config  # noqa: E402
 from agents.environments import EnvironmentSpec, make_environment_spec  # noqa: E402
 from agents.learning import PolicyParams  # noqa: E402
 from agents.stalls import StallTimer  # noqa: E402
+from agents.supervision import RAY_TIMEOUT_S as _RAY_TIMEOUT_S  # noqa: E402
+from agents.supervision import ActorSlots, slot_name  # noqa: E402
 
 Emit = Callable[[dict[str, Any]], None]
-_RAY_TIMEOUT_S = 30.0  # every ray.get has one: the driver must never hang with the job
+_START_TIMEOUT_S = 180.0  # a process's import and start-up, on a loaded machine
+
+
+def _node_id() -> str:
+    return ray.get_runtime_context().get_node_id()
 
 
 def _emit_stderr(record: dict[str, Any]) -> None:
@@ -55,19 +67,23 @@ class ReplayProcess:
         self._table = builder.make_replay_table(replay, spec, insert_blocking=True)
         self._server = reverb.Server([self._table], port=port or None)
 
-    def port(self) -> int:
-        return self._server.port
+    def where(self) -> dict[str, Any]:
+        """Its Reverb address as seen from other nodes, and its Ray node."""
+        host = ray.util.get_node_ip_address()
+        return {"reverb": f"{host}:{self._server.port}", "port": self._server.port,
+                "node_id": _node_id()}
 
     def info(self) -> dict[str, Any]:
         return reporting.table_counts(self._table.info)
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+@ray.remote(num_cpus=0)
 class LearnerProcess:
     """The learner, its probe-wrapped iterator, and the parameters actors fetch.
 
-    Threaded (max_concurrency): `run()` holds one thread for good, and
-    `get_params()`/`stats()` must still answer while it is blocked in `next()`.
+    Threaded (max_concurrency, set at creation): `run()` holds one thread for good,
+    `get_params()`/`stats()` must still answer while it is blocked in `next()`, and
+    each actor held by `--max-policy-lag` holds one in `wait_for_step()`.
     """
 
     def __init__(
@@ -86,8 +102,8 @@ class LearnerProcess:
         self._params = self._parts.learner.get_policy_params_numpy()
         self._params_at = 0
 
-    def probe_url(self) -> str | None:
-        return self._parts.probe.url
+    def where(self) -> dict[str, Any]:
+        return {"probe": self._parts.probe.url, "node_id": _node_id()}
 
     def run(self, stall: StallInjection | None, started_at: float) -> None:
         learner = self._parts.learner
@@ -106,6 +122,13 @@ class LearnerProcess:
     def stats(self) -> dict[str, Any]:
         return {"learner_steps": self._parts.learner.steps}
 
+    def wait_for_step(self, after: int, timeout_s: float) -> int:
+        """The learner's step count once it exceeds `after`, or after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self._parts.learner.steps <= after and time.monotonic() < deadline:
+            time.sleep(0.01)  # one thread per waiting actor (max_concurrency), never run()'s
+        return self._parts.learner.steps
+
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class ActorProcess:
@@ -113,39 +136,57 @@ class ActorProcess:
 
     def __init__(
         self,
+        slot: int,
         index: int,
         td3: TD3Config,
         replay: ReplayConfig,
         server_address: str,
         learner: Any,
-        seed: int,
-        update_period: int,
+        run: RunConfig,
+        probe_listen: str,
     ):
         import reverb
 
-        self._index = index
-        self._env = builder.make_environment_factory(td3)(seed)
+        self._slot = slot
+        self._env = builder.make_environment_factory(td3)(run.seed + 1 + index)
         spec = make_environment_spec(self._env)
         networks = builder.make_networks(spec, td3)
-        self._adder = builder.make_adder(reverb.Client(server_address), td3, replay)
+        probe = builder.make_actor_probe(replay.table, slot_name(slot), probe_listen,
+                                         enabled=run.actor_probes)
+        self._probe = probe
+        self._adder = builder.make_adder(probe.wrap_client(reverb.Client(server_address)),
+                                         td3, replay)
 
         def fetch() -> PolicyParams:
-            return ray.get(learner.get_params.remote(), timeout=_RAY_TIMEOUT_S)[1]
+            with probe.waiting("learner"):
+                return ray.get(learner.get_params.remote(), timeout=_RAY_TIMEOUT_S)[1]
 
-        self._actor = builder.make_actor(
-            networks, td3, fetch, jax.random.PRNGKey(seed), self._adder, update_period
-        )
+        def learner_steps(after: int, timeout_s: float) -> int:
+            return ray.get(learner.wait_for_step.remote(after, timeout_s),
+                           timeout=timeout_s + _RAY_TIMEOUT_S)
+
+        self._actor = builder.make_actor(networks, td3, fetch,
+                                         jax.random.PRNGKey(run.seed + 1 + index), self._adder,
+                                         run.actor_update_period)
+        self._lag = PolicyLagBound(run.max_policy_lag, learner_steps,
+                                   lambda: probe.waiting("learner"),
+                                   lambda: self._actor.update(wait=True))
         self._steps = 0
         self._episodes = 0
         self._last_return: float | None = None
 
+    def where(self) -> dict[str, Any]:
+        return {"probe": self._probe.url, "node_id": _node_id()}
+
     def run(self, stall: StallInjection | None, started_at: float) -> None:
         timer = StallTimer(stall, started_at, clock=time.time)
-        kinds = (StallKind.ACTORS_EXIT,) + ((StallKind.ACTOR_EXIT,) if self._index == 0 else ())
+        kinds = (StallKind.ACTORS_EXIT,) + ((StallKind.ACTOR_EXIT,) if self._slot == 0 else ())
 
         def after_step() -> None:
             self._steps += 1
+            self._probe.step()
             self._actor.update()
+            self._lag.after_step()
             timer.maybe_exit_actor(_emit_stderr, kinds)
 
         while True:
@@ -160,128 +201,58 @@ class ActorProcess:
         }
 
 
-class _Actors:
-    """The driver's view of the actor processes: start, poll, notice deaths, replace."""
-
-    def __init__(self, start: Callable[[int], Any], emit: Emit):
-        self._start = start
-        self._emit = emit
-        self._handles: dict[int, Any] = {}
-        self._runs: dict[Any, int] = {}  # run() ref -> slot; it only ends when the actor dies
-        self._steps_of_dead = 0
-        self._episodes_of_dead = 0
-        self._last_steps: dict[int, int] = {}
-        self._last_episodes: dict[int, int] = {}
-        self._last_returns: dict[int, float] = {}
-        self._replace_at: dict[int, float] = {}
-        self._next_index = 0
-
-    def spawn(self, slot: int, stall: StallInjection | None, started_at: float) -> None:
-        index = self._next_index
-        self._next_index += 1
-        handle = self._start(index)
-        self._handles[slot] = handle
-        self._last_steps[slot] = 0
-        self._last_episodes[slot] = 0
-        self._runs[handle.run.remote(stall, started_at)] = slot
-
-    def check_deaths(self, now: float, replace_after_s: float) -> None:
-        ready, _ = ray.wait(list(self._runs), num_returns=len(self._runs), timeout=0)
-        for ref in ready:
-            slot = self._runs.pop(ref)
-            try:
-                ray.get(ref, timeout=1)
-                reason = "returned"
-            except Exception as error:  # RayActorError, or whatever the actor raised
-                reason = type(error).__name__
-            self._steps_of_dead += self._last_steps.pop(slot, 0)
-            self._episodes_of_dead += self._last_episodes.pop(slot, 0)
-            self._handles.pop(slot, None)
-            self._emit({"event": "actor_died", "slot": slot, "reason": reason})
-            if replace_after_s >= 0:
-                self._replace_at[slot] = now + replace_after_s
-
-    def replace_due(self, now: float, started_at: float) -> None:
-        for slot, at in list(self._replace_at.items()):
-            if now >= at:
-                del self._replace_at[slot]
-                self.spawn(slot, None, started_at)
-                self._emit({"event": "actor_replaced", "slot": slot})
-
-    def poll(self) -> None:
-        refs = {slot: handle.stats.remote() for slot, handle in self._handles.items()}
-        for slot, ref in refs.items():
-            try:
-                stats = ray.get(ref, timeout=_RAY_TIMEOUT_S)
-            except Exception:
-                continue  # dying; check_deaths() will account for it
-            self._last_steps[slot] = stats["env_steps"]
-            self._last_episodes[slot] = stats["episodes"]
-            if stats["train_return"] is not None:
-                self._last_returns[slot] = stats["train_return"]
-
-    @property
-    def env_steps(self) -> int:
-        return self._steps_of_dead + sum(self._last_steps.values())
-
-    @property
-    def episodes(self) -> int:
-        return self._episodes_of_dead + sum(self._last_episodes.values())
-
-    @property
-    def alive(self) -> int:
-        return len(self._handles)
-
-    def train_return(self) -> float | None:
-        returns = list(self._last_returns.values())
-        return float(np.mean(returns)) if returns else None
-
-
-def _init_ray(run: RunConfig) -> None:
-    # Workers import `agents` by name: put this checkout on their path.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH", "")) if p
-    )
-    if run.ray_address:
-        ray.init(address=run.ray_address, runtime_env={"env_vars": {"PYTHONPATH": root}})
-    else:
-        ray.init(num_cpus=run.num_actors + 2, include_dashboard=False, log_to_driver=True)
-
-
 def run_distributed(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -> None:
     spec = make_environment_spec(builder.make_environment_factory(td3)(run.seed))
     # SIGTERM (a supervisor, a test's teardown) must still reach ray.shutdown() below,
     # or the local Ray's workers outlive the driver for a while.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    _init_ray(run)
+    placement.init_ray(run)
     try:
         _drive(td3, replay, run, spec, emit)
     finally:
         ray.shutdown()
 
 
+def _started(ref: Any, role: str, resource: str | None) -> dict[str, Any]:
+    """A process's `where()`, or one line saying why it never came."""
+    try:
+        return ray.get(ref, timeout=_START_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        hint = f": does a node offer the Ray resource {resource!r}?" if resource else ""
+        raise RuntimeError(f"the {role} did not start in {_START_TIMEOUT_S:g}s{hint}") from None
+
+
 def _drive(
     td3: TD3Config, replay: ReplayConfig, run: RunConfig, spec: EnvironmentSpec, emit: Emit
 ) -> None:
-    # A local Ray runs every process on this host; a cluster would need the node's IP.
-    host = "127.0.0.1" if not run.ray_address else ray.util.get_node_ip_address()
-    replay_process = ReplayProcess.remote(replay, spec, run.reverb_port)
-    address = f"{host}:{ray.get(replay_process.port.remote(), timeout=120)}"
-    learner = LearnerProcess.remote(td3, replay, spec, address, run.seed, run.probe_listen)
-    probe_url = ray.get(learner.probe_url.remote(), timeout=120)
+    replay_process = ReplayProcess.options(**placement.role_options(run.replay_resource)).remote(
+        replay, spec, run.reverb_port)
+    replay_at = _started(replay_process.where.remote(), "replay", run.replay_resource)
+    # On a cluster, the replay node's IP (the learner and actors may be elsewhere); a local
+    # Ray runs everything here, and Reverb listens on loopback too.
+    address = replay_at["reverb"] if run.ray_address else f"127.0.0.1:{replay_at['port']}"
+    learner = LearnerProcess.options(
+        max_concurrency=run.num_actors + 4, **placement.role_options(run.learner_resource)
+    ).remote(td3, replay, spec, address, run.seed, run.probe_listen)
+    learner_at = _started(learner.where.remote(), "learner", run.learner_resource)
 
-    def start_actor(index: int) -> Any:
-        return ActorProcess.remote(
-            index, td3, replay, address, learner, run.seed + 1 + index, run.actor_update_period
-        )
+    def start_actor(slot: int, index: int, listen: str | None) -> Any:
+        return ActorProcess.options(**placement.role_options(run.actor_resource)).remote(
+            slot, index, td3, replay, address, learner, run,
+            listen or builder.any_port(run.probe_listen))
 
-    started_at = time.time()
-    actors = _Actors(start_actor, emit)
+    actors = ActorSlots(start_actor, emit)
+    actors_at = actors.create(run.num_actors, _START_TIMEOUT_S)
+    emit(builder.start_record(
+        "distributed", address, learner_at["probe"], replay, td3,
+        actor_probes=[a["probe"] for a in actors_at if a["probe"]],
+        num_actors=run.num_actors, ray_address=run.ray_address,
+        nodes={"driver": _node_id(), "replay": replay_at["node_id"],
+               "learner": learner_at["node_id"], "actors": [a["node_id"] for a in actors_at]},
+    ))
+    started_at = time.time()  # injected stalls count from the start line
     for slot in range(run.num_actors):
-        actors.spawn(slot, run.stall, started_at)
-    emit(builder.start_record("distributed", address, probe_url, replay, td3,
-                              num_actors=run.num_actors))
+        actors.run(slot, run.stall, started_at)
     learner_run = learner.run.remote(run.stall, started_at)
     evaluator = _Evaluator(td3, spec, run, learner)
     last = reporting.Reading(time.monotonic(), 0, 0)
@@ -291,6 +262,7 @@ def _drive(
         now = time.monotonic()
         actors.check_deaths(now, run.replace_dead_actors_after_s)
         actors.replace_due(now, started_at)
+        actors.announce_started()
         actors.poll()
         _raise_if_finished(learner_run)
         if now - last.at >= run.log_every_s:

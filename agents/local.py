@@ -17,10 +17,12 @@ the version from the incident so replaywatch has something real to diagnose.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import jax
@@ -47,12 +49,17 @@ class LearningActor:
         table: reverb.Table,
         batch_size: int,
         before_learner_step: Callable[[], None] = lambda: None,
+        waiting: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ):
         self._actor = actor
         self._learner = learner
         self._iterator = iterator
         self._table = table
         self._before_learner_step = before_learner_step
+        # The actor probe's `waiting("learner")`: while the learner steps, the actor
+        # (this same thread) waits on it, which is the seed's circular wait when
+        # `next()` blocks.
+        self._waiting = waiting
         self._learner_steps = 0
         # Before the first step, "the table can sample a batch" means exactly that.
         # Acme's later run_experiment starts at 1e9 (only a ready iterator counts)
@@ -65,8 +72,9 @@ class LearningActor:
     def _maybe_train(self) -> bool:
         trained = False
         while self._has_data_for_training():
-            self._before_learner_step()
-            self._learner.step()  # blocks in next() when the batch never forms
+            with self._waiting():
+                self._before_learner_step()
+                self._learner.step()  # blocks in next() when the batch never forms
             self._learner_steps += 1
             # Samples taken per learner step so far, including those sitting in
             # prefetch buffers and partial per-worker batches: always >= batch size.
@@ -92,9 +100,13 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
     key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
     parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen)
     parts.probe.start()
-    emit(builder.start_record("sync", address, parts.probe.url, replay, td3))
+    # The loop's actor side: its writer, its steps, its waits on the learner.
+    loop_probe = builder.make_actor_probe(replay.table, "loop", builder.any_port(run.probe_listen),
+                                          enabled=run.actor_probes)
+    emit(builder.start_record("sync", address, parts.probe.url, replay, td3,
+                              actor_probes=[loop_probe.url] if loop_probe.url else []))
     learner = parts.learner
-    adder = builder.make_adder(client, td3, replay)
+    adder = builder.make_adder(loop_probe.wrap_client(client), td3, replay)
     actor = builder.make_actor(networks, td3, learner.get_policy_params, key_actor, adder)
     evaluator = builder.make_actor(networks, td3, learner.get_policy_params, key_eval)
     stall = StallTimer(run.stall, time.monotonic())
@@ -105,11 +117,13 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
         table,
         replay.batch_size,
         before_learner_step=_before_step(stall, emit, table if run.seed_debug_loop else None),
+        waiting=lambda: loop_probe.waiting("learner"),
     )
     progress = _Progress(emit, run.log_every_s, learner, table)
     env_steps, episodes, next_eval = 0, 0, run.eval_every
 
     def after_step() -> None:
+        loop_probe.step()
         learning_actor.update()
         progress.tick(1)
 
@@ -126,6 +140,7 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
         emit({"event": "done", "env_steps": env_steps, "learner_steps": learner.steps})
     finally:
         adder.close()
+        loop_probe.stop()
         parts.probe.stop()
         server.stop()
 

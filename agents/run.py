@@ -12,6 +12,8 @@ counters), `eval` (mean evaluation return), `done`. Examples:
     python -m agents.run --mode sync --num-parallel-calls 12 --batch-size 256 \\
         --samples-per-insert 128 --min-replay-size 4000 --tolerance 0.002  # the seed's hang
     python -m agents.run --mode distributed --num-actors 4 --inject-stall actors-exit@30
+    python -m agents.run --mode distributed --ray-address 127.0.0.1:6379 \\
+        --replay-resource replay --learner-resource learner --actor-resource actor
 """
 
 from __future__ import annotations
@@ -88,6 +90,20 @@ def make_parser() -> argparse.ArgumentParser:
         help="distributed: start a replacement this long after an actor dies; < 0: never",
     )
     add("--ray-address", default=None, help="an existing Ray cluster; default: start one here")
+    for role, where in (("replay", "the Reverb server"), ("learner", "the learner"),
+                        ("actor", "every actor")):
+        add(f"--{role}-resource", default=None, metavar="NAME",
+            help=f"distributed: place {where} on a node offering this Ray custom resource")
+    add(
+        "--max-policy-lag",
+        type=int,
+        default=defaults_run.max_policy_lag,
+        metavar="STEPS",
+        help="distributed: an actor that took STEPS environment steps without seeing the learner "
+        "step waits for it, then fetches its parameters (a policy-lag bound); 0: never wait",
+    )
+    add("--no-actor-probes", action="store_true",
+        help="no ActorProbe on the actors (distributed) or on the loop (sync)")
     add(
         "--seed-debug-loop",
         action="store_true",
@@ -137,6 +153,11 @@ def configs_from_args(
             ray_address=args.ray_address,
             stall=stall,
             seed_debug_loop=args.seed_debug_loop,
+            actor_probes=not args.no_actor_probes,
+            max_policy_lag=args.max_policy_lag,
+            replay_resource=args.replay_resource,
+            learner_resource=args.learner_resource,
+            actor_resource=args.actor_resource,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -158,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run_sync(td3, replay, run, _emit)
     else:
+        from agents.placement import prepare_ray_environment
+
+        prepare_ray_environment(run.ray_address)  # before Ray is imported
         from agents.distributed import run_distributed
 
         run_distributed(td3, replay, run, _emit)

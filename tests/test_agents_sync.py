@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.agent import AgentProcess
-from harness.procs import wait_until
+from harness.procs import get_json, wait_until
 
 SMALL = [
     "--mode", "sync", "--batch-size", "64", "--samples-per-insert", "64",
@@ -26,6 +26,16 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
         probe = agent.probe()
         assert probe["batches_retrieved"] >= learning["learner_steps"] > 0
         assert probe["batch_size"] == 64 and probe["table"] == "priority_table"
+        # The loop's actor side has its own probe: steps, the items its writer creates,
+        # and its waits on the learner (the learner steps on the same thread).
+        [loop_url] = start["actor_probes"]
+        loop = get_json(f"{loop_url}/probe")[1]
+        assert (loop["role"], loop["name"], loop["table"]) == ("actor", "loop", "priority_table")
+        assert loop["pid"] == start["pid"] and loop["writers_wrapped"] == 1
+        assert loop["items_created_total"] > 0 and loop["waits_total"] > 0
+        later = wait_until(lambda: (d := get_json(f"{loop_url}/probe")[1])["steps_total"]
+                           > loop["steps_total"] and d, timeout_s=10)
+        assert later["items_created_total"] > loop["items_created_total"]
         done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=90)
         final = [r for r in agent.records if r["event"] == "progress"][-1]
     assert done["env_steps"] >= 1200 and done["learner_steps"] > 0

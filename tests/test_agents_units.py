@@ -18,6 +18,7 @@ import pytest
 import reverb
 
 from agents import replay as replay_lib
+from agents.acting import PolicyLagBound
 from agents.adders import NStepTransitionAdder, transition_example
 from agents.config import ReplayConfig, RunConfig, StallInjection, StallKind, TD3Config
 from agents.environments import make_environment, make_environment_spec, render_pendulum
@@ -27,6 +28,7 @@ from agents.networks import make_networks, random_crop
 from agents.run import configs_from_args
 from agents.stalls import StallTimer
 from harness.procs import wait_until
+from replaywatch.probe import ActorProbe
 
 
 # -- configuration ------------------------------------------------------------
@@ -293,3 +295,59 @@ def test_learning_actor_returns_to_the_actor_when_there_is_no_data() -> None:
     learner = _FakeLearner(table, 4)
     LearningActor(actor, learner, _FakeIterator([]), table, 4).update()  # type: ignore[arg-type]
     assert learner.steps == 0 and actor.updates == 0
+
+
+def test_learning_actor_steps_the_learner_inside_the_probes_wait() -> None:
+    # Sync mode: the loop's actor waits on the learner while it steps (same thread).
+    table, actor, probe = _FakeTable(available=8), _FakeActor(), ActorProbe(name="loop")
+    learner = _FakeLearner(table, 4)
+    seen: list[Any] = []
+    learner.step = lambda: (seen.append(probe.snapshot()["waiting_on"]),  # type: ignore[method-assign]
+                            _FakeLearner.step(learner))
+    LearningActor(actor, learner, _FakeIterator([]), table, 4,  # type: ignore[arg-type]
+                  waiting=lambda: probe.waiting("learner")).update()
+    assert seen == ["learner", "learner"] and probe.snapshot()["waits_total"] == 2
+    assert probe.snapshot()["waiting"] is False
+
+
+class _Learner:
+    """A learner's step count as `PolicyLagBound` reads it, advanced by the test."""
+
+    def __init__(self, steps: int = 0):
+        self.steps = steps
+        self.calls: list[tuple[int, float]] = []
+        self.advance_on_wait: int | None = None
+
+    def __call__(self, after: int, timeout_s: float) -> int:
+        self.calls.append((after, timeout_s))
+        if timeout_s and self.advance_on_wait is not None and len(self.calls) >= 3:
+            self.steps = self.advance_on_wait
+        return self.steps
+
+
+def test_policy_lag_bound_never_waits_during_warmup_or_while_the_learner_steps() -> None:
+    learner, fetched, probe = _Learner(0), [], ActorProbe(name="actor-0")
+    bound = PolicyLagBound(3, learner, lambda: probe.waiting("learner"),
+                           lambda: fetched.append(1))
+    for _ in range(9):  # warm-up: the learner has not stepped
+        bound.after_step()
+    assert learner.calls == [(0, 0.0)] * 3 and not fetched
+    for steps in (5, 9):  # it steps between checks
+        learner.steps = steps
+        for _ in range(3):
+            bound.after_step()
+    assert learner.calls[-2:] == [(0, 0.0), (5, 0.0)] and not fetched
+    assert probe.snapshot()["waits_total"] == 0
+
+
+def test_policy_lag_bound_waits_in_the_probe_until_the_learner_steps_then_fetches() -> None:
+    learner, fetched, probe = _Learner(7), [], ActorProbe(name="actor-0")
+    bound = PolicyLagBound(2, learner, lambda: probe.waiting("learner"),
+                           lambda: fetched.append(probe.snapshot()["waiting_on"]))
+    bound.after_step(), bound.after_step()  # sees 7
+    learner.advance_on_wait = 8
+    bound.after_step(), bound.after_step()  # 7 again: waits until 8
+    assert learner.calls == [(0, 0.0), (7, 0.0), (7, 1.0)] and learner.steps == 8
+    assert fetched == ["learner"] and probe.snapshot()["waits_total"] == 1
+    assert PolicyLagBound(0, learner, probe.waiting, lambda: None).after_step() is None
+    assert len(learner.calls) == 3  # 0: off, never asks
