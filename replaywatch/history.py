@@ -123,9 +123,15 @@ class History:
                 target=target,
                 polls=tuple(r for r in self._polls.get(target, ()) if r.at >= start),
                 tables={k: v for k, v in tables.items() if v},
+                # A URL is an actor's once an actor document was read from it;
+                # until then (never answered) it counts as a trainer probe, as before.
                 probes={
                     p: tuple(s for s in self._probes.get(p, ()) if s.observed_at >= start)
-                    for p in probes
+                    for p in probes if p not in self._actors
+                },
+                actors={
+                    p: tuple(s for s in self._actors[p] if s.observed_at >= start)
+                    for p in probes if p in self._actors
                 },
                 probe_polls={
                     p: tuple(r for r in self._polls.get(p, ()) if r.at >= start) for p in probes

@@ -51,7 +51,8 @@ class Published:
     config_errors: tuple[str, ...] = ()
     incident_log_dropped: int = 0  # transitions the incident log lost to a full queue
     late_cycles: int = 0  # poll cycles that overran the interval
-    actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)  # actor probes'
+    # actor probes' latest documents, by URL (trainer probes' are in `probes`)
+    actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})

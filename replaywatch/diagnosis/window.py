@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from replaywatch.model import ProbeSnapshot, TableSnapshot
+from replaywatch.model import ActorSnapshot, ProbeSnapshot, TableSnapshot
 
 T = TypeVar("T", TableSnapshot, ProbeSnapshot)
 
@@ -44,8 +44,9 @@ class TargetView:
     target: str
     polls: tuple[PollRecord, ...]
     tables: dict[str, tuple[TableSnapshot, ...]]
-    probes: dict[str, tuple[ProbeSnapshot, ...]]
-    probe_polls: dict[str, tuple[PollRecord, ...]]
+    probes: dict[str, tuple[ProbeSnapshot, ...]]  # trainer probes (and ones never read yet)
+    probe_polls: dict[str, tuple[PollRecord, ...]]  # every probe's polls, both roles
+    actors: dict[str, tuple[ActorSnapshot, ...]] = dataclasses.field(default_factory=dict)
 
 
 # -- counters and rates: reset-aware, time from the snapshots ------------------------------------
@@ -135,6 +136,21 @@ def since_last_restart(snapshots: Sequence[ProbeSnapshot]) -> tuple[ProbeSnapsho
             or b.started_at != a.started_at
             or b.batches_retrieved < a.batches_retrieved
             or b.learner_steps < a.learner_steps
+        ):
+            start = i
+    return tuple(snapshots[start:])
+
+
+def actor_since_last_restart(snapshots: Sequence[ActorSnapshot]) -> tuple[ActorSnapshot, ...]:
+    """An actor probe's snapshots since the actor last (re)started: new pid, or counters dropped."""
+    start = 0
+    for i in range(1, len(snapshots)):
+        a, b = snapshots[i - 1], snapshots[i]
+        if (
+            b.pid != a.pid
+            or b.started_at != a.started_at
+            or b.steps_total < a.steps_total
+            or b.items_created_total < a.items_created_total
         ):
             start = i
     return tuple(snapshots[start:])
