@@ -5,7 +5,9 @@ A collector, not long-lived metric objects: every scrape renders the latest
 target that is down still answers with `replaywatch_target_up 0`. Names follow
 Prometheus conventions: `replaywatch_` prefix, base units (`_seconds`), `_total`
 for counters, and only the bounded labels `target`, `table`, `probe`, `state`,
-`kind`, `severity`.
+`kind`, `severity`, `role` (trainer, actor, unknown) and `call` (the fixed set of
+writer calls). What an actor waits on is the user's free text: it goes to the
+API, never into a label.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from replaywatch.metrics_actors import actor_families, role_of
 from replaywatch.model import TableWorkerTime
 from replaywatch.state import Published
 
@@ -46,6 +49,7 @@ class ReplaywatchCollector:
         yield from self._sources(state)
         yield from self._tables(state)
         yield from self._probes(state)
+        yield from actor_families(state)
         yield from self._findings(state)
         cycle = _gauge("poll_cycle_duration_seconds", "Duration of the last poll cycle.", [])
         cycle.add_metric([], state.cycle_duration_s)
@@ -66,8 +70,9 @@ class ReplaywatchCollector:
     def _sources(self, state: Published) -> Iterator[Metric]:
         up = _gauge("target_up", "1 if the last ServerInfo poll of the target succeeded.",
                     ["target"])
-        probe_up = _gauge("probe_up", "1 if the last poll of the trainer probe succeeded.",
-                          PROBE_LABELS)
+        probe_up = _gauge("probe_up", "1 if the last poll of the probe (trainer or actor) "
+                          "succeeded; role unknown until it first answered.",
+                          PROBE_LABELS + ["role"])
         duration = _gauge("poll_duration_seconds", "Duration of the source's last poll.",
                           ["target", "source"])
         last = _gauge("last_poll_timestamp_seconds", "When the source was last polled.",
@@ -80,7 +85,8 @@ class ReplaywatchCollector:
             if status.kind == "reverb":
                 up.add_metric([status.name], 1.0 if status.up else 0.0)
             else:
-                probe_up.add_metric([status.target, status.name], 1.0 if status.up else 0.0)
+                probe_up.add_metric([status.target, status.name, role_of(state, status.name)],
+                                    1.0 if status.up else 0.0)
             labels = [status.target, status.name]
             if status.last_duration_s is not None:
                 duration.add_metric(labels, status.last_duration_s)

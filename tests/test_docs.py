@@ -18,6 +18,7 @@ from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, Severity
 from replaywatch.state import Published, SourceStatus
+from tests.actor_builders import ACTOR, actor_snapshot
 from tests.builders import probe_snapshot, table_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,12 +47,14 @@ def full_picture() -> Published:
     sources = {
         target: SourceStatus(target, "reverb", target, True, 2.0, 2.0, None, 0.001, 0, 3, 0, 1),
         url: SourceStatus(url, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3, 0, 0),
+        ACTOR: SourceStatus(ACTOR, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3, 0, 0),
     }
     probe = probe_snapshot(2.0, 40, url=url, blocked_for=1.0, ready=True, table=table.name)
     finding = Finding("worker_starvation", Severity.CRITICAL, target, table.name, "s", {}, "f",
                       1.0, 2.0)
     return Published(at=2.0, cycle=3, sources=sources, tables={(target, table.name): table},
                      derived={(target, table.name): derive(history)}, probes={url: probe},
+                     actors={ACTOR: actor_snapshot(2.0, 30, in_call="flush", blocked_for=1.0)},
                      findings=(finding,), late_cycles=1, incident_log_dropped=1)
 
 
