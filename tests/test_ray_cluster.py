@@ -1,0 +1,120 @@
+"""The distributed agent on a real multi-node Ray cluster (issue 14, item 1).
+
+Ray's own multi-node test cluster on this machine (harness/ray_cluster.py: a head and
+a raylet per role, on loopback), joined with `--ray-address` as a user would, with the
+Reverb server, the learner and the actors placed on different nodes through custom
+resources. Asserted from Ray's placement (each process reports its node id; the
+cluster knows which node offers which resource). Then the actor node dies as a lost
+machine would: the learner starves, and a sidecar attached to the Reverb server alone
+names `sample_blocked`; a new actor node lets the supervisor's replacements start,
+inserts flow again and the finding resolves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from harness.agent import AgentProcess
+from harness.procs import Proc, get_json, wait_until
+from harness.ray_cluster import RayCluster, ray_cluster  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.slow
+
+INTERVAL_S = 1.0
+STALL_WINDOW_S = 10.0  # the sidecar's default
+FLAGS = [
+    "--mode", "distributed", "--num-actors", "2", "--batch-size", "64",
+    "--samples-per-insert", "64", "--min-replay-size", "200", "--steps", "1000000",
+    "--eval-every", "0", "--log-every", "1", "--replace-dead-actors-after", "2",
+    "--replay-resource", "replay", "--learner-resource", "learner", "--actor-resource", "actor",
+]  # fmt: skip
+
+
+def kinds(base: str) -> set[str]:
+    return {f["kind"] for f in get_json(f"{base}/api/v1/findings")[1]["findings"]}
+
+
+def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers(
+    ray_cluster: RayCluster,  # noqa: F811
+    sidecar: Callable[..., tuple[Proc, str]],
+    tmp_path: Path,
+) -> None:
+    cluster = ray_cluster
+    began = time.monotonic()
+    with AgentProcess([*FLAGS, "--ray-address", cluster.address],
+                      log=tmp_path / "agent.log") as agent:
+        start = agent.start_line(timeout_s=150)
+        start_line_s = time.monotonic() - began
+        nodes = start["nodes"]
+        assert start["ray_address"] == cluster.address
+        assert nodes["replay"] == cluster.node_ids["replay"]
+        assert nodes["learner"] == cluster.node_ids["learner"]
+        assert nodes["actors"] == [cluster.node_ids["actor"]] * 2
+        assert len({nodes["replay"], nodes["learner"], cluster.node_ids["actor"]}) == 3
+        assert nodes["driver"] != cluster.node_ids["actor"]  # killing it must not kill the job
+        assert start["reverb"].startswith("127.0.0.1:")
+
+        first = agent.wait_for(lambda r: r["event"] == "progress" and r["learner_steps"] > 0,
+                               timeout_s=90)
+        learning = agent.wait_for(
+            lambda r: r["event"] == "progress" and r["learner_steps"] > first["learner_steps"] + 50,
+            timeout_s=60)
+        assert learning["inserts"] > first["inserts"] and learning["actors_alive"] == 2
+
+        _, base = sidecar("--reverb", start["reverb"], "--interval", str(INTERVAL_S),
+                          "--db", str(tmp_path / "incidents.db"))
+        wait_until(lambda: get_json(f"{base}/api/v1/tables")[1]["tables"], timeout_s=15)
+        time.sleep(3 * INTERVAL_S)
+        assert "sample_blocked" not in kinds(base)
+
+        killed_at = time.monotonic()
+        killed = cluster.kill("actor")
+        assert killed == nodes["actors"][0]
+        for _ in range(2):
+            agent.wait_for(lambda r: r["event"] == "actor_died", timeout_s=60)
+        wait_until(lambda: "sample_blocked" in kinds(base),
+                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
+        detected_s = time.monotonic() - killed_at
+        assert agent.returncode is None
+
+        replacement_node = cluster.add("actor")
+        announced = agent.wait_for(lambda r: r["event"] == "actor_probe", timeout_s=90)
+        assert announced["node_id"] == replacement_node
+        stalled = [r for r in agent.records if r["event"] == "progress"][-1]
+        agent.wait_for(lambda r: r["event"] == "progress" and r["inserts"] > stalled["inserts"]
+                       and r["learner_steps"] > stalled["learner_steps"], timeout_s=60)
+        wait_until(lambda: "sample_blocked" not in kinds(base), timeout_s=60)
+        recovered_s = time.monotonic() - killed_at
+    print(f"\nray cluster start-up {cluster.startup_s:.1f}s, start line {start_line_s:.1f}s, "
+          f"sample_blocked {detected_s:.1f}s after the node died, recovered at {recovered_s:.1f}s, "
+          f"test {time.monotonic() - began:.1f}s")
+
+
+def test_a_hung_learner_on_its_node_is_learner_stalled_not_dead_actors(
+    ray_cluster: RayCluster,  # noqa: F811 (the same warm cluster)
+    sidecar: Callable[..., tuple[Proc, str]],
+    tmp_path: Path,
+) -> None:
+    began = time.monotonic()
+    flags = [*FLAGS, "--ray-address", ray_cluster.address, "--inject-stall", "learner-hang@12"]
+    with AgentProcess(flags, log=tmp_path / "agent.log") as agent:
+        start = agent.start_line(timeout_s=150)
+        assert start["nodes"]["learner"] == ray_cluster.node_ids["learner"]
+        agent.wait_for(lambda r: r["event"] == "progress" and r["learner_steps"] > 0,
+                       timeout_s=90)
+        _, base = sidecar("--reverb", start["reverb"], "--probe",
+                          f"{start['reverb']}={start['probe']}", "--interval", str(INTERVAL_S),
+                          "--db", str(tmp_path / "incidents.db"))
+        assert wait_until(lambda: agent.event(lambda r: r["event"] == "stall_injected"),
+                          timeout_s=60)
+        hung_at = time.monotonic()
+        wait_until(lambda: "learner_stalled" in kinds(base),
+                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
+        detected_s = time.monotonic() - hung_at
+        assert "sample_blocked" not in kinds(base) and agent.returncode is None
+    print(f"\nlearner_stalled {detected_s:.1f}s after the hang, "
+          f"test {time.monotonic() - began:.1f}s")
