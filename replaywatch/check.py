@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from replaywatch.config import WatchConfig
 from replaywatch.diagnosis.kinds import worst_first
-from replaywatch.model import Severity
+from replaywatch.model import ActorSnapshot, Severity
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
 
@@ -26,7 +26,11 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def to_document(state: Published) -> dict[str, Any]:
-    """The `--json` document: targets, probes, tables (with derived) and findings."""
+    """The `--json` document: targets, probes, tables (with derived), findings, actors.
+
+    `probes` keeps its shape (a trainer's snapshot, else null) and lists actor
+    probes too; `actors` holds each actor probe's latest snapshot by URL.
+    """
     return {
         "at": state.at,
         "targets": [dataclasses.asdict(s) for s in state.sources.values() if s.kind == "reverb"],
@@ -41,6 +45,7 @@ def to_document(state: Published) -> dict[str, Any]:
         ],
         "findings": [f.to_document() for f in worst_first(state.findings)],
         "insufficient_data": list(state.insufficient),
+        "actors": {url: dataclasses.asdict(a) for url, a in sorted(state.actors.items())},
     }
 
 
@@ -71,6 +76,8 @@ def render_text(state: Published, out: TextIO) -> None:
         print(f"\nprobe {url} ({p.name}, pid {p.pid}): {p.batches_retrieved} batches, "
               f"{p.learner_steps} steps, {blocked}, ready={p.ready}, threads={p.thread_count}",
               file=out)
+    for url, a in sorted(state.actors.items()):
+        print(f"\n{_actor_line(url, a)}", file=out)
     print(file=out)
     if not state.findings:
         print("findings: none", file=out)
@@ -82,6 +89,17 @@ def render_text(state: Published, out: TextIO) -> None:
         print(f"  fix: {f.fix}", file=out)
     for name in state.insufficient:
         print(f"insufficient data: {name}", file=out)
+
+
+def _actor_line(url: str, a: ActorSnapshot) -> str:
+    call = f"in {a.in_call}() for {a.blocked_for_s:.1f}s" if a.in_call else "in no writer call"
+    wait = f"waiting on {a.waiting_on} for {a.waiting_for_s:.1f}s" if a.waiting_on else \
+        "not waiting"
+    since = "no step yet" if a.seconds_since_last_step is None else \
+        f"last {a.seconds_since_last_step:.1f}s ago"
+    return (f"actor {url} ({a.name}, pid {a.pid}): {a.steps_total} steps ({since}), {call}, "
+            f"{wait}, {a.items_created_total} items created, {a.pending_items} pending, "
+            f"threads={a.thread_count}/{a.os_threads if a.os_threads is not None else '-'} OS")
 
 
 def run_check(config: WatchConfig, duration_s: float, as_json: bool,

@@ -2,14 +2,17 @@
 
     [
       {"targets": ["10.0.0.5:8000", "10.0.0.6:8000"], "labels": {"job": "pong"}},
-      {"targets": ["learner-0:8000"], "labels": {"__probe_url__": "http://learner-0:8001"}}
+      {"targets": ["learner-0:8000"], "labels": {"__probe_url__": "http://learner-0:8001"}},
+      {"targets": ["r1:8000"], "labels": {"__probe_url__": "http://l:8001,http://a0:8002"}}
     ]
 
 JSON or YAML (by extension: .yml/.yaml is YAML). Each group has `targets` (a list
 of HOST:PORT) and optional `labels` (string to string). The meta label
-`__probe_url__` attaches a trainer probe to the group's only target. A bad group
-or target is rejected with a message naming it, and the valid ones keep
-running: one typo must not stop the watch of every other job.
+`__probe_url__` attaches probes to the group's only target: one URL, or several
+separated by commas (a label value is one string), trainer and actor probes alike
+(each probe's document says its role). A bad group or target is rejected with a
+message naming it, and the valid ones keep running: one typo must not stop the
+watch of every other job.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ _GROUP_KEYS = {"targets", "labels"}
 class TargetEntry:
     address: str
     labels: tuple[tuple[str, str], ...] = ()
-    probe_url: str | None = None
+    probe_urls: tuple[str, ...] = ()  # trainer and actor probes of this target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +70,17 @@ def _group(group: Any, where: str, seen: set[str]) -> tuple[list[TargetEntry], l
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         return [], [f"{where}: 'labels' must map strings to strings"]
-    probe = labels.get(PROBE_LABEL)
-    if probe is not None:
+    probes: tuple[str, ...] = ()
+    if PROBE_LABEL in labels:
         if len(targets) != 1:
             return [], [f"{where}: {PROBE_LABEL} needs a group with exactly one target"]
         try:
-            probe = parse_probe(probe).url
+            probes = tuple(parse_probe(p.strip()).url for p in labels[PROBE_LABEL].split(","))
         except ConfigError as e:
             return [], [f"{where}: {e}"]
+        again = sorted(p for p in set(probes) if probes.count(p) > 1 or p in seen)
+        if again:
+            return [], [f"{where}: probe {again[0]} is listed twice"]
     kept = tuple(sorted((k, v) for k, v in labels.items() if not k.startswith("__")))
     entries, errors = [], []
     for j, raw in enumerate(targets):
@@ -87,7 +93,8 @@ def _group(group: Any, where: str, seen: set[str]) -> tuple[list[TargetEntry], l
             errors.append(f"{where} target {j}: duplicate target {address}")
             continue
         seen.add(address)
-        entries.append(TargetEntry(address, kept, probe))
+        seen.update(probes)
+        entries.append(TargetEntry(address, kept, probes))
     return entries, errors
 
 

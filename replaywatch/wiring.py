@@ -49,8 +49,8 @@ def bindings_from_file(parsed: ParsedTargets, timeout: float) -> list[SourceBind
     for entry in parsed.entries:
         out.append(SourceBinding(ReverbSource(entry.address, timeout), entry.address,
                                  entry.labels))
-        if entry.probe_url:
-            out.append(SourceBinding(HttpProbeSource(entry.probe_url, timeout), entry.address,
+        for url in entry.probe_urls:  # trainer and actor probes alike
+            out.append(SourceBinding(HttpProbeSource(url, timeout), entry.address,
                                      entry.labels))
     return out
 

@@ -19,9 +19,10 @@ from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.metrics import make_registry
-from replaywatch.model import Finding, Severity
+from replaywatch.model import Finding, PollOutcome, Severity
 from replaywatch.state import Published, SourceStatus, StateStore
-from tests.builders import table_history
+from tests.actor_builders import actor_snapshot
+from tests.builders import probe_snapshot, table_history
 
 T = "127.0.0.1:1"
 
@@ -124,3 +125,47 @@ def test_readyz_is_503_while_the_incident_log_fails(
     # And before the first cycle, whatever the log says.
     assert client_for(published(cycle=0)).get("/readyz").json()["problems"] == [
         "no poll cycle has completed yet"]
+
+
+def probe_status(url: str, up: bool = True) -> SourceStatus:
+    return SourceStatus(url, "probe", T, up, 2.0, 2.0 if up else None,
+                        None if up else "unreachable", 0.001, 0 if up else 3, 3, 0, 0)
+
+
+def test_probes_list_both_roles_with_the_actor_step_rate(tmp_path: Path) -> None:
+    actor, trainer, never = "http://actor:1", "http://learner:1", "http://never:1"
+    history = History()
+    # The actor restarted at t=3 (steps dropped): the rate counts only since then.
+    for t, steps in [(0.0, 100), (1.0, 110), (3.0, 0), (4.0, 5), (5.0, 15)]:
+        history.record(PollOutcome(actor, "probe", t, 0.001, actor=actor_snapshot(
+            t, steps, url=actor, in_call="create_item", blocked_for=2.5, waiting_on="learner",
+            waiting_for=1.5)))
+    state = published(
+        at=5.0,
+        sources={T: status(T), actor: probe_status(actor), trainer: probe_status(trainer),
+                 never: probe_status(never, up=False)},
+        probes={trainer: probe_snapshot(5.0, 40, url=trainer)},
+        actors={actor: history.actor(actor)[-1]})
+    store = StateStore()
+    store.publish(state)
+    client = TestClient(create_app(store, make_registry(store.current), history, None))
+    body = client.get("/api/v1/probes").json()["probes"]
+    by_url = {p["probe"]: p for p in body}
+    assert [p["probe"] for p in body] == sorted(by_url)
+    assert {u: p["role"] for u, p in by_url.items()} == {
+        actor: "actor", trainer: "trainer", never: "unknown"}
+    a = by_url[actor]
+    assert a["steps_per_s"] == pytest.approx(15 / 2)
+    assert a["snapshot"]["in_call"] == "create_item" and a["snapshot"]["blocked_for_s"] == 2.5
+    assert a["snapshot"]["waiting_on"] == "learner" and a["snapshot"]["steps_total"] == 15
+    assert a["snapshot"]["calls"][0] == {"call": "append", "count": 15, "errors": 0,
+                                        "seconds_total": 0.5, "last_at": None}
+    # A trainer's entry keeps its fields, and gains only the role.
+    t = by_url[trainer]
+    assert t["snapshot"]["batches_retrieved"] == 40 and t["steps_per_s"] is None
+    assert set(t) == {"probe", "target", "up", "last_error", "snapshot", "role", "steps_per_s"}
+    assert by_url[never]["snapshot"] is None and by_url[never]["last_error"] == "unreachable"
+    metrics = client.get("/metrics").text
+    assert f'replaywatch_actor_in_writer_call{{call="create_item",probe="{actor}",target="{T}"}} ' \
+           "1.0" in metrics
+    assert f'replaywatch_probe_up{{probe="{never}",role="unknown",target="{T}"}} 0.0' in metrics

@@ -1,4 +1,4 @@
-"""Targets, tables, their history and the trainer probes."""
+"""Targets, tables, their history and the probes (trainers and actors)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from replaywatch.api.schemas import (
     TargetsOut,
 )
 from replaywatch.config import MAX_HISTORY_S, RATE_WINDOW_S
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.ratelimiter import derive
 
 router = APIRouter(prefix="/api/v1")
@@ -80,7 +81,17 @@ def table_history(
 
 
 @router.get("/probes", response_model=ProbesOut)
-def probes(state: PublishedDep) -> ProbesOut:
+def probes(state: PublishedDep, history: HistoryDep) -> ProbesOut:
+    """Trainer and actor probes alike; `role` says which, from the probe's own document."""
     statuses = sorted((s for s in state.sources.values() if s.kind == "probe"),
                       key=lambda s: s.name)
-    return ProbesOut(probes=[ProbeOut.of(s, state.probes.get(s.name)) for s in statuses])
+    out = []
+    for s in statuses:
+        actor = state.actors.get(s.name)
+        if actor is None:
+            out.append(ProbeOut.of(s, state.probes.get(s.name)))
+            continue
+        window = win.actor_since_last_restart(history.actor(s.name, state.at - RATE_WINDOW_S))
+        steps = win.rate([(a.observed_at, float(a.steps_total)) for a in window])
+        out.append(ProbeOut.of(s, actor, steps))
+    return ProbesOut(probes=out)

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from replaywatch.diagnosis.ratelimiter import TableDerived
-from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, TableSnapshot
 from replaywatch.state import SourceStatus
 
 
@@ -122,20 +122,31 @@ class HistoryOut(BaseModel):
 
 
 class ProbeOut(BaseModel):
+    """A probe of either role. `snapshot` is its latest document as the sidecar read it
+    (replaywatch.model's ProbeSnapshot for a trainer, ActorSnapshot for an actor), kept
+    while it is down; `role` is "unknown" until it first answered."""
+
     probe: str
     target: str
     up: bool
     last_error: str | None
     snapshot: dict[str, Any] | None
+    role: str = "unknown"
+    steps_per_s: float | None = None  # an actor's steps over the rate window
 
     @classmethod
-    def of(cls, status: SourceStatus, snap: ProbeSnapshot | None) -> ProbeOut:
+    def of(cls, status: SourceStatus, snap: ProbeSnapshot | ActorSnapshot | None,
+           steps_per_s: float | None = None) -> ProbeOut:
+        role = "unknown" if snap is None else \
+            "actor" if isinstance(snap, ActorSnapshot) else "trainer"
         return cls(
             probe=status.name,
             target=status.target,
             up=status.up,
             last_error=status.last_error,
             snapshot=dataclasses.asdict(snap) if snap is not None else None,
+            role=role,
+            steps_per_s=steps_per_s,
         )
 
 

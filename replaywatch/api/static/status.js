@@ -332,7 +332,7 @@
   }
 
   function renderProbes(doc) {
-    const rows = doc.probes.map((p) => {
+    const rows = doc.probes.filter((p) => p.role !== "actor").map((p) => {
       const s = p.snapshot || {};
       const blocked = s.blocked_in_next
         ? el("span", { class: "pill warn" }, "blocked " + duration(s.blocked_for_s || 0))
@@ -348,7 +348,39 @@
     });
     fill("probes", rows.length
       ? table(["probe", "state", "next()", "batches", "batch × workers", "threads", "last error"], rows)
-      : el("p", { class: "empty" }, "no probe attached (add --probe URL for the learner's view)"));
+      : el("p", { class: "empty" }, "no trainer probe attached (add --probe URL for the learner's view)"));
+  }
+
+  // Actor probes: is each actor stepping, stuck inside a writer call, or waiting on
+  // something outside Reverb (the learner, parameters)? The three tell dead actors from
+  // blocked ones and from actors that wait for the learner.
+  function renderActors(doc) {
+    const rows = doc.probes.filter((p) => p.role === "actor").map((p) => {
+      const s = p.snapshot;
+      const call = s.in_call
+        ? el("span", { class: "pill warn" }, s.in_call + " " + duration(s.blocked_for_s || 0))
+        : el("span", { class: "pill idle" }, "none");
+      const wait = s.waiting_on
+        ? el("span", { class: "pill warn" }, s.waiting_on + " " + duration(s.waiting_for_s || 0))
+        : el("span", { class: "pill idle" }, "no");
+      return el("tr", { "data-actor": p.probe },
+        el("td", { class: "name" }, s.name || "", el("div", { class: "url" }, p.probe)),
+        el("td", {}, pill(p.up, "up", "down")),
+        el("td", { class: "num steps-per-s" }, num(p.steps_per_s)),
+        el("td", { class: "num since-step" },
+          s.seconds_since_last_step === null ? "no step yet" : duration(s.seconds_since_last_step)),
+        el("td", { class: "in-call" }, call),
+        el("td", { class: "waiting" }, wait),
+        el("td", { class: "num" }, num(s.items_created_total)),
+        el("td", { class: "num" }, num(s.pending_items)),
+        el("td", { class: "num" }, num(s.os_threads)),
+        el("td", { class: "error" }, p.last_error || s.last_error || ""));
+    });
+    fill("actors", rows.length
+      ? table(["actor", "state", "steps/s", "since last step", "in writer call", "waiting on",
+        "items created", "pending items", "OS threads", "last error"], rows)
+      : el("p", { class: "empty" },
+        "no actor probe attached (add --probe URL of an ActorProbe for the actors' view)"));
   }
 
   function renderTables(doc, histories, now) {
@@ -572,6 +604,7 @@
     renderTables(tables, hist, now);
     renderTargets(targets);
     renderProbes(probes);
+    renderActors(probes);
     renderIncidents(incidents);
     lastOk = now;
     document.getElementById("banner").hidden = true;
