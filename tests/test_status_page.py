@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from harness.procs import PYTHON, ROOT, Proc, get_json, wait_until
+from replaywatch.probe import ActorProbe
 
 pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
 
@@ -254,3 +256,76 @@ def test_page_reads_a_token_from_the_fragment(
     page.locator("#banner").wait_for(state="hidden")
     assert "token" not in page.url  # moved out of the address bar
 
+
+
+class _StuckWriter:
+    """A writer whose flush() waits for the test: an actor stuck in flush."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def append(self, step: Any) -> None:
+        pass
+
+    def create_item(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def flush(self, *args: Any, **kwargs: Any) -> None:
+        self.gate.wait(60)
+
+
+def test_page_shows_actors_stuck_in_a_writer_call_or_waiting_on_the_learner(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path, browser_page: Any,
+) -> None:
+    stuck = ActorProbe(table="replay", name="actor-stuck", listen="127.0.0.1:0")
+    waiter = ActorProbe(table="replay", name="actor-waits", listen="127.0.0.1:0")
+    inner = _StuckWriter()
+    writer = stuck.wrap_writer(inner)
+    leave = threading.Event()
+
+    def wait_for_learner() -> None:
+        with waiter.waiting("learner"):
+            leave.wait(60)
+
+    threads = [threading.Thread(target=writer.flush, daemon=True),
+               threading.Thread(target=wait_for_learner, daemon=True)]
+    stuck.start()
+    waiter.start()
+    try:
+        for _ in range(4):
+            stuck.step()
+            writer.append({})
+        writer.create_item("replay", 1, 1.0)
+        writer.create_item("replay", 1, 1.0)
+        waiter.step()
+        for t in threads:
+            t.start()
+        _, base = sidecar("--reverb", "127.0.0.1:9", "--probe", f"127.0.0.1:9={stuck.url}",
+                          "--probe", f"127.0.0.1:9={waiter.url}", "--interval", "0.5",
+                          "--db", str(tmp_path / "a.db"))
+        wait_until(lambda: {p["role"] for p in get_json(f"{base}/api/v1/probes")[1]["probes"]}
+                   == {"actor"}, timeout_s=15)
+        page = browser_page
+        page.goto(base + "/")
+        row = page.locator(f'#actors tr[data-actor="{stuck.url}"]')
+        row.wait_for()
+        assert "actor-stuck" in row.locator("td.name").inner_text()
+        assert row.locator(".pill.up").count() == 1
+        assert row.locator("td.in-call").inner_text().startswith("flush ")
+        assert row.locator("td.waiting").inner_text() == "no"
+        cells = row.locator("td").all_inner_texts()
+        assert cells[6:8] == ["2", "2"]  # items created, pending items
+        other = page.locator(f'#actors tr[data-actor="{waiter.url}"]')
+        assert other.locator("td.waiting").inner_text().startswith("learner ")
+        assert other.locator("td.in-call").inner_text() == "none"
+        # Actors are not trainer probes: that table stays empty.
+        assert page.locator("#probes tr[data-probe]").count() == 0
+        _screenshot(page, "status-page-actors.png")
+        assert page.errors == []
+    finally:
+        inner.gate.set()
+        leave.set()
+        for t in threads:
+            t.join(5)
+        stuck.stop()
+        waiter.stop()
