@@ -454,7 +454,8 @@
       });
       return el("div", { class: "stack-source" }, el("h5", {}, source), threads);
     });
-    return el("div", { class: "stacks" }, el("h4", {}, "Trainer stacks (innermost frame last)"),
+    return el("div", { class: "stacks" },
+      el("h4", {}, "Stacks of the probed processes (innermost frame last)"),
       sources);
   }
 
@@ -493,8 +494,8 @@
       entry.stacks.replaceChildren();
       if (key === "pending") {
         entry.stacks.append(el("p", { class: "note stacks-pending" },
-          "Trainer stacks: not captured (yet). They are taken when a critical finding opens, "
-          + "from the probe's /stacks or py-spy (--trainer-pid)."));
+          "Stacks: not captured (yet). They are taken when a critical finding opens, "
+          + "from each probe's /stacks (trainer and actors) or py-spy (--trainer-pid)."));
       } else if (stacks) {
         entry.stacks.append(renderStacks(stacks));
       }
