@@ -40,7 +40,7 @@ DOCKER_COMPOSE = "/usr/bin/docker-compose"
 COMPOSE_YML = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 RUNBOOKS = ROOT / "docs" / "runbooks"
-# Where every alert's runbook_url points; alerts.yml repeats it (YAML cannot join strings).
+# Where every alert's runbook_url points (_config.runbookBase in dashboards/mixin/).
 RUNBOOK_BASE = "https://github.com/replaywatch/replaywatch/blob/main/docs/runbooks/"
 GRID_COLUMNS = 24
 
@@ -115,7 +115,8 @@ def test_every_warning_and_critical_kind_fires_an_alert_in_a_promtool_case() -> 
 def test_every_critical_finding_kind_has_its_own_alert() -> None:
     alerted = {}
     for rule in _alert_rules():
-        match = re.fullmatch(r'replaywatch_finding_active\{kind="(\w+)"\} == 1', rule["expr"])
+        match = re.fullmatch(r'replaywatch_finding_active\{job="replaywatch", kind="(\w+)"\} == 1',
+                             rule["expr"])
         if match:
             alerted[match.group(1)] = rule
     for kind in _kinds("critical"):
@@ -127,10 +128,11 @@ def test_every_critical_finding_kind_has_its_own_alert() -> None:
 
 def test_warning_findings_and_raw_fallbacks_have_alerts() -> None:
     exprs = {rule["expr"]: rule for rule in _alert_rules()}
-    warning = exprs['replaywatch_finding_active{severity="warning"} == 1']
+    warning = exprs['replaywatch_finding_active{job="replaywatch", severity="warning"} == 1']
     assert warning["labels"]["severity"] == "warning"
     assert exprs['up{job="replaywatch"} == 0']["alert"] == "ReplaywatchSidecarDown"
-    assert exprs["replaywatch_target_up == 0"]["alert"] == "ReplaywatchTargetDown"
+    target_down = exprs['replaywatch_target_up{job="replaywatch"} == 0']
+    assert target_down["alert"] == "ReplaywatchTargetDown"
 
 
 def test_every_alert_has_for_severity_annotations_and_a_runbook_that_exists() -> None:
