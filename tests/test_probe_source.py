@@ -21,6 +21,7 @@ from replaywatch.model import WRITER_CALLS, PollOutcome
 from replaywatch.probe import ActorProbe, TrainerProbe
 from replaywatch.sources.probe_http import HttpProbeSource
 from tests.actor_builders import actor_snapshot
+from tests.builders import probe_snapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -205,3 +206,15 @@ def test_an_actor_restart_is_a_new_pid_or_counters_that_dropped() -> None:
     new_pid = [*run, actor_snapshot(4, 40, pid=1)]
     assert actor_since_last_restart(new_pid) == (new_pid[-1],)
     assert actor_since_last_restart([]) == ()
+
+
+def test_a_url_whose_process_changed_role_keeps_only_the_new_roles_history() -> None:
+    h = History(max_age_s=100, max_points=10)
+    url = "http://reused:1"
+    h.record(PollOutcome(url, "probe", 1.0, 0.001, probe=probe_snapshot(1.0, 5, url=url)))
+    h.record(PollOutcome(url, "probe", 2.0, 0.001, actor=actor_snapshot(2.0, 3, url=url)))
+    assert h.probe(url) == [] and len(h.actor(url)) == 1
+    h.record(PollOutcome(url, "probe", 3.0, 0.001, probe=probe_snapshot(3.0, 6, url=url)))
+    assert h.actor(url) == [] and h.latest_actors([url]) == {}
+    view = h.view("r:1", [url], start=0.0)
+    assert view.actors == {} and [p.batches_retrieved for p in view.probes[url]] == [6]
