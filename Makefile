@@ -13,8 +13,9 @@ DEMO_PORT ?= 9321
 PYTEST_ARGS ?=
 
 # Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
-# Chromium for the status page, docker-compose to validate the compose file.
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose
+# Chromium for the status page, docker-compose to validate the compose file, jsonnet to
+# build the monitoring mixin (dashboards/mixin/).
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
 .PHONY: demo test test-fast lint typecheck bench system-deps venv clean
 
@@ -33,6 +34,7 @@ system-deps:
 		|| missing="$$missing prometheus-alertmanager"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	command -v jsonnet >/dev/null || missing="$$missing jsonnet"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
