@@ -28,11 +28,14 @@ ViewRule = Callable[[TargetView, Thresholds, float], "Finding | None"]
 # configuration rules judge settings, which one snapshot proves.
 STALL_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_worker_starvation, rules.is_learner_stalled)
 STALL_TABLE_RULES: tuple[TableRule, ...] = (
-    rules.is_sample_blocked, rules.is_insert_blocked, rules.is_spi_drift, rules.is_warmup)
+    rules.is_sample_blocked, rules.is_insert_blocked, rules.is_spi_drift, rules.is_warmup,
+    rules.is_stale_data, rules.is_learner_starting)
+# Settings of the table alone, judged from the first poll on: no history needed.
+CONFIG_TABLE_RULES: tuple[TableRule, ...] = (rules.is_warmup_impossible,)
 CONFIG_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_batch_exceeds_headroom,
                                              rules.is_deadlock_risk)
 VIEW_RULES: tuple[ViewRule, ...] = (rules.is_target_down, rules.is_probe_down,
-                                    rules.is_too_many_threads)
+                                    rules.is_too_many_threads, rules.is_server_restarted)
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
@@ -83,9 +86,11 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
         probes = by_table.get(name, [])
         case = TableCase(view.target, history, tuple(probes), now)
         if has_enough_history(history, th):
-            found += _table_findings(case, probes, th)
+            found += rules.with_restore_evidence(_table_findings(case, probes, th),
+                                                 view.tables[name])
         else:
             insufficient.append(f"table:{name}")
+        found += [f for rule in CONFIG_TABLE_RULES if (f := rule(case, th)) is not None]
         found += [f for probe in probes for rule in CONFIG_PROBE_RULES
                   if (f := rule(case, probe, th)) is not None]
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())

@@ -5,8 +5,9 @@ engine takes its precedence and what supersedes what from them, and the alert, r
 README tests read them. Adding a kind is one `Kind(...)` here, its place in `ALL`, and its rule.
 
 `ALL` is the precedence, worst first: severity first, then, within one severity, the finding
-that names the more specific (or more certain) cause. A kind that supersedes another on the
-same table comes before it.
+that names the more specific (or more certain) cause. A kind that supersedes another of its
+severity on the same table comes before it; supersession itself is by presence, not by order,
+so an info kind may stand a critical one down (`learner_starting` during start-up).
 
     for f in worst_first(findings): ...   # the one ordering of findings, everywhere
 """
@@ -79,6 +80,15 @@ BATCH_EXCEEDS_HEADROOM = Kind(
     fix="Raise `error_buffer` (value given) or lower the batch size.",
     # A batch that never fits is the certain form of the predicted risk.
     supersedes=("deadlock_risk",))
+WARMUP_IMPOSSIBLE = Kind(
+    "warmup_impossible", Severity.CRITICAL, needs_probe=False,
+    meaning="The table can never hold `min_size_to_sample` items (`max_size < "
+            "min_size_to_sample`): inserts flow, the learner never gets a sample. Judged from "
+            "the configuration on the first poll.",
+    fix="Raise `max_size` to at least `min_size_to_sample`, or lower `min_size_to_sample` "
+        "(Acme: `min_replay_size`) to at most `max_size` (values given).",
+    # A table that cannot fill is not filling up, and its blocked sampling has this cause.
+    supersedes=("sample_blocked", "warmup"))
 TARGET_DOWN = Kind(
     "target_down", Severity.WARNING, needs_probe=False,
     meaning="The Reverb server did not answer for more than `down_polls` (2) polls.",
@@ -98,10 +108,33 @@ SPI_DRIFT = Kind(
     meaning="Observed samples per insert stays off the configured ratio by more than the "
             "limiter's tolerance.",
     fix="Check actor/learner speeds and the limiter.")
+STALE_DATA = Kind(
+    "stale_data", Severity.WARNING, needs_probe=False,
+    meaning="Inserts stopped for the stall window while sampling continues (a `MinSize` "
+            "limiter or a wide `SampleToInsertRatio` window never blocks the learner): it "
+            "trains on a frozen table.",
+    fix="Restart the actors (they are dead or stuck); check their logs.")
 TOO_MANY_THREADS = Kind(
     "too_many_threads", Severity.WARNING, needs_probe=True,
     meaning="The trainer runs more threads than the threshold (the seed's job had over 500).",
     fix="Fewer parallel calls / prefetch threads.")
+LEARNER_STARTING = Kind(
+    "learner_starting", Severity.INFO, needs_probe=False,
+    meaning="No learner has finished its first step yet (probe: no step or no second batch; "
+            "Reverb alone: nothing sampled since the counters started), so blocked inserts or an "
+            "idle learner are start-up (a first jit compile can take minutes), for up to "
+            "`startup_grace_s` (600 s). A hang at the first step is caught when the grace ends.",
+    fix="Wait; if it outlasts the grace it becomes the usual critical finding.",
+    # Start-up explains these on the same table while the grace lasts (an info kind winning
+    # over critical ones: the engine's supersession ignores severity).
+    supersedes=("learner_stalled", "sample_blocked", "insert_blocked"))
+SERVER_RESTARTED = Kind(
+    "server_restarted", Severity.INFO, needs_probe=False,
+    meaning="The Reverb server was replaced under the same address (counters went back) or "
+            "restored from a checkpoint; shown with the counters before and after, never as a "
+            "stall or a negative rate.",
+    fix="Nothing, if the restart was intended; a restored limiter says how many inserts "
+        "unblock it.")
 WARMUP = Kind(
     "warmup", Severity.INFO, needs_probe=False,
     meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
@@ -109,9 +142,10 @@ WARMUP = Kind(
 
 # Precedence, worst first.
 ALL: tuple[Kind, ...] = (
-    WORKER_STARVATION, LEARNER_STALLED, SAMPLE_BLOCKED, INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, TOO_MANY_THREADS,
-    WARMUP,
+    WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, SAMPLE_BLOCKED, INSERT_BLOCKED,
+    BATCH_EXCEEDS_HEADROOM,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, TOO_MANY_THREADS,
+    LEARNER_STARTING, SERVER_RESTARTED, WARMUP,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

@@ -9,6 +9,7 @@ explanation (summary, evidence, fix); the kind's severity comes from its declara
     rules_learner   worker_starvation, learner_stalled                   (need the probe)
     rules_config    batch_exceeds_headroom, deadlock_risk                (settings that hang)
     rules_liveness  target_down, probe_down, too_many_threads            (whole target)
+    rules_lifecycle warmup_impossible, learner_starting, server_restarted, stale_data
 
 Adding a kind: declare it in `kinds`, write its rule in its family, map it in `BY_KIND` and
 run it from the engine's rule tuples; tests/test_rules.py and test_engine.py check all four
@@ -25,6 +26,13 @@ from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.rules_config import is_batch_exceeds_headroom, is_deadlock_risk
 from replaywatch.diagnosis.rules_learner import is_learner_stalled, is_worker_starvation
+from replaywatch.diagnosis.rules_lifecycle import (
+    is_learner_starting,
+    is_server_restarted,
+    is_stale_data,
+    is_warmup_impossible,
+    with_restore_evidence,
+)
 from replaywatch.diagnosis.rules_liveness import (
     is_probe_down,
     is_target_down,
@@ -41,7 +49,8 @@ __all__ = [
     "BY_KIND", "Probe", "TableCase", "is_batch_exceeds_headroom", "is_deadlock_risk",
     "is_insert_blocked", "is_learner_stalled", "is_probe_down", "is_sample_blocked",
     "is_spi_drift", "is_target_down", "is_too_many_threads", "is_warmup",
-    "is_worker_starvation",
+    "is_worker_starvation", "is_warmup_impossible", "is_learner_starting",
+    "is_server_restarted", "is_stale_data", "with_restore_evidence",
 ]
 
 # The declared kind -> the rule that produces it (the declaration test checks both ways).
@@ -57,4 +66,8 @@ BY_KIND: dict[Kind, Callable[..., Any]] = {
     kinds.SPI_DRIFT: is_spi_drift,
     kinds.TOO_MANY_THREADS: is_too_many_threads,
     kinds.WARMUP: is_warmup,
+    kinds.WARMUP_IMPOSSIBLE: is_warmup_impossible,
+    kinds.LEARNER_STARTING: is_learner_starting,
+    kinds.SERVER_RESTARTED: is_server_restarted,
+    kinds.STALE_DATA: is_stale_data,
 }

@@ -15,9 +15,12 @@ class Thresholds:
     spi_min_inserts: int = 50  # too few inserts make the observed ratio noise
     too_many_threads: int = 500  # the seed's job ran over 500 threads
     min_history_s: float = 3.0  # shorter history is "insufficient data"
+    # A learner's first step (a jit compile) may take minutes (acme#212: 20); until then
+    # blocked inserts and an idle learner are learner_starting, for at most this long.
+    startup_grace_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for name in ("stall_window_s", "spi_window_s", "min_history_s"):
+        for name in ("stall_window_s", "spi_window_s", "min_history_s", "startup_grace_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} ({value!r}) must be > 0")

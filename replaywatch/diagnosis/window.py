@@ -110,12 +110,20 @@ def waiting_growth(snapshots: Sequence[TableSnapshot], state: str) -> float | No
     return rate(series(snapshots, lambda s: s.worker_time.ms(state)))
 
 
+def worker_ms(s: TableSnapshot) -> int:
+    """The table worker's time in all its states: the server's uptime in ms (Reverb's worker
+    accounts for every moment), so a drop means a new server even if counters did not drop
+    (a checkpoint restore)."""
+    return sum(s.worker_time.ms(state) for state in s.worker_time.STATES)
+
+
 def last_reset_index(snapshots: Sequence[TableSnapshot]) -> int:
-    """Index of the first snapshot after the newest counter reset (0 if none)."""
+    """Index of the first snapshot after the newest counter reset or new server (0 if none)."""
     start = 0
     for i in range(1, len(snapshots)):
         prev, cur = snapshots[i - 1].rate_limiter, snapshots[i].rate_limiter
-        if cur.inserts < prev.inserts or cur.samples < prev.samples:
+        if (cur.inserts < prev.inserts or cur.samples < prev.samples
+                or worker_ms(snapshots[i]) < worker_ms(snapshots[i - 1])):
             start = i
     return start
 

@@ -1,0 +1,243 @@
+"""A job's life: can it start, is it starting, was it restarted, did its actors go away.
+
+    warmup_impossible   max_size < min_size_to_sample: one snapshot proves it never starts
+    learner_starting    no learner has finished its first step: blocked is start-up, for a while
+    server_restarted    the server was replaced or restored from a checkpoint
+    stale_data          inserts stopped while sampling goes on: training on a frozen table
+
+Reverb's table worker accounts for all of its time in one of its states, so the sum of
+`table_worker_time` is the server's uptime (measured on Reverb 0.14: 2036 ms after 2.03 s).
+That says, from `TableInfo` alone, when the table's counters started and whether a poll
+reached a new server even when its counters did not go back (a restored checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import ratelimiter as lim
+from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
+from replaywatch.diagnosis.rules_learner import is_learner_stalled
+from replaywatch.diagnosis.rules_stalls import is_insert_blocked, is_sample_blocked
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
+from replaywatch.model import FLOAT_MAX, Finding, TableSnapshot
+
+# A fresh server's counters after its first seconds stay within this factor of the old
+# server's lifetime insert rate; a restore shows counters far beyond (reverb#118: 100073
+# inserts on a server one poll old).
+RESTORE_FACTOR = 10.0
+
+
+def uptime_s(t: TableSnapshot) -> float:
+    """Seconds since the server started, from the table worker's time in all its states."""
+    return win.worker_ms(t) / 1000.0
+
+
+# -- warmup_impossible -------------------------------------------------------------------------
+
+def is_warmup_impossible(case: TableCase, th: Thresholds) -> Finding | None:
+    """The table can never hold `min_size_to_sample` items: the learner waits forever.
+
+    Inserts past `max_size` evict the oldest items, so `current_size` stops at
+    `max_size`; with `max_size < min_size_to_sample` Reverb's `CanSample` is never
+    true and this looks like warm-up that never ends (alf PR#1737, dreamerv3#117).
+    """
+    t = case.latest
+    if t.max_size >= t.rate_limiter.min_size_to_sample:
+        return None
+    rl = t.rate_limiter
+    summary = (f"Table '{t.name}' holds at most {t.max_size} items but sampling waits for "
+               f"{rl.min_size_to_sample} (min_size_to_sample): the learner can never sample.")
+    fix = (f"Raise max_size of '{t.name}' to at least {rl.min_size_to_sample}, or lower "
+           f"min_size_to_sample (Acme: min_replay_size) to at most {t.max_size}.")
+    evidence = {**limiter_evidence(t), "max_size": t.max_size,
+                "items_short": rl.min_size_to_sample - t.max_size}
+    return case.finding(kinds.WARMUP_IMPOSSIBLE, summary, evidence, fix,
+                        since=case.history[0].observed_at)
+
+
+# -- learner_starting --------------------------------------------------------------------------
+
+def has_finished_first_step(p: Probe) -> bool:
+    """A learner stepped once, or came back for a second batch (so its first step ended).
+
+    Either signal is enough: a trainer that never marks steps still asks for batches.
+    """
+    return p[-1].learner_steps >= 1 or p[-1].batches_retrieved >= 2
+
+
+def startup_began(case: TableCase) -> tuple[float, str] | None:
+    """When the grace started and why; None once a learner has finished its first step.
+
+    With probes: the newest trainer's `started_at` (its process's own clock: a sidecar
+    started late, or restarted, does not hand a hung learner a fresh grace). Reverb alone:
+    nothing sampled since the counters started, which began `uptime_s` before the poll.
+    """
+    if case.probes:
+        if any(has_finished_first_step(p) for p in case.probes):
+            return None
+        return max(p[-1].started_at for p in case.probes), "probe started_at"
+    t = case.latest
+    if t.rate_limiter.samples > 0:
+        return None
+    if uptime_s(t) > 0:
+        return t.observed_at - uptime_s(t), "server uptime (table worker time)"
+    return case.history[0].observed_at, "first sight of the table"
+
+
+def is_learner_starting(case: TableCase, th: Thresholds) -> Finding | None:
+    """No learner finished its first step yet: blocked inserts or an idle learner are start-up.
+
+    A JAX learner's first jit compile takes from seconds to many minutes (acme#212: 20)
+    while actors run ahead to max_diff. It holds for `startup_grace_s`; a learner still
+    not through its first step then is hung, and the usual critical finding opens.
+    """
+    began = startup_began(case)
+    if began is None or case.now - began[0] >= th.startup_grace_s:
+        return None
+    held = [f.kind for f in (is_insert_blocked(case, th), is_sample_blocked(case, th),
+                             *(is_learner_stalled(case, p, th) for p in case.probes))
+            if f is not None]
+    return _learner_starting(case, began, sorted(set(held)), th) if held else None
+
+
+def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str],
+                      th: Thresholds) -> Finding:
+    t, (start, basis) = case.latest, began
+    evidence = {**limiter_evidence(t), "grace_started_at": start, "grace_basis": basis,
+                "grace_left_s": th.startup_grace_s - (case.now - start),
+                "startup_grace_s": th.startup_grace_s, "would_be": held,
+                "samples": t.rate_limiter.samples,
+                "learner_steps": [p[-1].learner_steps for p in case.probes],
+                "batches_retrieved": [p[-1].batches_retrieved for p in case.probes]}
+    summary = (f"No learner on table '{t.name}' has finished its first step yet: the stall "
+               "is start-up (a first compile), not a hang, until the grace ends.")
+    fix = (f"Wait: if the learner has not finished a step {th.startup_grace_s:g} s after it "
+           f"started, this becomes {' / '.join(held)}.")
+    return case.finding(kinds.LEARNER_STARTING, summary, evidence, fix, since=start)
+
+
+# -- server_restarted ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """The last snapshot of the old server and the first of the new one."""
+
+    before: TableSnapshot
+    after: TableSnapshot
+    latest: TableSnapshot
+    restored: bool | None  # None: the old server's insert rate is unknown
+
+
+def last_restart(points: Sequence[TableSnapshot]) -> Restart | None:
+    """The newest server change in a table's history (counters or uptime went back), and
+    whether it was a restore."""
+    i = win.last_reset_index(points)
+    if i == 0:
+        return None
+    before, after = points[i - 1], points[i]
+    restored = None
+    if uptime_s(before) > 0:
+        old_rate = inserts_of(before) / uptime_s(before)
+        fresh_most = RESTORE_FACTOR * old_rate * max(uptime_s(after), 1.0)
+        restored = inserts_of(after) > fresh_most
+    return Restart(before, after, points[-1], restored)
+
+
+def is_server_restarted(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """The server behind the address was replaced or restored within the startup grace.
+
+    The rules judge each table from the restart on (its rates never go negative); this
+    says that it happened, with the counters before and after.
+    """
+    seen = {name: r for name, h in sorted(view.tables.items())
+            if (r := last_restart(h)) is not None
+            and now - r.after.observed_at < th.startup_grace_s}
+    return _server_restarted(view, seen, now) if seen else None
+
+
+def restart_evidence(r: Restart) -> dict[str, Any]:
+    """Before/after counters; after a restore, the inserts the limiter needs to sample again."""
+    counters = lambda t: {"inserts": t.rate_limiter.inserts,  # noqa: E731
+                          "samples": t.rate_limiter.samples, "current_size": t.current_size,
+                          "cursor": lim.cursor(t), "observed_at": t.observed_at}
+    out: dict[str, Any] = {"before": counters(r.before), "after": counters(r.after),
+                           "restored_from_checkpoint": r.restored}
+    if r.restored:
+        out["inserts_to_unblock"] = lim.inserts_to_sample(r.latest)
+    return out
+
+
+def _server_restarted(view: TargetView, seen: dict[str, Restart], now: float) -> Finding:
+    restored = any(r.restored for r in seen.values())
+    how = "restored from a checkpoint" if restored else "replaced (counters start again)"
+    summary = (f"The Reverb server at '{view.target}' restarted: {how}. Its tables are "
+               "judged from the restart on.")
+    fix = "Nothing, if the restart was intended."
+    unblock = {n: e["inserts_to_unblock"] for n, r in seen.items()
+               if "inserts_to_unblock" in (e := restart_evidence(r))}
+    if unblock:
+        fix += " Sampling waits until " + ", ".join(
+            f"{n} gets {k} more insert(s)" for n, k in unblock.items()) + "."
+    evidence = {"tables": {n: restart_evidence(r) for n, r in seen.items()}}
+    return kinds.SERVER_RESTARTED.finding(
+        view.target, "", summary, evidence, fix,
+        since=min(r.after.observed_at for r in seen.values()), last_seen=now)
+
+
+# -- stale_data ------------------------------------------------------------------------------------
+
+def limiter_kind(t: TableSnapshot) -> str:
+    """MinSize never holds samples back (min_diff -float max, max_diff float max)."""
+    rl = t.rate_limiter
+    if rl.min_diff <= -FLOAT_MAX * 0.5 and rl.max_diff >= FLOAT_MAX * 0.5:
+        return "MinSize"
+    return "SampleToInsertRatio"
+
+
+def is_stale_data(case: TableCase, th: Thresholds) -> Finding | None:
+    """No insert for the stall window while the learner keeps sampling: it trains on old data.
+
+    A limiter that never blocks sampling (MinSize, or a SampleToInsertRatio window wide
+    enough) hides dead actors: nothing hangs, the same items are sampled over and over
+    (instadeepai/Mava#801). Not before the first insert, and not in warm-up.
+    """
+    t = case.latest
+    if t.rate_limiter.inserts == 0 or lim.is_warming_up(t):
+        return None
+    idle = win.idle_for(case.history, inserts_of)
+    if idle < th.stall_window_s or win.idle_for(case.history, samples_of) >= th.stall_window_s:
+        return None
+    return _stale_data(case, idle)
+
+
+def _stale_data(case: TableCase, idle: float) -> Finding:
+    t = case.latest
+    onset = t.observed_at - idle
+    at_onset = next(s for s in case.history if s.observed_at >= onset)
+    drawn = samples_of(t) - samples_of(at_onset)
+    evidence = {**limiter_evidence(t), "seconds_since_last_insert": idle,
+                "samples_since_last_insert": drawn,
+                "times_each_item_sampled_since": drawn / t.current_size if t.current_size else None,
+                "limiter": limiter_kind(t)}
+    summary = (f"No actor has inserted into table '{t.name}' while the learner keeps sampling "
+               f"it ({limiter_kind(t)} limiter): it trains on a frozen table.")
+    fix = (f"Restart the actors feeding '{t.name}' (dead or stuck: check their logs); the "
+           "learner keeps training on the same items until they insert again.")
+    return case.finding(kinds.STALE_DATA, summary, evidence, fix, since=onset)
+
+
+def with_restore_evidence(found: list[Finding], points: Sequence[TableSnapshot]) -> list[Finding]:
+    """After a restore, sample_blocked says how many inserts unblock the restored limiter."""
+    r = last_restart(points)
+    if r is None or not r.restored:
+        return found
+    extra = {"restored_from_checkpoint": True,
+             "inserts_to_unblock": lim.inserts_to_sample(r.latest)}
+    return [dataclasses.replace(f, evidence={**f.evidence, **extra})
+            if f.kind == kinds.SAMPLE_BLOCKED.name else f for f in found]

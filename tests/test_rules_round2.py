@@ -1,0 +1,282 @@
+"""The lifecycle rules (issue 11): warmup_impossible, learner_starting, server_restarted,
+stale_data. One table row per case, each with why, as in tests/test_rules.py; then engine
+scenarios where they interact with other kinds (supersession across severities, restarts).
+
+Times are 1 s polls from t=1000 unless a case says otherwise; the stall window is 10 s. The
+server's uptime is the sum of the table worker's time (rules_lifecycle.uptime_s); `uptime`
+below sets it through `sleeping_ms`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from replaywatch.diagnosis import rules
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.ratelimiter import derive
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import FLOAT_MAX, Finding, Severity, TableSnapshot
+from tests.builders import (
+    DEFAULT,
+    probe_history,
+    table_history,
+    target_view,
+)
+from tests.test_rules import T20, assert_as_declared, case, waiting
+
+MIN_SIZE = dict(min_diff=-FLOAT_MAX, max_diff=FLOAT_MAX)
+WIDE = dict(min_diff=-1e6, max_diff=1e6)
+
+
+def uptime(history: tuple[TableSnapshot, ...], seconds_up: list[float]
+           ) -> tuple[TableSnapshot, ...]:
+    """The same snapshots with the table worker's total time (the server's uptime) set."""
+    return tuple(dataclasses.replace(
+        s, worker_time=dataclasses.replace(
+            s.worker_time, sleeping_ms=int(1000 * up) - s.worker_time.waiting_for_inserts_ms
+            - s.worker_time.waiting_for_sampling_ms))
+        for s, up in zip(history, seconds_up, strict=True))
+
+
+# Actors at max_diff (cursor 100), nothing sampled yet: the learner compiles its first step.
+def insert_blocked_at_start(**kw: Any) -> tuple[TableSnapshot, ...]:
+    return table_history(T20, 100, 0, waiting_for_sampling_ms=waiting(), **kw)
+
+
+# A probe whose learner took its first batch at t=1000 and is compiling (not in next()).
+def compiling(steps: int = 0, batches: int = 1, started_at: float = 995.0):
+    return probe_history(T20, batches, steps=steps, started_at=started_at, ready=True)
+
+
+CAN_SAMPLE = table_history(T20, 1000, 256, min_diff=0.0, max_diff=FLOAT_MAX)
+
+Rule = Callable[..., "Finding | None"]
+ROUND2_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
+    # -- warmup_impossible: max_size below min_size_to_sample, from one snapshot --------------
+    # alf PR#1737: max_size 10 < min_size_to_sample 20; inserts flow, size stays at 10.
+    ("warmup_impossible_when_max_size_is_below_min_size", rules.is_warmup_impossible,
+     lambda: case(table_history([1000.0], 30, 0, max_size=10, min_size=20)),
+     "warmup_impossible"),
+    # Exactly min_size_to_sample items fit: warm-up can end.
+    ("no_warmup_impossible_when_max_size_holds_min_size", rules.is_warmup_impossible,
+     lambda: case(table_history([1000.0], 30, 0, max_size=20, min_size=20)), None),
+    # -- stale_data: inserts stopped, sampling continues --------------------------------------
+    # MinSize limiter, 500 items, no insert since t=1000, 100 samples/s.
+    ("stale_data_when_a_min_size_table_is_sampled_without_inserts", rules.is_stale_data,
+     lambda: case(table_history(T20, 500, [100 * i for i in range(20)], **MIN_SIZE)),
+     "stale_data"),
+    # A wide SampleToInsertRatio window (slack 2e6) lets the learner go on for hours.
+    ("stale_data_with_a_wide_sample_to_insert_ratio_window", rules.is_stale_data,
+     lambda: case(table_history(T20, 500, [100 * i for i in range(20)], **WIDE)),
+     "stale_data"),
+    # A healthy MinSize job: inserts progress.
+    ("no_stale_data_while_inserts_progress", rules.is_stale_data,
+     lambda: case(table_history(T20, [500 + i for i in range(20)],
+                                [100 * i for i in range(20)], **MIN_SIZE)), None),
+    # Inserts stopped only 5 s ago.
+    ("no_stale_data_before_the_stall_window", rules.is_stale_data,
+     lambda: case(table_history(T20, [500 + min(i, 14) for i in range(20)],
+                                [100 * i for i in range(20)], **MIN_SIZE)), None),
+    # Sampling stopped too: a blocked table, sample_blocked's business.
+    ("no_stale_data_when_sampling_stopped_too", rules.is_stale_data,
+     lambda: case(table_history(T20, 500, 1900, **MIN_SIZE)), None),
+    # Warm-up: below min_size_to_sample nothing can be sampled (and nothing was).
+    ("no_stale_data_during_warmup", rules.is_stale_data,
+     lambda: case(table_history(T20, 50, 0, min_size=100, **MIN_SIZE)), None),
+    # -- learner_starting: before the first step, within the grace ----------------------------
+    # Reverb alone: actors at max_diff, nothing sampled, the server up ~19 s.
+    ("learner_starting_when_inserts_block_before_any_sample", rules.is_learner_starting,
+     lambda: case(insert_blocked_at_start()), "learner_starting"),
+    # The server has been up 700 s and nothing was ever sampled: past the 600 s grace.
+    ("no_learner_starting_after_the_grace", rules.is_learner_starting,
+     lambda: case(uptime(insert_blocked_at_start(), [681.0 + i for i in range(20)])), None),
+    # Samples flowed once: the learner has started; a stall now is a stall.
+    ("no_learner_starting_once_samples_flowed", rules.is_learner_starting,
+     lambda: case(table_history(T20, 100, 1, waiting_for_sampling_ms=waiting())), None),
+    # Healthy start: inserts flow below max_diff, nothing blocked, nothing to explain.
+    ("no_learner_starting_when_nothing_is_blocked", rules.is_learner_starting,
+     lambda: case(table_history(T20, list(range(20)), 0, waiting_for_sampling_ms=waiting())),
+     None),
+    # Probe: one batch taken, no step, not in next(), the table can sample: compiling.
+    ("learner_starting_when_the_probe_shows_no_first_step", rules.is_learner_starting,
+     lambda: case(CAN_SAMPLE, compiling()), "learner_starting"),
+    # Probe: the first step finished (steps 1): a stall now is learner_stalled.
+    ("no_learner_starting_after_the_first_step", rules.is_learner_starting,
+     lambda: case(CAN_SAMPLE, compiling(steps=1)), None),
+    # Probe: no step marked, but a second batch was taken: the first step ended.
+    ("no_learner_starting_after_a_second_batch", rules.is_learner_starting,
+     lambda: case(CAN_SAMPLE, compiling(batches=2)), None),
+    # Probe: the trainer started 700 s ago (its started_at) and never stepped: hung.
+    ("no_learner_starting_when_the_trainer_started_before_the_grace", rules.is_learner_starting,
+     lambda: case(CAN_SAMPLE, compiling(started_at=319.0)), None),
+]
+
+
+@pytest.mark.parametrize("name,rule,scenario,expected", ROUND2_CASES,
+                         ids=[c[0] for c in ROUND2_CASES])
+def test_lifecycle_rule(name: str, rule: Rule, scenario: Callable[[], Any],
+                        expected: str | None) -> None:
+    finding = rule(scenario(), DEFAULT)
+    assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rule)
+
+
+def test_warmup_impossible_names_which_number_to_change_to_what() -> None:
+    finding = rules.is_warmup_impossible(
+        case(table_history([1000.0], 30, 0, max_size=10, min_size=20)), DEFAULT)
+    assert finding is not None and finding.severity is Severity.CRITICAL
+    assert (finding.evidence["max_size"], finding.evidence["min_size_to_sample"],
+            finding.evidence["current_size"]) == (10, 20, 10)
+    assert "Raise max_size of 'replay' to at least 20" in finding.fix
+    assert "min_replay_size) to at most 10" in finding.fix
+
+
+def test_stale_data_evidence_counts_the_samples_since_the_last_insert() -> None:
+    # Last insert seen at t=1000; 1900 samples since over 500 items: 3.8 times each.
+    finding = rules.is_stale_data(
+        case(table_history(T20, 500, [100 * i for i in range(20)], **MIN_SIZE)), DEFAULT)
+    assert finding is not None and finding.severity is Severity.WARNING
+    assert finding.since == 1000.0
+    assert finding.evidence["seconds_since_last_insert"] == 19.0
+    assert finding.evidence["samples_since_last_insert"] == 1900
+    assert finding.evidence["times_each_item_sampled_since"] == pytest.approx(3.8)
+    assert finding.evidence["limiter"] == "MinSize"
+    assert "Restart the actors" in finding.fix
+
+
+def test_learner_starting_says_when_its_grace_began_and_why() -> None:
+    finding = rules.is_learner_starting(case(CAN_SAMPLE, compiling()), DEFAULT)
+    assert finding is not None and finding.severity is Severity.INFO
+    assert finding.evidence["grace_basis"] == "probe started_at"
+    assert finding.since == 995.0 and finding.evidence["grace_left_s"] == 600 - 24
+    assert finding.evidence["would_be"] == ["learner_stalled"]
+    alone = rules.is_learner_starting(case(insert_blocked_at_start()), DEFAULT)
+    assert alone is not None
+    assert alone.evidence["grace_basis"] == "server uptime (table worker time)"
+    assert alone.evidence["would_be"] == ["insert_blocked"]
+
+
+# -- engine: supersession across severities ------------------------------------------------------
+
+def kinds_of(view: Any, th: Thresholds = DEFAULT, now: float = 1019.0) -> list[str]:
+    return [f.kind for f in diagnose(view, th, now).findings]
+
+
+def test_learner_starting_stands_down_insert_blocked_until_the_grace_ends() -> None:
+    view = target_view([insert_blocked_at_start()])
+    assert kinds_of(view) == ["learner_starting"]
+    # The same table with a 15 s grace: the server has been up ~19 s, so it is a stall.
+    assert kinds_of(view, Thresholds(startup_grace_s=15.0)) == ["insert_blocked"]
+
+
+def test_learner_starting_stands_down_learner_stalled_and_a_hang_is_caught_after_it() -> None:
+    view = target_view([CAN_SAMPLE], [compiling()])
+    found = diagnose(view, DEFAULT, 1019.0).findings
+    assert [(f.kind, f.severity) for f in found] == [("learner_starting", Severity.INFO)]
+    assert kinds_of(view, Thresholds(startup_grace_s=20.0)) == ["learner_stalled"]
+
+
+def test_warmup_impossible_on_the_first_poll_and_it_supersedes_warmup() -> None:
+    first = diagnose(target_view([table_history([1000.0], 10, 0, max_size=10, min_size=20)]),
+                     DEFAULT, 1000.0)
+    assert [f.kind for f in first.findings] == ["warmup_impossible"]
+    assert first.insufficient == ("table:replay",)
+    filling = table_history(T20, [10 + 5 * i for i in range(20)], 0, max_size=10, min_size=20)
+    assert kinds_of(target_view([filling])) == ["warmup_impossible"]
+
+
+# -- restarts and restores -------------------------------------------------------------------------
+
+def restarted_table() -> tuple[TableSnapshot, ...]:
+    """Healthy to t=1014 on a server up an hour; a fresh server from t=1015 (up 0.5 s)."""
+    inserts = [1000 + 2 * i for i in range(15)] + [2 * i for i in range(5)]
+    samples = [900 + 2 * i for i in range(15)] + [2 * i for i in range(5)]
+    ups = [3600.0 + i for i in range(15)] + [0.5 + i for i in range(5)]
+    return uptime(table_history(T20, inserts, samples), ups)
+
+
+def test_a_replaced_server_is_server_restarted_with_counters_not_a_stall() -> None:
+    table = restarted_table()
+    found = diagnose(target_view([table]), DEFAULT, 1019.0).findings
+    assert [(f.kind, f.severity, f.table) for f in found] == [
+        ("server_restarted", Severity.INFO, "")]
+    tables = found[0].evidence["tables"]
+    assert tables["replay"]["before"]["inserts"] == 1028
+    assert tables["replay"]["after"]["inserts"] == 0
+    assert tables["replay"]["restored_from_checkpoint"] is False
+    assert found[0].since == 1015.0
+    derived = derive(table)
+    assert derived.insert_rate == 2.0 and derived.sample_rate == 2.0
+
+
+ROUND2_VIEW_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
+    # Counters and uptime went back at t=1015: a new server under the same address.
+    ("server_restarted_when_counters_go_back", rules.is_server_restarted,
+     lambda: target_view([restarted_table()]), "server_restarted"),
+    # The same server all along (uptime grows with the polls).
+    ("no_server_restarted_on_one_server", rules.is_server_restarted,
+     lambda: target_view([uptime(table_history(T20, list(range(20)), 0),
+                                 [50.0 + i for i in range(20)])]), None),
+]
+
+
+@pytest.mark.parametrize("name,rule,scenario,expected", ROUND2_VIEW_CASES,
+                         ids=[c[0] for c in ROUND2_VIEW_CASES])
+def test_lifecycle_view_rule(name: str, rule: Rule, scenario: Callable[[], Any],
+                             expected: str | None) -> None:
+    finding = rule(scenario(), DEFAULT, 1019.0)
+    assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rule)
+
+
+def test_server_restarted_ends_after_the_startup_grace() -> None:
+    table = restarted_table()
+    th = Thresholds(startup_grace_s=4.0)  # the restart at t=1015 is 4 s old at t=1019
+    assert rules.is_server_restarted(target_view([table]), th, 1019.0) is None
+
+
+# reverb#118: spi 256, min_size 500 and tolerance 0.1 give error_buffer 12800, so
+# min_diff = 256 * 500 - 12800 = 115200 and max_diff = 140800. Restored counters: inserts
+# 100073, samples 25,503,488, so cursor = 100073 * 256 - 25,503,488 = 115200 = min_diff:
+# a sample needs cursor - 1 >= min_diff, and one insert (+256) allows it.
+RESTORE_LIMITER = dict(spi=256.0, min_diff=115_200.0, max_diff=140_800.0, min_size=500,
+                       size=100_000)
+
+
+def restored_table(before_inserts: int = 100_500) -> tuple[TableSnapshot, ...]:
+    """Up ten hours to t=1004; restored from the checkpoint at t=1005; the learner waits."""
+    inserts = [before_inserts] * 5 + [100_073] * 15
+    samples = [before_inserts * 256 - 115_200] * 5 + [25_503_488] * 15
+    table = table_history(T20, inserts, samples, waiting_for_inserts_ms=waiting(),
+                          **RESTORE_LIMITER)
+    return uptime(table, [36_000.0 + i for i in range(5)] + [1.0 + i for i in range(15)])
+
+
+def test_reverb_118_restore_is_named_and_says_one_insert_unblocks_sampling() -> None:
+    assert 100_073 * 256 - 25_503_488 == 115_200
+    found = {f.kind: f for f in diagnose(target_view([restored_table()]), DEFAULT,
+                                         1019.0).findings}
+    assert set(found) == {"server_restarted", "sample_blocked"}
+    restart = found["server_restarted"].evidence["tables"]["replay"]
+    assert restart["restored_from_checkpoint"] is True
+    assert restart["after"] == {"inserts": 100_073, "samples": 25_503_488,
+                                "current_size": 100_000, "cursor": 115_200.0,
+                                "observed_at": 1005.0}
+    assert restart["inserts_to_unblock"] == 1
+    assert "replay gets 1 more insert(s)" in found["server_restarted"].fix
+    blocked = found["sample_blocked"].evidence
+    assert blocked["inserts_to_unblock"] == 1 and blocked["restored_from_checkpoint"] is True
+    assert found["sample_blocked"].since == 1005.0  # judged from the restore on
+
+
+def test_a_restore_whose_counters_did_not_go_back_is_seen_by_the_server_uptime() -> None:
+    # The checkpoint was written at shutdown: the same counters, a server up 1 s.
+    table = restored_table(before_inserts=100_073)
+    restart = rules.is_server_restarted(target_view([table]), DEFAULT, 1019.0)
+    assert restart is not None
+    assert restart.evidence["tables"]["replay"]["restored_from_checkpoint"] is True
+    assert diagnose(target_view([table]), DEFAULT, 1019.0).findings[0].since >= 1005.0
