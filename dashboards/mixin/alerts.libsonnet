@@ -61,6 +61,13 @@
       summary: 'Rate-limiter slack below one batch: {{ $labels.target }} table {{ $labels.table }}',
       description: 'The rate limiter of table {{ $labels.table }} on {{ $labels.target }} allows less slack (max_diff - min_diff) than one batch plus samples_per_insert: this job will stall once its warm-up credit is spent. The required slack: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
     },
+    {
+      kind: 'warmup_impossible',
+      severity: 'critical',
+      'for': c.criticalFor,
+      summary: 'Table can never fill to min_size_to_sample: {{ $labels.target }} table {{ $labels.table }}',
+      description: 'Table {{ $labels.table }} on {{ $labels.target }} holds at most max_size items, fewer than its min_size_to_sample: the learner can never sample and the job never starts training. Which number to change to what: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+    },
   ],
 
   // Every warning kind, by the severity label the sidecar puts on its findings. The runbook is
