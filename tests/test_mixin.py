@@ -6,6 +6,7 @@ follows the mixin conventions (one CamelCase prefix, severity, four annotations)
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from harness.procs import ROOT
 from replaywatch.diagnosis import kinds
 from tests.support.monitoring import ALERTS_YML, DASHBOARD_JSON, load_dashboard
 
-pytestmark = pytest.mark.slow  # runs jsonnet, a Debian package (about 1 s in all)
+pytestmark = pytest.mark.slow  # runs jsonnet and jsonnetfmt, Debian's (about 2 s in all)
 
 MIXIN = ROOT / "dashboards" / "mixin"
 RUNBOOKS = ROOT / "docs" / "runbooks"
@@ -133,6 +134,14 @@ def test_names_labels_and_annotations_follow_the_mixin_conventions(built: dict[s
                  if page == "{{ $labels.kind }}.md" else [page])
         for page in pages:
             assert (RUNBOOKS / page).is_file(), f"{name}: docs/runbooks/{page} is missing"
+
+
+def test_the_mixin_sources_are_jsonnetfmt_formatted() -> None:
+    sources = sorted(str(p) for p in MIXIN.glob("*.libsonnet"))
+    done = subprocess.run(["jsonnetfmt", "--test", *sources], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, (f"not formatted: run jsonnetfmt -i dashboards/mixin/*.libsonnet"
+                                  f"\n{done.stderr}")
 
 
 def test_dashboard_url_opens_the_checked_in_dashboard(built: dict[str, Any]) -> None:
