@@ -5,6 +5,13 @@ a critical finding opens, captures the trainer's thread stacks as evidence.
 It runs on the poller's thread (the one writer). Capturing stacks is I/O that
 can take seconds (py-spy), so it runs on a short-lived worker thread and
 never delays the poll cadence.
+
+Without any probe, a `sample_blocked` opening on a synchronous layout with
+`--trainer-pid` given makes it take two py-spy dumps a second apart (issue 11,
+item 8). Their verdict (is the loop thread inside an iterator's next() in both?)
+is kept per table and handed to the pure diagnosis as data with its time, so
+the next cycle can name `worker_starvation` "from stacks", and keeps doing so
+while the stall lasts. Nothing is dumped while the job is healthy.
 """
 
 from __future__ import annotations
@@ -17,12 +24,15 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Reconciled, Transition, reconcile
+from replaywatch.diagnosis.stacks import StackVerdict, stack_verdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import SourceError
 from replaywatch.history import History
@@ -74,6 +84,15 @@ def py_spy_dump(pid: int, timeout_s: float) -> dict[str, Any]:
 
 
 StackFetcher = Callable[[Sequence[str], int | None], dict[str, Any] | None]
+# pid -> one `py-spy dump --json` document ({"threads": [...]} or {"error": ...}).
+StackDumper = Callable[[int], dict[str, Any]]
+# Two dumps this far apart both inside next() are a loop that stays there, not a passing call.
+DUMP_GAP_S = 1.0
+
+
+def dump_trainer(pid: int) -> dict[str, Any]:
+    """One py-spy dump of the trainer, with the usual timeout."""
+    return py_spy_dump(pid, 5.0)
 
 
 class FindingsKeeper:
@@ -91,6 +110,8 @@ class FindingsKeeper:
         incidents: IncidentLog | None,
         trainer_pid: int | None = None,
         stack_fetcher: StackFetcher = fetch_stacks,
+        stack_dumper: StackDumper = dump_trainer,
+        dump_gap_s: float = DUMP_GAP_S,
     ):
         self._targets = targets
         self._th = thresholds
@@ -98,6 +119,11 @@ class FindingsKeeper:
         self._incidents = incidents
         self._trainer_pid = trainer_pid
         self._fetch_stacks = stack_fetcher
+        self._dump = stack_dumper
+        self._dump_gap_s = dump_gap_s
+        # (target, table) -> the two-dump verdict and its dumps; written by the dump thread.
+        self._verdicts: dict[tuple[str, str], tuple[StackVerdict, dict[str, Any]]] = {}
+        self._verdicts_lock = threading.Lock()
         self._active: dict[tuple[str, str, str], Finding] = {}
         self._resumed = False
         self._held: set[tuple[str, str, str]] = set()
@@ -129,7 +155,7 @@ class FindingsKeeper:
         targets = self._targets()
         for target, probes in targets.items():
             view = history.view(target, probes, start=now - self._window_s)
-            diagnosis = diagnose(view, self._th, now)
+            diagnosis = diagnose(view, self._th, now, stacks=self._stack_verdicts(target))
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
         found_keys = {f.key for f in found}
@@ -144,6 +170,8 @@ class FindingsKeeper:
         transitions = list(result.transitions) + [
             Transition("resolved", dataclasses.replace(f, resolved_at=now)) for f in gone]
         self._active = {k: f for k, f in result.active.items() if f.target in targets}
+        self._forget_verdicts()
+        self._dump_loop_stacks(transitions)
         self._record(transitions, history, targets, now)
         ids: dict[str, int] = {}
         log_error, dropped = None, 0
@@ -172,7 +200,13 @@ class FindingsKeeper:
         # With no new transitions this retries what a failed write left queued.
         self._incidents.apply(transitions, self._context(transitions, history, targets))
         for t in transitions:
-            if t.kind == "opened" and t.finding.severity == Severity.CRITICAL:
+            if t.kind != "opened" or t.finding.severity != Severity.CRITICAL:
+                continue
+            if self._wants_loop_dumps(t.finding):
+                continue  # its two dumps are attached when taken
+            if t.finding.evidence.get("from_stacks"):
+                self._attach_loop_dumps(t.finding)
+            else:
                 self._capture_stacks(t.finding, targets.get(t.finding.target, []))
 
     def _context(self, transitions: list[Transition], history: History,
@@ -204,3 +238,55 @@ class FindingsKeeper:
         # and a daemon thread never holds up the sidecar's exit.
         threading.Thread(target=capture, name="replaywatch-stacks", daemon=True).start()
 
+    # -- item 8: two dumps of a synchronous loop, without any probe ------------------------------
+
+    def _stack_verdicts(self, target: str) -> dict[str, StackVerdict]:
+        with self._verdicts_lock:
+            return {table: v for (tgt, table), (v, _) in self._verdicts.items() if tgt == target}
+
+    def _forget_verdicts(self) -> None:
+        """A verdict lasts while its stall does: a sample_blocked or the starvation it became."""
+        stalled = {(f.target, f.table) for f in self._active.values()
+                   if f.kind in (kinds.SAMPLE_BLOCKED.name, kinds.WORKER_STARVATION.name)}
+        with self._verdicts_lock:
+            for key in [k for k in self._verdicts if k not in stalled]:
+                del self._verdicts[key]
+
+    def _wants_loop_dumps(self, finding: Finding) -> bool:
+        """A sample_blocked on a synchronous layout that no trainer probe reads, and a pid."""
+        return (self._trainer_pid is not None and finding.kind == kinds.SAMPLE_BLOCKED.name
+                and finding.evidence.get("layout") == "synchronous"
+                and not finding.evidence.get("trainer_probes"))
+
+    def _dump_loop_stacks(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            if t.kind == "opened" and self._wants_loop_dumps(t.finding):
+                self._start_loop_dumps(t.finding)
+
+    def _start_loop_dumps(self, finding: Finding) -> None:
+        pid, incidents = self._trainer_pid, self._incidents
+        assert pid is not None
+        requested_at = finding.last_seen  # the diagnosis time that asked, on the view's clock
+
+        def dump_twice() -> None:
+            first = self._dump(pid)
+            time.sleep(self._dump_gap_s)
+            second = self._dump(pid)
+            verdict = stack_verdict(first, second, requested_at)
+            dumps = {f"py-spy:{pid}": first, f"py-spy:{pid} +{self._dump_gap_s:g}s": second}
+            with self._verdicts_lock:
+                self._verdicts[(finding.target, finding.table)] = (verdict, dumps)
+            log.info("%s %s: loop %s in two dumps", finding.target, finding.table,
+                     "inside next()" if verdict.in_next else "not inside next()")
+            if incidents is not None and not incidents.attach_stacks(finding.finding_id, dumps):
+                log.warning("could not store stacks for %s", finding.finding_id)
+
+        # Off the poller's thread, as _capture_stacks; each dump has a timeout.
+        threading.Thread(target=dump_twice, name="replaywatch-loop-stacks", daemon=True).start()
+
+    def _attach_loop_dumps(self, finding: Finding) -> None:
+        """A starvation named from stacks keeps the dumps that named it; no third dump."""
+        with self._verdicts_lock:
+            kept = self._verdicts.get((finding.target, finding.table))
+        if kept is not None and self._incidents is not None:
+            self._incidents.attach_stacks(finding.finding_id, kept[1])

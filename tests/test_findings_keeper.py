@@ -7,6 +7,7 @@ resumed and held open meanwhile: not resolved and re-opened, never duplicated.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -147,3 +148,130 @@ def test_a_critical_opening_fetches_the_trainers_stacks_off_the_poll_thread(
         assert row is not None and row["stacks"][PROBE]["threads"][0]["name"] == "learner"
     finally:
         log.close()
+
+
+# -- item 8: a synchronous loop seen inside next() in two dumps, without any probe ---------------
+
+class FakeDumper:
+    """Stands in for `py-spy dump --json` behind the keeper's StackDumper interface."""
+
+    def __init__(self, *documents: dict[str, Any]):
+        self.documents = list(documents)
+        self.pids: list[int] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, pid: int) -> dict[str, Any]:
+        with self.lock:
+            self.pids.append(pid)
+            return self.documents[min(len(self.pids), len(self.documents)) - 1]
+
+
+def in_next() -> dict[str, Any]:
+    from tests.test_stacks import TF_DATA
+    return TF_DATA
+
+
+def in_update() -> dict[str, Any]:
+    from tests.test_stacks import IN_UPDATE
+    return IN_UPDATE
+
+
+def frozen_loop(history: History, until: float) -> None:
+    """The seed's synchronous table, hung from t=1000 (Reverb alone: no probe), polled once a
+    second up to `until`; the table worker keeps waiting for inserts."""
+    seed = seed_hung_table()
+    recorded = history.table(TARGET, "replay")
+    t = recorded[-1].observed_at + 1 if recorded else seed[0].observed_at
+    while t <= until:
+        last = seed[min(int(t - 1000), len(seed) - 1)]
+        waited = last.worker_time.waiting_for_inserts_ms + int(980 * max(0.0, t - 1019))
+        snapshot = dataclasses.replace(last, observed_at=t, worker_time=dataclasses.replace(
+            last.worker_time, waiting_for_inserts_ms=waited))
+        history.record(PollOutcome(TARGET, "reverb", t, 0.001, tables=(snapshot,)))
+        t += 1.0
+
+
+def run_until(keeper: FindingsKeeper, history: History, kind: str, start: float,
+              timeout_s: float = 5.0) -> tuple[float, list[Finding]]:
+    """Cycles one poll apart until a finding of `kind` shows (the dumps run on their own
+    thread), or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    t = start
+    while True:
+        frozen_loop(history, t)
+        found = list(keeper.diagnose_cycle(history, {}, t).findings)
+        if any(f.kind == kind for f in found) or time.monotonic() > deadline:
+            return t, found
+        t += 1.0
+        time.sleep(0.02)
+
+
+def test_a_synchronous_sample_blocked_becomes_starvation_from_two_dumps_in_next(
+        tmp_path: Path) -> None:
+    dumper = FakeDumper(in_next())
+    log = IncidentLog(str(tmp_path / "incidents.db"))
+    keeper = FindingsKeeper(lambda: {TARGET: []}, TH, 1.0, log, trainer_pid=4242,
+                            stack_dumper=dumper, dump_gap_s=0.0)
+    history = History()
+    try:
+        frozen_loop(history, 1019.0)
+        first = keeper.diagnose_cycle(history, {}, 1019.0).findings
+        assert [f.kind for f in first if f.severity == Severity.CRITICAL] == ["sample_blocked"]
+        t, found = run_until(keeper, history, "worker_starvation", 1020.0)
+        (starved,) = [f for f in found if f.kind == "worker_starvation"]
+        assert starved.evidence["from_stacks"] is True
+        assert starved.evidence["loop_in"] == "tf.data IteratorGetNext"
+        assert starved.since == 1000.0 and "num_parallel_calls=1" in starved.fix
+        assert dumper.pids == [4242, 4242]  # two dumps, once
+        # The next cycles keep the verdict while the stall lasts; no more dumps.
+        for later in (t + 1, t + 2, t + 3):
+            frozen_loop(history, later)
+            kinds_now = [f.kind for f in keeper.diagnose_cycle(history, {}, later).findings]
+            assert "worker_starvation" in kinds_now and "sample_blocked" not in kinds_now
+        assert dumper.pids == [4242, 4242]
+        rows = {r["finding_id"]: r for r in log.list("all")}
+        stored = log.get(rows[starved.finding_id]["id"])
+        assert stored is not None and set(stored["stacks"]) == {"py-spy:4242", "py-spy:4242 +0s"}
+    finally:
+        log.close()
+
+
+def test_a_loop_outside_next_stays_sample_blocked_and_is_dumped_once(tmp_path: Path) -> None:
+    dumper = FakeDumper(in_next(), in_update())  # in next(), then in its update step
+    keeper = FindingsKeeper(lambda: {TARGET: []}, TH, 1.0, None, trainer_pid=4242,
+                            stack_dumper=dumper, dump_gap_s=0.0)
+    history = History()
+    frozen_loop(history, 1019.0)
+    keeper.diagnose_cycle(history, {}, 1019.0)
+    deadline = time.monotonic() + 5
+    while keeper._stack_verdicts(TARGET) == {}:
+        assert time.monotonic() < deadline, "the dumps never finished"
+        time.sleep(0.01)
+    for t in (1020.0, 1021.0, 1022.0):
+        frozen_loop(history, t)
+        kinds_now = [f.kind for f in keeper.diagnose_cycle(history, {}, t).findings]
+        assert "sample_blocked" in kinds_now and "worker_starvation" not in kinds_now
+    assert dumper.pids == [4242, 4242]
+
+
+def test_nothing_is_dumped_while_the_job_is_healthy_or_a_probe_reads_the_table(
+        tmp_path: Path) -> None:
+    dumper = FakeDumper(in_next())
+    healthy = FindingsKeeper(lambda: {T: []}, TH, 1.0, None, trainer_pid=4242,
+                             stack_dumper=dumper, dump_gap_s=0.0)
+    history = History()
+    for i in range(30):
+        poll(history, START + i, ok=True)
+        assert healthy.diagnose_cycle(history, {}, START + i).findings == ()
+    # The seed hang with the trainer probe attached: the probe decides, no dumps.
+    probed = FindingsKeeper(lambda: {TARGET: [PROBE]}, TH, 1.0, None, trainer_pid=4242,
+                            stack_dumper=dumper, dump_gap_s=0.0,
+                            stack_fetcher=lambda urls, pid: None)
+    hung = History()
+    for table, probe in zip(seed_hung_table(), seed_hung_probe(), strict=True):
+        hung.record(PollOutcome(TARGET, "reverb", table.observed_at, 0.001, tables=(table,)))
+        hung.record(PollOutcome(PROBE, "probe", probe.observed_at, 0.001, probe=probe))
+    assert "worker_starvation" in [f.kind for f in probed.diagnose_cycle(hung, {}, 1019.0)
+                                   .findings]
+    time.sleep(0.1)
+    assert dumper.pids == []

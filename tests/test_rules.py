@@ -7,6 +7,7 @@ newest poll. The stall window is the default 10 s.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,18 @@ import pytest
 
 from replaywatch.diagnosis import kinds, rules
 from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.rules import TableCase
-from replaywatch.model import FLOAT_MAX, Finding, ProbeSnapshot, Severity, TableSnapshot
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import (
+    FLOAT_MAX,
+    ActorSnapshot,
+    Finding,
+    ProbeSnapshot,
+    Severity,
+    TableSnapshot,
+)
+from tests.actor_builders import ACTOR, actor_snapshot
 from tests.builders import (
     DEFAULT,
     SEED_BLOCKING_LIMITER,
@@ -34,10 +45,21 @@ FROZEN = [5] * 20
 
 
 def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
-         now: float | None = None) -> TableCase:
+         now: float | None = None, actors: tuple[Actor, ...] = ()) -> TableCase:
     history = win.since_last_reset(table)
     return TableCase("localhost:8000", history, probes,
-                     history[-1].observed_at if now is None else now)
+                     history[-1].observed_at if now is None else now, actors=actors)
+
+
+def actor(times: list[float] | None = None, *, url: str = ACTOR,
+          waiting_on: str | None = None, **kw: Any) -> Actor:
+    """An actor probe answering every poll; `waiting_on` set means inside waiting() since the
+    first poll."""
+    times = T20 if times is None else times
+    history = tuple(actor_snapshot(t, 500, url=url, waiting_on=waiting_on,
+                                   waiting_for=t - times[0] + 1.0 if waiting_on else 0.0, **kw)
+                    for t in times)
+    return Actor(url, history, polls(times))
 
 
 def assert_as_declared(finding: Finding | None, rule: Callable) -> None:
@@ -223,32 +245,148 @@ def with_probe(table: tuple[TableSnapshot, ...], probe: tuple[ProbeSnapshot, ...
     return case(table, probe), probe
 
 
+def with_waiting_actor(table: tuple[TableSnapshot, ...], probe: tuple[ProbeSnapshot, ...]
+                       ) -> tuple[TableCase, tuple[ProbeSnapshot, ...]]:
+    """An actor probe that has waited on the learner (a policy-lag bound) at times."""
+    waited = Actor(ACTOR, tuple(dataclasses.replace(actor_snapshot(t, 500), waits_total=3)
+                                for t in T20), polls(T20))
+    return case(table, probe, actors=(waited,)), probe
+
+
+# -- worker_starvation: a proven circular wait --------------------------------------------------
+
+def async_hung_table() -> tuple[TableSnapshot, ...]:
+    """The seed hung with a blocking limiter (asynchronous: actors insert in their own
+    threads); the cursor sits at min_diff and the table worker waits for inserts."""
+    return table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
+                         waiting_for_inserts_ms=waiting(), **SEED_BLOCKING_LIMITER)
+
+
+def dead_actor(url: str = ACTOR) -> Actor:
+    """Answered until t=1004, then its process (and probe) went away."""
+    history = tuple(actor_snapshot(t, 500, url=url) for t in T20[:5])
+    return Actor(url, history, polls(T20, ok=[True] * 5 + [False] * 15))
+
+
+def silent_actor(url: str = ACTOR) -> Actor:
+    """Alive (its probe answers) but no step, no item and no wait for 19 s."""
+    history = tuple(dataclasses.replace(actor_snapshot(t, 500, url=url),
+                                        seconds_since_last_step=t - 999.0) for t in T20)
+    return Actor(url, history, polls(T20))
+
+
+StarvationScenario = Callable[[], TableCase]
+
+STARVATION_CASES: list[tuple[str, StarvationScenario, str | None]] = [
+    # The seed hang: synchronous, 12 workers, blocked 20 s, no samples, headroom 0, 1536 stranded.
+    ("worker_starvation_when_12_workers_strand_a_batch",
+     lambda: case(seed_hung_table(), seed_hung_probe()), "worker_starvation"),
+    # One worker: at most 255 stranded, so fewer than a batch can be missing... here 0.
+    ("no_worker_starvation_when_nothing_is_stranded",
+     lambda: case(seed_hung_table(), seed_hung_probe(workers=1, batches=5100)), None),
+    # Blocked only 9 s: shorter than the stall window.
+    ("no_worker_starvation_before_the_stall_window",
+     lambda: case(seed_hung_table(), probe_history(T20, SEED_BATCHES, blocked_for=9.0,
+                                                   workers=12)), None),
+    # The learner waits briefly in a healthy loop; samples keep flowing.
+    ("no_worker_starvation_in_a_healthy_synchronous_loop",
+     lambda: case(*seed_healthy(workers=12)), None),
+    # 103,936 samples undelivered behind 12 workers of 256 (3072 in partial batches): more
+    # than the requested workers hold. Acme's interleave runs ~3 iterators per worker and
+    # each has a sampler queue (~32,000 on the seed's job): any number is evidence.
+    ("worker_starvation_whatever_the_number_stranded",
+     lambda: case(seed_hung_table(), seed_hung_probe(batches=SEED_BATCHES - 400)),
+     "worker_starvation"),
+    # The limiter allows samples (headroom 5000) and nobody waits for inserts.
+    ("no_worker_starvation_when_the_limiter_allows_samples",
+     lambda: case(table_history(T20, SEED_FROZEN_INSERTS,
+                                [s - 5000 for s in SEED_FROZEN_SAMPLES], **SEED_LIMITER),
+                  seed_hung_probe(batches=SEED_BATCHES - 20)), None),
+    # Asynchronous, 4 workers, 1536 stranded, every actor alive and waiting on the learner
+    # (a policy-lag bound) for the whole window: the asynchronous circular wait.
+    ("worker_starvation_when_async_actors_all_wait_on_the_learner",
+     lambda: case(async_hung_table(), seed_hung_probe(workers=4),
+                  actors=(actor(waiting_on="learner"),
+                          actor(url="http://a1", waiting_on="learner", name="actor-1"))),
+     "worker_starvation"),
+    # The reported wrong verdict: asynchronous, 4 workers, the actors died holding partial
+    # batches. Dead actors are sample_blocked's (restart them), never num_parallel_calls=1.
+    ("no_worker_starvation_when_async_actors_are_dead",
+     lambda: case(async_hung_table(), seed_hung_probe(workers=4), actors=(dead_actor(),)),
+     None),
+    # Alive but silent: no step, no wait on the learner.
+    ("no_worker_starvation_when_async_actors_are_silent",
+     lambda: case(async_hung_table(), seed_hung_probe(workers=4), actors=(silent_actor(),)),
+     None),
+    # One waits on the learner, another is dead: not every actor is in the circle.
+    ("no_worker_starvation_when_one_async_actor_is_dead",
+     lambda: case(async_hung_table(), seed_hung_probe(workers=4),
+                  actors=(actor(waiting_on="learner"), dead_actor(url="http://a1"))), None),
+    # No actor information in an asynchronous layout: the cause is not proven.
+    ("no_worker_starvation_when_async_without_actor_probes",
+     lambda: case(async_hung_table(), seed_hung_probe(workers=4)), None),
+    # Actors wait on the learner, but nothing is stranded: no batch split across workers.
+    ("no_worker_starvation_when_async_actors_wait_but_nothing_is_stranded",
+     lambda: case(async_hung_table(), seed_hung_probe(workers=4, batches=5100),
+                  actors=(actor(waiting_on="learner"),)), None),
+]
+
+
+@pytest.mark.parametrize("name,scenario,expected", STARVATION_CASES,
+                         ids=[c[0] for c in STARVATION_CASES])
+def test_worker_starvation(name: str, scenario: StarvationScenario, expected: str | None
+                           ) -> None:
+    finding = rules.is_worker_starvation(scenario(), DEFAULT)
+    assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rules.is_worker_starvation)
+
+
+def test_async_dead_actors_with_partial_batches_are_sample_blocked_with_both_causes() -> None:
+    # The reported case: 1536 stranded behind 4 workers, actors dead.
+    table_case = case(async_hung_table(), seed_hung_probe(workers=4), actors=(dead_actor(),))
+    finding = rules.is_sample_blocked(table_case, DEFAULT)
+    assert finding is not None and finding.evidence["stranded_samples"] == 1536
+    assert finding.evidence["actors"] == {"actor-0": "down"}
+    assert finding.evidence["layout"] == "asynchronous"
+    died, waits = finding.fix.index("died"), finding.fix.index("wait on the learner")
+    assert died < waits  # the more likely cause first
+    assert "num_parallel_calls=1" not in finding.fix + finding.summary
+
+
+def test_async_sample_blocked_without_actor_probes_says_what_settles_it() -> None:
+    finding = rules.is_sample_blocked(case(async_hung_table(), seed_hung_probe(workers=4)),
+                                      DEFAULT)
+    assert finding is not None and finding.evidence["stranded_samples"] == 1536
+    assert "attach replaywatch's ActorProbe" in finding.fix
+    assert "TrainerProbe" not in finding.fix  # it is attached
+
+
+def test_sync_sample_blocked_speaks_of_the_loop_not_of_actors() -> None:
+    with_trainer = rules.is_sample_blocked(
+        case(seed_hung_table(), seed_hung_probe(workers=1, batches=5100)), DEFAULT)
+    alone = rules.is_sample_blocked(case(seed_hung_table()), DEFAULT)
+    assert with_trainer is not None and alone is not None
+    for finding in (with_trainer, alone):
+        assert "actor" not in (finding.summary + finding.fix).lower()
+        assert "the loop" in finding.summary and finding.evidence["layout"] == "synchronous"
+    assert "TrainerProbe" not in with_trainer.fix  # attached: never suggest it again
+    assert "TrainerProbe" in alone.fix and "--trainer-pid" in alone.fix
+
+
+def test_worker_starvation_evidence_says_how_many_iterators_can_sample() -> None:
+    finding = rules.is_worker_starvation(
+        case(seed_hung_table(), seed_hung_probe(batches=SEED_BATCHES - 400)), DEFAULT)
+    assert finding is not None
+    assert finding.evidence["stranded_samples"] == 1536 + 400 * 256
+    assert finding.evidence["stranded_beyond_requested_workers"] is True
+    assert finding.evidence["sampling_iterators_up_to"] == 36
+    assert "num_parallel_calls=1" in finding.fix
+
+
 STALLED_READY = probe_history(T20, 300, ready=True)
 CAN_SAMPLE_A_BATCH = table_history(T20, 1000, 100, min_diff=0.0, max_diff=FLOAT_MAX)
 
 PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
-    # The seed hang: 12 workers, blocked 20 s, no samples, headroom 0, 1536 stranded.
-    ("worker_starvation_when_12_workers_strand_a_batch", rules.is_worker_starvation,
-     lambda: with_probe(seed_hung_table(), seed_hung_probe()), "worker_starvation"),
-    # One worker: at most 255 stranded, so fewer than a batch can be missing... here 0.
-    ("no_worker_starvation_when_nothing_is_stranded", rules.is_worker_starvation,
-     lambda: with_probe(seed_hung_table(), seed_hung_probe(workers=1, batches=5100)), None),
-    # Blocked only 9 s: shorter than the stall window.
-    ("no_worker_starvation_before_the_stall_window", rules.is_worker_starvation,
-     lambda: with_probe(seed_hung_table(), probe_history(T20, SEED_BATCHES, blocked_for=9.0,
-                                                         workers=12)), None),
-    # The learner waits briefly in a healthy loop; samples keep flowing.
-    ("no_worker_starvation_in_a_healthy_synchronous_loop", rules.is_worker_starvation,
-     lambda: with_probe(*seed_healthy(workers=12)), None),
-    # 100,000 samples unaccounted: more than 12 workers can hold, so the table's counter
-    # includes an earlier trainer's samples; no claim about this one.
-    ("no_worker_starvation_when_stranded_exceeds_what_workers_hold", rules.is_worker_starvation,
-     lambda: with_probe(seed_hung_table(), seed_hung_probe(batches=SEED_BATCHES - 400)), None),
-    # The limiter allows samples (headroom 5000) and nobody waits for inserts.
-    ("no_worker_starvation_when_the_limiter_allows_samples", rules.is_worker_starvation,
-     lambda: with_probe(table_history(T20, SEED_FROZEN_INSERTS,
-                                      [s - 5000 for s in SEED_FROZEN_SAMPLES], **SEED_LIMITER),
-                        seed_hung_probe(batches=SEED_BATCHES - 20)), None),
     # No batch or step for 19 s while the iterator says ready(): the update step hangs.
     ("learner_stalled_when_ready_but_no_step", rules.is_learner_stalled,
      lambda: with_probe(CAN_SAMPLE_A_BATCH, STALLED_READY), "learner_stalled"),
@@ -289,9 +427,15 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
                         probe_history(T20, 0, workers=12)), None),
     # Blocking, slack 2000 < 3188.
     ("deadlock_risk_when_blocking_slack_is_below_the_workers_need", rules.is_deadlock_risk,
+     lambda: with_waiting_actor(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
+                                              max_diff=1000.0), probe_history(T20, 0, workers=12)),
+     "deadlock_risk"),
+    # The same slack with actors that never wait on the learner: they keep inserting, and
+    # inserts free what the workers hold. Asynchronous risk needs the wait.
+    ("no_deadlock_risk_when_blocking_and_no_actor_waits_on_the_learner", rules.is_deadlock_risk,
      lambda: with_probe(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
                                       max_diff=1000.0), probe_history(T20, 0, workers=12)),
-     "deadlock_risk"),
+     None),
     # MinSize limiter: sampling is never held back, nothing can strand.
     ("no_deadlock_risk_with_a_min_size_limiter", rules.is_deadlock_risk,
      lambda: with_probe(table_history(T20, 100, 50, min_diff=-FLOAT_MAX, max_diff=FLOAT_MAX),
@@ -314,8 +458,7 @@ def test_probe_rule(name: str, rule: Callable, scenario: ProbeScenario,
 
 def test_worker_starvation_evidence_shows_the_stranded_arithmetic() -> None:
     # drawn 1,305,600 - 5094 batches * 256 = 1536 stranded; the probe is blocked so 0 prefetched.
-    finding = rules.is_worker_starvation(case(seed_hung_table(), seed_hung_probe()),
-                                         seed_hung_probe(), DEFAULT)
+    finding = rules.is_worker_starvation(case(seed_hung_table(), seed_hung_probe()), DEFAULT)
     assert finding is not None
     assert finding.evidence["stranded_samples"] == 1536
     assert finding.evidence["prefetched"] == 0
@@ -331,7 +474,7 @@ def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_i
     table = table_history(T20, 12_000, samples, waiting_for_inserts_ms=waiting(), **SEED_LIMITER)
     probe = probe_history(T20[5:], 20, blocked_for=[12.0 + i for i in range(15)], workers=12,
                           started_at=1004.5)
-    finding = rules.is_worker_starvation(case(table, probe), probe, DEFAULT)
+    finding = rules.is_worker_starvation(case(table, probe), DEFAULT)
     assert finding is not None
     assert finding.evidence["stranded_basis"] == "since_iterator_start"
     assert finding.evidence["stranded_samples"] == 480
@@ -339,7 +482,7 @@ def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_i
 
 def test_deadlock_risk_fix_computes_error_buffer_and_workers_for_a_blocking_layout() -> None:
     # slack 2000, need 12 * 255 + 128 = 3188 -> error_buffer >= 1594; (2000 - 128) // 255 = 7.
-    table_case, probe = with_probe(
+    table_case, probe = with_waiting_actor(
         table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0),
         probe_history(T20, 0, workers=12))
     finding = rules.is_deadlock_risk(table_case, probe, DEFAULT)
@@ -403,6 +546,77 @@ def test_too_many_threads_since_is_the_start_of_the_run_above_the_threshold() ->
     assert finding is not None and finding.since == 1003.0
 
 
+# -- writer_stalled: an actor stuck inside its writer, not throttled -----------------------------
+
+def in_writer(call: str, since: float, times: list[float] | None = None, url: str = ACTOR
+              ) -> tuple[ActorSnapshot, ...]:
+    """An actor probe that entered writer call `call` at `since` and never left it."""
+    times = T20 if times is None else times
+    return tuple(actor_snapshot(t, 500, url=url, in_call=call if t >= since else None,
+                                blocked_for=t - since if t >= since else 0.0, pending=3)
+                 for t in times)
+
+
+def writer_view(table: tuple[TableSnapshot, ...], *actors: tuple[ActorSnapshot, ...],
+                target_ok: list[bool] | None = None) -> TargetView:
+    view = target_view([table], target_polls=polls(T20, ok=target_ok or True))
+    return dataclasses.replace(view, actors={h[0].probe: h for h in actors},
+                               probe_polls={h[0].probe: polls([a.observed_at for a in h])
+                                            for h in actors})
+
+
+# The seed's blocking limiter with the cursor at min_diff: inserts would pass (max_diff 281600).
+INSERTS_WOULD_PASS = table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
+                                   waiting_for_inserts_ms=waiting(), **SEED_BLOCKING_LIMITER)
+# cursor 100 = max_diff: the limiter holds inserts back, so a blocked flush is by design.
+INSERTS_HELD = table_history(T20, 200, 100, waiting_for_sampling_ms=waiting())
+
+WRITER_CASES: list[tuple[str, TargetView, str | None]] = [
+    # In flush() for 15 s while the limiter would have let every insert in (reverb#4's hang).
+    ("writer_stalled_in_flush_while_the_limiter_accepts_inserts",
+     writer_view(INSERTS_WOULD_PASS, in_writer("flush", 1004.0)), "writer_stalled"),
+    # end_episode() hanging silently (reverb#144).
+    ("writer_stalled_in_end_episode", writer_view(INSERTS_WOULD_PASS,
+                                                   in_writer("end_episode", 1002.0)),
+     "writer_stalled"),
+    # The server went away at t=1005 (target down), an actor sits in create_item since.
+    ("writer_stalled_when_the_server_is_down",
+     writer_view(INSERTS_WOULD_PASS[:6], in_writer("create_item", 1006.0),
+                 target_ok=[True] * 6 + [False] * 14), "writer_stalled"),
+    # Held at max_diff: actors waiting for the learner to sample are insert_blocked's.
+    ("no_writer_stalled_when_the_limiter_holds_inserts",
+     writer_view(INSERTS_HELD, in_writer("flush", 1004.0)), None),
+    # Only 6 s inside flush: shorter than the stall window.
+    ("no_writer_stalled_before_the_stall_window",
+     writer_view(INSERTS_WOULD_PASS, in_writer("flush", 1013.0)), None),
+    # A healthy actor: steps, no writer call in progress.
+    ("no_writer_stalled_for_a_stepping_actor",
+     writer_view(INSERTS_WOULD_PASS, tuple(actor_snapshot(t, int(t)) for t in T20)), None),
+    # The actor's probe stopped answering at t=1005: nothing fresh says where it is now.
+    ("no_writer_stalled_from_a_stale_actor_probe",
+     writer_view(INSERTS_WOULD_PASS, in_writer("flush", 1000.0, times=T20[:6])), None),
+]
+
+
+@pytest.mark.parametrize("name,view,expected", WRITER_CASES, ids=[c[0] for c in WRITER_CASES])
+def test_writer_stalled(name: str, view: TargetView, expected: str | None) -> None:
+    finding = rules.is_writer_stalled(view, DEFAULT, 1019.0)
+    assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rules.is_writer_stalled)
+
+
+def test_writer_stalled_evidence_names_the_call_its_duration_and_pending_items() -> None:
+    finding = rules.is_writer_stalled(writer_view(INSERTS_WOULD_PASS, in_writer("flush", 1004.0)),
+                                      DEFAULT, 1019.0)
+    assert finding is not None and finding.table == "replay"
+    assert (finding.evidence["call"], finding.evidence["blocked_for_s"],
+            finding.evidence["pending_items"], finding.evidence["server_down"]) == (
+                "flush", 15.0, 3, False)
+    assert finding.evidence["actors"][0]["name"] == "actor-0"
+    assert finding.since == 1004.0
+    assert "reverb#4" in finding.fix and "timeout_ms" in finding.fix
+
+
 # -- the declaration and the rules agree --------------------------------------------------------
 
 def test_every_declared_kind_has_a_rule_and_every_rule_a_declared_kind() -> None:
@@ -411,8 +625,8 @@ def test_every_declared_kind_has_a_rule_and_every_rule_a_declared_kind() -> None
 
 def test_every_declared_kind_is_produced_by_some_case_above() -> None:
     from tests.test_rules_round2 import ROUND2_CASES, ROUND2_VIEW_CASES  # issue 11's kinds
-    expected = {c[-1] for c in [*TABLE_CASES, *SPI_CASES, *PROBE_CASES, *VIEW_CASES,
-                                *ROUND2_CASES, *ROUND2_VIEW_CASES]}
+    expected = {c[-1] for c in [*TABLE_CASES, *SPI_CASES, *STARVATION_CASES, *PROBE_CASES,
+                                *VIEW_CASES, *WRITER_CASES, *ROUND2_CASES, *ROUND2_VIEW_CASES]}
     assert expected - {None} == set(kinds.BY_NAME)
 
 

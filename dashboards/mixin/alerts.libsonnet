@@ -68,6 +68,13 @@
       summary: 'Table can never fill to min_size_to_sample: {{ $labels.target }} table {{ $labels.table }}',
       description: 'Table {{ $labels.table }} on {{ $labels.target }} holds at most max_size items, fewer than its min_size_to_sample: the learner can never sample and the job never starts training. Which number to change to what: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
     },
+    {
+      kind: 'writer_stalled',
+      severity: 'critical',
+      'for': c.criticalFor,
+      summary: 'Actor stuck in a Reverb writer call: {{ $labels.target }} table {{ $labels.table }}',
+      description: 'An actor writing to table {{ $labels.table }} on {{ $labels.target }} has been inside create_item/flush/end_episode for the stall window while the limiter would accept its inserts (or the server is down): its writer or connection is stuck, not throttled. The call, how long and the items pending: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+    },
   ],
 
   // Every warning kind, by the severity label the sidecar puts on its findings. The runbook is

@@ -10,8 +10,10 @@ import dataclasses
 from typing import Any
 
 from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.ratelimiter import cursor
+from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
 
@@ -26,6 +28,8 @@ class TableCase:
     history: tuple[TableSnapshot, ...]  # non-empty, time-ordered
     probes: tuple[Probe, ...]  # each since its trainer's last restart
     now: float
+    actors: tuple[Actor, ...] = ()  # actor probes writing to it (none: no actor information)
+    stacks: StackVerdict | None = None  # two py-spy dumps of the loop, when the keeper took them
 
     @property
     def latest(self) -> TableSnapshot:

@@ -3,6 +3,7 @@
     diagnosis = diagnose(history.view(target, probes, start), thresholds, now)
     for finding in diagnosis.findings: ...        # worst first
     diagnosis.insufficient                         # ("table:replay", ...) too young to judge
+    diagnose(view, thresholds, now, stacks={"replay": verdict})  # the keeper's stack dumps
 
 Pure: the time is an argument and every number comes from the view.
 """
@@ -10,12 +11,14 @@ Pure: the time is an argument and every number comes from the view.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from replaywatch.diagnosis import rules
 from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
+from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import Finding
@@ -26,16 +29,18 @@ ViewRule = Callable[[TargetView, Thresholds, float], "Finding | None"]
 
 # Worst first. Stall rules need history covering the stall window; the
 # configuration rules judge settings, which one snapshot proves.
-STALL_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_worker_starvation, rules.is_learner_stalled)
+STALL_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_learner_stalled,)
 STALL_TABLE_RULES: tuple[TableRule, ...] = (
-    rules.is_sample_blocked, rules.is_insert_blocked, rules.is_spi_drift, rules.is_warmup,
+    rules.is_worker_starvation, rules.is_sample_blocked, rules.is_insert_blocked,
+    rules.is_spi_drift, rules.is_warmup,
     rules.is_stale_data, rules.is_learner_starting)
 # Settings of the table alone, judged from the first poll on: no history needed.
 CONFIG_TABLE_RULES: tuple[TableRule, ...] = (rules.is_warmup_impossible,)
 CONFIG_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_batch_exceeds_headroom,
                                              rules.is_deadlock_risk)
 VIEW_RULES: tuple[ViewRule, ...] = (rules.is_target_down, rules.is_probe_down,
-                                    rules.is_too_many_threads, rules.is_server_restarted)
+                                    rules.is_too_many_threads, rules.is_writer_stalled,
+                                    rules.is_server_restarted)
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
@@ -73,9 +78,33 @@ def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, l
     return out
 
 
-def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
-    """Every rule on every table and probe of one target; worst first."""
+def actors_by_table(view: TargetView) -> dict[str, list[Actor]]:
+    """Actor probes by the table they write to, down ones included (a dead actor is news).
+
+    An actor naming no table, or whose snapshots all left the window, writes to the
+    target's only table, if it has one.
+    """
+    out: dict[str, list[Actor]] = {}
+    for url in sorted(view.actors):
+        history = win.actor_since_last_restart(view.actors[url])
+        table = history[-1].table if history else None
+        if table is None and len(view.tables) == 1:
+            table = next(iter(view.tables))
+        if table in view.tables:
+            out.setdefault(table, []).append(
+                Actor(url, history, view.probe_polls.get(url, ())))
+    return out
+
+
+def diagnose(view: TargetView, thresholds: Thresholds, now: float,
+             stacks: Mapping[str, StackVerdict] | None = None) -> Diagnosis:
+    """Every rule on every table and probe of one target; worst first.
+
+    `stacks`: by table, the verdict of two stack dumps of the trainer's loop that the
+    findings keeper took when a sample_blocked opened (data with its time, like the view).
+    """
     th = thresholds
+    actors = actors_by_table(view)
     found = [f for rule in VIEW_RULES if (f := rule(view, th, now)) is not None]
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
@@ -84,7 +113,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float) -> Diagnosis:
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         probes = by_table.get(name, [])
-        case = TableCase(view.target, history, tuple(probes), now)
+        case = TableCase(view.target, history, tuple(probes), now,
+                         actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name))
         if has_enough_history(history, th):
             found += rules.with_restore_evidence(_table_findings(case, probes, th),
                                                  view.tables[name])

@@ -48,12 +48,16 @@ class Kind:
 
 
 WORKER_STARVATION = Kind(
-    "worker_starvation", Severity.CRITICAL, needs_probe=True,
-    meaning="The learner is blocked in `next()`, sampling stopped, the limiter allows no more "
-            "samples, and at least a batch of samples was drawn but never delivered: parallel "
-            "batching workers each hold part of a batch. Needs the probe.",
+    # Proven by the trainer probe, or without it by two stack dumps (`--trainer-pid`).
+    "worker_starvation", Severity.CRITICAL, needs_probe=False,
+    meaning="A proven circular wait: the learner is blocked in `next()`, sampling stopped, the "
+            "limiter allows no more samples, at least a batch was drawn but never delivered "
+            "(parallel batching workers each hold part of one), and nothing will insert: a "
+            "synchronous loop (the loop inserts), or actor probes showing every actor waiting "
+            "on the learner. Needs the trainer probe, or `--trainer-pid` stacks of a "
+            "synchronous loop inside `next()` (\"from stacks\").",
     fix="Synchronous loop: `num_parallel_calls=1`. Otherwise widen the limiter's slack (the "
-        "finding computes the `error_buffer`).",
+        "finding computes the `error_buffer`) or loosen the actors' policy-lag bound.",
     # Starvation *is* a blocked sample with its cause named.
     supersedes=("sample_blocked",))
 LEARNER_STALLED = Kind(
@@ -64,15 +68,26 @@ LEARNER_STALLED = Kind(
     fix="Look at the stored stacks.")
 SAMPLE_BLOCKED = Kind(
     "sample_blocked", Severity.CRITICAL, needs_probe=False,
-    meaning="Sampling is blocked by the rate limiter and inserts stopped: actors dead, stuck or "
-            "too slow. From Reverb alone this is also how worker starvation looks; attach the "
-            "probe to tell them apart.",
-    fix="Restart or unblock the actors; check their logs.")
+    meaning="Sampling is blocked by the rate limiter and inserts stopped, and no circular wait "
+            "is proven: actors dead, stuck or too slow (asynchronous), or a synchronous loop "
+            "that no longer inserts. The fix names the possibilities, most likely first, and "
+            "what settles it (ActorProbe, TrainerProbe or `--trainer-pid` stacks).",
+    fix="Restart or unblock the actors (synchronous: the loop); check their logs.")
 INSERT_BLOCKED = Kind(
     "insert_blocked", Severity.CRITICAL, needs_probe=False,
     meaning="Inserts are blocked at `max_diff` and sampling stopped: the learner is not "
             "consuming.",
     fix="Find what the learner waits on (the stacks are in the incident).")
+WRITER_STALLED = Kind(
+    "writer_stalled", Severity.CRITICAL, needs_probe=True,
+    meaning="An actor has been inside a Reverb writer call (`create_item`, `flush`, "
+            "`end_episode`, `append`) for the stall window while the limiter would accept "
+            "inserts or the server is down: its writer, not the limiter, holds it (reverb#4, "
+            "reverb#144). Needs the ActorProbe.",
+    fix="Check the Reverb server and the actor's connection; restart its client; pass "
+        "`timeout_ms` to `flush`/`end_episode`.",
+    # The actor stuck in its writer is why inserts stopped and sampling is blocked.
+    supersedes=("sample_blocked",))
 BATCH_EXCEEDS_HEADROOM = Kind(
     "batch_exceeds_headroom", Severity.CRITICAL, needs_probe=True,
     meaning="`max_diff - min_diff` is smaller than one batch plus `samples_per_insert`: once "
@@ -100,8 +115,8 @@ PROBE_DOWN = Kind(
 DEADLOCK_RISK = Kind(
     "deadlock_risk", Severity.WARNING, needs_probe=True,
     meaning="Predicted from the configuration before any hang: a synchronous layout with more "
-            "than one batching worker, or a limiter slack smaller than `workers x (batch_size - "
-            "1) + samples_per_insert`.",
+            "than one batching worker, or, when actors are known to wait on the learner, a "
+            "limiter slack smaller than `workers x (batch_size - 1) + samples_per_insert`.",
     fix="Set `num_parallel_calls=1` or raise `error_buffer` (value given), before it hangs.")
 SPI_DRIFT = Kind(
     "spi_drift", Severity.WARNING, needs_probe=False,
@@ -142,8 +157,8 @@ WARMUP = Kind(
 
 # Precedence, worst first.
 ALL: tuple[Kind, ...] = (
-    WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, SAMPLE_BLOCKED, INSERT_BLOCKED,
-    BATCH_EXCEEDS_HEADROOM,
+    WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
+    INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, TOO_MANY_THREADS,
     LEARNER_STARTING, SERVER_RESTARTED, WARMUP,
 )

@@ -158,6 +158,12 @@ def samples_to_insert(table: TableSnapshot) -> int:
     return max(0, math.ceil(cursor(table) + rl.samples_per_insert - rl.max_diff))
 
 
+# Acme's make_reverb_dataset before google-deepmind/acme dea9307 (June 2022) interleaves an
+# infinite `from_tensors(0).repeat()`, and tf.data then creates about three sampling iterators
+# per requested worker ("36 of them being created by default instead of 12").
+ITERATORS_PER_WORKER_UP_TO = 3
+
+
 @dataclasses.dataclass(frozen=True)
 class Stranded:
     """Samples the table handed out that no learner has received as a batch."""
@@ -166,8 +172,28 @@ class Stranded:
     drawn: float  # table samples since the iterators started
     delivered: float  # sum of batches_retrieved * batch_size
     held: float  # what prefetch buffers of iterators not blocked in next() may hold
-    capacity: float | None  # most that parallel workers can hold: sum of workers * batch
+    capacity: float | None  # what the requested workers' partial batches hold: workers * batch
     basis: str  # "since_iterator_start" or "table_lifetime"
+    workers: int | None = None  # num_parallel_calls requested, summed over the iterators
+
+    @property
+    def sampling_iterators_up_to(self) -> int | None:
+        """How many sampling iterators can exist behind `workers` (Acme's interleave: ~3x)."""
+        return None if self.workers is None else self.workers * ITERATORS_PER_WORKER_UP_TO
+
+    @property
+    def beyond_requested_workers(self) -> bool:
+        """More is stranded than the requested workers' partial batches can hold: more
+        sampling iterators (or sampler queues) exist than `num_parallel_calls` says."""
+        return self.capacity is not None and self.samples > self.capacity
+
+    def evidence(self) -> dict[str, float | int | str | bool | None]:
+        """The arithmetic as a finding shows it."""
+        return {"stranded_samples": self.samples, "drawn": self.drawn,
+                "delivered": self.delivered, "prefetched": self.held,
+                "stranded_basis": self.basis, "workers": self.workers,
+                "sampling_iterators_up_to": self.sampling_iterators_up_to,
+                "stranded_beyond_requested_workers": self.beyond_requested_workers}
 
 
 def stranded_samples(
@@ -180,15 +206,18 @@ def stranded_samples(
     start (true in a synchronous layout, where the trainer owns the server). An
     iterator blocked in `next()` has empty buffers (a FIFO chain whose consumer
     waits holds nothing), so only the others' `prefetch_size` batches count.
-    None when a batch size is unknown or the estimate exceeds what the workers
-    can hold (then the basis was wrong, e.g. samples from an earlier trainer).
+    None when a batch size is unknown.
+
+    Any number is evidence: `workers * batch_size` is not a bound. Acme's
+    make_reverb_dataset (before acme dea9307) runs ~3 sampling iterators per
+    requested worker, and each iterator's sampler queue holds samples too: on the
+    seed's configuration ~32,000 samples sat undelivered behind 12 workers of 256.
 
     Only meaningful while next() blocks: a healthy synchronous loop with 12
     workers, batch 256 and 2 * 256 in-flight samples per worker keeps ~12,000
     samples drawn and undelivered (measured on Reverb 0.14: completed batches
     in interleave buffers, sampler queues, partial batches). Once the learner
-    waits, every completed batch reaches it, so what is left is partial batches:
-    at most `workers * (batch_size - 1)`.
+    waits, every completed batch reaches it, so what is left is partial batches.
     """
     if not history or not probes or any(p.batch_size is None for p in probes):
         return None
@@ -200,13 +229,12 @@ def stranded_samples(
     delivered = float(sum(p.batches_retrieved * (p.batch_size or 0) for p in probes))
     held = float(sum((p.prefetch_size or 0) * (p.batch_size or 0)
                      for p in probes if not p.blocked_in_next))
-    capacity = None
+    capacity, workers = None, None
     if all(p.num_parallel_calls for p in probes):
+        workers = sum(p.num_parallel_calls or 0 for p in probes)
         capacity = float(sum((p.num_parallel_calls or 0) * (p.batch_size or 0) for p in probes))
     samples = max(0.0, drawn - delivered - held)  # buffers hold less than they could
-    if capacity is not None and samples > capacity:
-        return None
-    return Stranded(samples, drawn, delivered, held, capacity, basis)
+    return Stranded(samples, drawn, delivered, held, capacity, basis, workers)
 
 
 # -- the derived values shown next to each table ---------------------------------------------

@@ -6,7 +6,8 @@ explanation (summary, evidence, fix); the kind's severity comes from its declara
 `kinds`. The rules live by family:
 
     rules_stalls    sample_blocked, insert_blocked, spi_drift, warmup   (Reverb alone)
-    rules_learner   worker_starvation, learner_stalled                   (need the probe)
+    rules_learner   learner_stalled                                      (need the probe)
+    rules_actors    worker_starvation, writer_stalled   (a proven circular wait; actor probes)
     rules_config    batch_exceeds_headroom, deadlock_risk                (settings that hang)
     rules_liveness  target_down, probe_down, too_many_threads            (whole target)
     rules_lifecycle warmup_impossible, learner_starting, server_restarted, stale_data
@@ -24,8 +25,9 @@ from typing import Any
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import Kind
+from replaywatch.diagnosis.rules_actors import is_worker_starvation, is_writer_stalled
 from replaywatch.diagnosis.rules_config import is_batch_exceeds_headroom, is_deadlock_risk
-from replaywatch.diagnosis.rules_learner import is_learner_stalled, is_worker_starvation
+from replaywatch.diagnosis.rules_learner import is_learner_stalled
 from replaywatch.diagnosis.rules_lifecycle import (
     is_learner_starting,
     is_server_restarted,
@@ -49,7 +51,7 @@ __all__ = [
     "BY_KIND", "Probe", "TableCase", "is_batch_exceeds_headroom", "is_deadlock_risk",
     "is_insert_blocked", "is_learner_stalled", "is_probe_down", "is_sample_blocked",
     "is_spi_drift", "is_target_down", "is_too_many_threads", "is_warmup",
-    "is_worker_starvation", "is_warmup_impossible", "is_learner_starting",
+    "is_worker_starvation", "is_writer_stalled", "is_warmup_impossible", "is_learner_starting",
     "is_server_restarted", "is_stale_data", "with_restore_evidence",
 ]
 
@@ -57,6 +59,7 @@ __all__ = [
 BY_KIND: dict[Kind, Callable[..., Any]] = {
     kinds.WORKER_STARVATION: is_worker_starvation,
     kinds.LEARNER_STALLED: is_learner_stalled,
+    kinds.WRITER_STALLED: is_writer_stalled,
     kinds.SAMPLE_BLOCKED: is_sample_blocked,
     kinds.INSERT_BLOCKED: is_insert_blocked,
     kinds.BATCH_EXCEEDS_HEADROOM: is_batch_exceeds_headroom,

@@ -1,4 +1,4 @@
-"""Stalls seen from Reverb alone: sample_blocked, insert_blocked, spi_drift, warmup.
+"""Stalls seen from Reverb: sample_blocked, insert_blocked, spi_drift, warmup.
 
 Stalls are judged by progress (insert and sample counters that did not move for the whole
 stall window, proven by snapshots at both ends); `table_worker_time` only says which side
@@ -9,6 +9,9 @@ finding is not rewritten every poll), the evidence (the moving numbers) and the 
 
 from __future__ import annotations
 
+from typing import Any
+
+from replaywatch.diagnosis import actors as act
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
@@ -17,6 +20,7 @@ from replaywatch.diagnosis.ratelimiter import (
     can_insert,
     can_sample,
     insert_headroom,
+    is_insert_blocking_disabled,
     is_warming_up,
     sample_headroom,
 )
@@ -26,7 +30,7 @@ from replaywatch.model import Finding
 
 
 def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
-    """The learner wants samples, the limiter refuses, and no actor inserts: training stopped.
+    """The learner wants samples, the limiter refuses, and nothing inserts: training stopped.
 
     Blocked means `not can_sample(table, 1)`: below `min_size_to_sample`, or
     `cursor - 1 < min_diff`. Someone wants samples when the table worker kept
@@ -34,6 +38,10 @@ def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     Inserts must have *stopped*: a table that never had an insert is a job whose
     actors are still starting (distributed actors take 10-30 s to import and
     connect), and calling that a stall was our one false alarm on healthy runs.
+    Which of the inserting side's failures it is (dead actors, actors waiting on
+    the learner, a synchronous loop blocked in next()) is worker_starvation's or
+    writer_stalled's to prove; when neither can, this finding names the
+    possibilities, most likely first, and what would settle it.
     """
     t = case.latest
     if t.rate_limiter.inserts == 0:
@@ -41,7 +49,7 @@ def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     idle = win.idle_for(case.history, inserts_of, samples_of)
     if idle < th.stall_window_s or can_sample(t, 1) or not samples_wanted(case, th):
         return None
-    return _sample_blocked(case, idle)
+    return _sample_blocked(case, idle, th)
 
 
 def samples_wanted(case: TableCase, th: Thresholds) -> bool:
@@ -50,21 +58,81 @@ def samples_wanted(case: TableCase, th: Thresholds) -> bool:
             or any(p[-1].blocked_in_next for p in case.probes))
 
 
-def _sample_blocked(case: TableCase, idle: float) -> Finding:
+def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
     t = case.latest
     needed = lim.inserts_to_sample(t)
+    synchronous = is_insert_blocking_disabled(t)
+    evidence: dict[str, Any] = {
+        **limiter_evidence(t), "sample_headroom": sample_headroom(t), "inserts_needed": needed,
+        "seconds_without_progress": idle,
+        "layout": "synchronous" if synchronous else "asynchronous",
+        "trainer_probes": [h[-1].probe for h in case.probes] or None}
+    stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
+    if stranded is not None:
+        evidence.update(stranded.evidence())
+    if case.actors:
+        evidence.update(act.evidence(case.actors, th, case.now))
+    if synchronous:
+        summary, fix = _loop_text(case, needed)
+    else:
+        summary, fix = _actors_text(case, needed, stranded, th)
+    return case.finding(kinds.SAMPLE_BLOCKED, summary, evidence, fix, since=t.observed_at - idle)
+
+
+def _loop_text(case: TableCase, needed: int) -> tuple[str, str]:
+    """Synchronous layout: one loop inserts and samples, so speak of the loop, not actors."""
+    t = case.latest
+    blocked = [h[-1] for h in case.probes if h[-1].blocked_in_next]
     summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
-               "stopped: the actors are dead, stuck or too slow.")
+               "stopped. The layout is synchronous (insert blocking disabled): the loop that "
+               "inserts is the loop that samples, so it is not inserting.")
+    if blocked:
+        summary += (f" The loop is blocked in next() ('{blocked[0].name}') with less than a "
+                    "batch stranded by its batching workers.")
+        fix = (f"Read the loop's stacks (GET {blocked[0].probe}/stacks, kept with this "
+               "incident): a batching pipeline that waits on something other than Reverb (a "
+               "filter, another table), or an iterator created before the table could sample. "
+               f"{needed} more insert(s) would let the next sample through.")
+        return summary, fix
     if not case.probes:
         summary += (" From Reverb alone this is also how worker starvation looks; attach the "
-                    "trainer probe to tell them apart.")
-    fix = (f"Check that the actors are alive and inserting into '{t.name}' (an adder stuck in "
-           f"flush, a crashed actor); {needed} more insert(s) would let the next sample through. "
-           "If actors and learner share one loop, attach replaywatch's TrainerProbe to the "
-           "learner's iterator: parallel batching workers can strand the samples it needs.")
-    evidence = {**limiter_evidence(t), "sample_headroom": sample_headroom(t),
-                "inserts_needed": needed, "seconds_without_progress": idle}
-    return case.finding(kinds.SAMPLE_BLOCKED, summary, evidence, fix, since=t.observed_at - idle)
+                    "trainer probe (or give --trainer-pid) to tell them apart.")
+    fix = (f"Most likely the loop is blocked in the iterator's next() while parallel batching "
+           f"workers hold the samples it needs (worker starvation: set num_parallel_calls=1); "
+           f"otherwise the loop crashed or hangs elsewhere (its logs). {needed} more insert(s) "
+           "would let the next sample through. To settle it: ")
+    fix += ("read the loop's stacks (kept with this incident)." if case.probes else
+            "attach replaywatch's TrainerProbe to the learner's iterator, or run the sidecar "
+            "with --trainer-pid: two stack dumps of the loop inside next() name it.")
+    return summary, fix
+
+
+def _actors_text(case: TableCase, needed: int, stranded: lim.Stranded | None,
+                 th: Thresholds) -> tuple[str, str]:
+    """Asynchronous layout: the actors insert; dead ones first, then ones waiting on the
+    learner while batching workers strand samples."""
+    t = case.latest
+    found = act.states(case.actors, th, case.now)
+    summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
+               "stopped: the actors are dead, stuck or too slow.")
+    if found:
+        not_waiting = sorted(n for n, s in found.items() if s != act.WAITING)
+        summary += f" Actors not waiting on the learner: {', '.join(not_waiting) or 'none'}."
+    if stranded is not None and stranded.samples > 0:
+        summary += (f" {stranded.samples:g} sample(s) were drawn and never delivered to the "
+                    "learner.")
+    fix = (f"Most likely the actors died or are stuck: restart or unblock them and check their "
+           f"logs ({needed} more insert(s) would let the next sample through). Less likely, "
+           "live actors wait on the learner (a policy-lag bound, a parameter hand-off) while "
+           "parallel batching workers strand the samples it needs (worker starvation). ")
+    if not case.actors:
+        fix += ("To settle it, attach replaywatch's ActorProbe to the actors (mark the wait with "
+                "probe.waiting(\"learner\")): live actors waiting on the learner mean worker "
+                "starvation, dead or silent ones mean restart them.")
+    else:
+        fix += ("The actor probes show who is down or silent; an actor that waits on the "
+                "learner without probe.waiting(...) looks silent: read its stacks (GET /stacks).")
+    return summary, fix
 
 
 def is_insert_blocked(case: TableCase, th: Thresholds) -> Finding | None:

@@ -1,0 +1,183 @@
+"""Stalls whose cause only the loop or the actor side proves: worker_starvation, writer_stalled.
+
+worker_starvation is named only on a proven circular wait, because its fix
+(`num_parallel_calls=1`) is wrong for dead actors, and from Reverb and the learner alone dead
+actors and live actors that wait for the learner look the same:
+
+    synchronous layout    insert blocking disabled: the loop that inserts is the learner
+                          blocked in next(), so nothing will insert (trainer probe, or two
+                          py-spy dumps of the loop inside next(): "from stacks")
+    asynchronous layout   every actor probe on the table shows a live actor waiting on the
+                          learner (`probe.waiting("learner")`) for the stall window
+
+and the learner is blocked in next() with at least a batch drawn and never delivered.
+Anything else is sample_blocked (rules_stalls). writer_stalled is an actor stuck inside a
+Reverb writer call while the limiter would let its items in, or the server is gone.
+"""
+
+from __future__ import annotations
+
+from replaywatch.diagnosis import actors as act
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import ratelimiter as lim
+from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence, worker_waited
+from replaywatch.diagnosis.ratelimiter import (
+    Stranded,
+    can_insert,
+    can_sample,
+    is_insert_blocking_disabled,
+    limiter_slack,
+    sample_headroom,
+)
+from replaywatch.diagnosis.rules_liveness import failing_since
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
+from replaywatch.model import ActorSnapshot, Finding
+
+
+def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
+    """Parallel batching workers each hold part of a batch in a circular wait; next() blocks.
+
+    Holds when the table has drawn no sample for the stall window, the limiter
+    allows no more (`sample_headroom < 1`, or the table worker keeps waiting for
+    inserts), a learner has been blocked in next() for the window with at least
+    one batch stranded (drawn - delivered - prefetched: any number), and nothing
+    will insert: the layout is synchronous, or every actor waits on the learner.
+    Without a trainer probe, a synchronous loop seen inside next() in two stack
+    dumps (`case.stacks`) proves it too.
+    """
+    t = case.latest
+    idle = win.idle_for(case.history, samples_of)
+    if idle < th.stall_window_s:
+        return None
+    if sample_headroom(t) >= 1 and not worker_waited(case, "waiting_for_inserts", th):
+        return None
+    synchronous = is_insert_blocking_disabled(t)
+    for probe in case.probes:
+        p = probe[-1]
+        if (len(probe) < 2 or win.span(probe) < th.min_history_s or not p.blocked_in_next
+                or p.blocked_for_s < th.stall_window_s):
+            continue
+        stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
+        if stranded is None or p.batch_size is None or stranded.samples < p.batch_size:
+            continue
+        if synchronous or act.all_waiting(case.actors, th, case.now):
+            return _worker_starvation(case, probe, stranded, idle, th)
+    if not case.probes and synchronous and _loop_seen_in_next(case, th):
+        return _starvation_from_stacks(case)
+    return None
+
+
+def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: float,
+                       th: Thresholds) -> Finding:
+    t, p = case.latest, probe[-1]
+    workers, batch, spi = p.num_parallel_calls, p.batch_size, t.rate_limiter.samples_per_insert
+    synchronous = is_insert_blocking_disabled(t)
+    evidence = {**limiter_evidence(t), **stranded.evidence(), "workers": workers,
+                "batch_size": batch, "sample_headroom": sample_headroom(t),
+                "blocked_for_s": p.blocked_for_s, "probe": p.probe,
+                "layout": "synchronous" if synchronous else "asynchronous",
+                "circular_wait": "the loop inserts only after a step" if synchronous
+                else "every actor waits on the learner"}
+    if not synchronous:
+        evidence.update(act.evidence(case.actors, th, case.now))
+    iterators = (f"{workers} requested, up to ~{stranded.sampling_iterators_up_to} sampling "
+                 "iterators behind Acme's interleave" if workers else "several workers")
+    who = "the loop inserts only after a learner step" if synchronous else (
+        "every actor waits on the learner")
+    summary = (f"The learner '{p.name}' is blocked in next() while batching workers ({iterators}) "
+               f"hold samples from '{t.name}' that no batch of {batch} completes, and {who}: "
+               "parallel batching workers starve one another.")
+    if synchronous or workers is None or batch is None:
+        fix = (f"Set num_parallel_calls=1 in make_reverb_dataset (now {workers}): in a "
+               "synchronous loop the table only gains sample credit after a learner step.")
+    else:
+        need = lim.required_slack(workers, batch, spi)
+        more = lim.required_slack(stranded.sampling_iterators_up_to or workers, batch, spi)
+        fix = (f"Give the limiter at least {need:g} slack (max_diff - min_diff, now "
+               f"{limiter_slack(t):g}; error_buffer >= {lim.error_buffer_for(need)}, or "
+               f"{lim.error_buffer_for(more)} if tf.data runs ~3 iterators per worker), or set "
+               f"num_parallel_calls={lim.workers_within(limiter_slack(t), batch, spi)}; or let "
+               "the actors insert further ahead of the learner (their policy-lag bound).")
+    return case.finding(kinds.WORKER_STARVATION, summary, evidence, fix,
+                        since=t.observed_at - idle)
+
+
+def _loop_seen_in_next(case: TableCase, th: Thresholds) -> bool:
+    """Sampling blocked, inserts stopped, and both dumps, taken since, show next()."""
+    t, verdict = case.latest, case.stacks
+    if verdict is None or not verdict.in_next or t.rate_limiter.inserts == 0 or can_sample(t, 1):
+        return False
+    onset = win.idle_since(case.history, inserts_of, samples_of)
+    return t.observed_at - onset >= th.stall_window_s and verdict.requested_at >= onset
+
+
+def _starvation_from_stacks(case: TableCase) -> Finding:
+    t, verdict = case.latest, case.stacks
+    assert verdict is not None and verdict.second is not None
+    onset = win.idle_since(case.history, inserts_of, samples_of)
+    evidence = {**limiter_evidence(t), **verdict.evidence(), "layout": "synchronous",
+                "sample_headroom": sample_headroom(t),
+                "seconds_without_progress": t.observed_at - onset}
+    summary = (f"From stacks: the training loop is inside the iterator's next() "
+               f"({verdict.second.where}) in two dumps a second apart, while sampling from "
+               f"'{t.name}' is blocked and the loop, which inserts, cannot: parallel batching "
+               "workers hold the samples it waits for.")
+    fix = ("Set num_parallel_calls=1 in make_reverb_dataset: in a synchronous loop the table "
+           "only gains sample credit after a learner step. Attach replaywatch's TrainerProbe "
+           "to the learner's iterator to count the stranded samples.")
+    return case.finding(kinds.WORKER_STARVATION, summary, evidence, fix, since=onset)
+
+
+def is_writer_stalled(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """An actor sits inside a Reverb writer call for the stall window, not throttled.
+
+    Not throttled: the Reverb server does not answer (a writer whose server went
+    away blocks forever, reverb#4), or the limiter of the actor's table would
+    have accepted an insert at every poll since the call began (`can_insert`).
+    An actor held at max_diff by the limiter waits by design: insert_blocked.
+    """
+    server_down = failing_since(view.polls, th) is not None
+    stalled: list[tuple[ActorSnapshot, str]] = []
+    for url in sorted(view.actors):
+        history = win.actor_since_last_restart(view.actors[url])
+        if not history or now - history[-1].observed_at > th.stall_window_s:
+            continue  # a silent probe says nothing about its writer now
+        a = history[-1]
+        if a.in_call is None or a.blocked_for_s < th.stall_window_s:
+            continue
+        table = a.table if a.table is not None or len(view.tables) != 1 else next(
+            iter(view.tables))
+        if server_down or _limiter_let_in(view, table, a.observed_at - a.blocked_for_s):
+            stalled.append((a, table or ""))
+    return _writer_stalled(view, stalled, server_down, now) if stalled else None
+
+
+def _limiter_let_in(view: TargetView, table: str | None, since: float) -> bool:
+    """Every snapshot of the table since `since` (and the one before) would accept an insert."""
+    points = win.window(view.tables.get(table or "", ()), since)
+    return bool(points) and all(can_insert(s, 1) for s in points)
+
+
+def _writer_stalled(view: TargetView, stalled: list[tuple[ActorSnapshot, str]],
+                    server_down: bool, now: float) -> Finding:
+    worst, table = max(stalled, key=lambda s: s[0].blocked_for_s)
+    evidence = {
+        "actors": [{"name": a.name, "probe": a.probe, "call": a.in_call,
+                    "blocked_for_s": a.blocked_for_s, "pending_items": a.pending_items,
+                    "table": t} for a, t in stalled],
+        "call": worst.in_call, "blocked_for_s": worst.blocked_for_s,
+        "pending_items": worst.pending_items, "server_down": server_down}
+    why = (f"the Reverb server '{view.target}' does not answer" if server_down else
+           f"the rate limiter of '{table}' would accept inserts")
+    summary = (f"Actor '{worst.name}' is stuck inside the writer's {worst.in_call}() while {why}"
+               f"{f' ({len(stalled)} actors)' if len(stalled) > 1 else ''}: its writer, not the "
+               "limiter, holds it.")
+    fix = (f"Check the Reverb server at {view.target} and the actor's connection to it: a "
+           "writer whose server went away blocks in create_item/flush forever (reverb#4) and "
+           "end_episode() can hang (reverb#144). Restart the actor's client (and the server if "
+           "it is gone); pass timeout_ms to flush()/end_episode() so a lost server raises.")
+    return kinds.WRITER_STALLED.finding(view.target, table, summary, evidence, fix,
+                                        since=worst.observed_at - worst.blocked_for_s,
+                                        last_seen=now)
