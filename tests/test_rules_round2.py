@@ -280,3 +280,16 @@ def test_a_restore_whose_counters_did_not_go_back_is_seen_by_the_server_uptime()
     assert restart is not None
     assert restart.evidence["tables"]["replay"]["restored_from_checkpoint"] is True
     assert diagnose(target_view([table]), DEFAULT, 1019.0).findings[0].since >= 1005.0
+
+
+# -- the threshold: a flag and a TOML key like the others ---------------------------------------
+
+def test_startup_grace_has_its_flag_and_is_validated() -> None:
+    from replaywatch.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["watch", "--reverb", "h:1", "--startup-grace-s", "45"])
+    assert config_from_args(args, {}).thresholds.startup_grace_s == 45.0
+    default = build_parser().parse_args(["watch", "--reverb", "h:1"])
+    assert config_from_args(default, {}).thresholds.startup_grace_s == 600.0
+    with pytest.raises(ValueError, match=r"startup_grace_s \(0\) must be > 0"):
+        Thresholds(startup_grace_s=0)

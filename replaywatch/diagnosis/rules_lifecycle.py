@@ -27,9 +27,10 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
 from replaywatch.model import FLOAT_MAX, Finding, TableSnapshot
 
-# A fresh server's counters after its first seconds stay within this factor of the old
-# server's lifetime insert rate; a restore shows counters far beyond (reverb#118: 100073
-# inserts on a server one poll old).
+# A fresh server's inserts stay within this factor of the old server's lifetime insert rate
+# times its own uptime; a restore shows counters far beyond (reverb#118: 100073 inserts on a
+# server one poll old). Equivalently: the counters kept a larger share of the old ones than
+# the new server's share of the old one's uptime, ten times over.
 RESTORE_FACTOR = 10.0
 
 
@@ -144,7 +145,8 @@ def last_restart(points: Sequence[TableSnapshot]) -> Restart | None:
     restored = None
     if uptime_s(before) > 0:
         old_rate = inserts_of(before) / uptime_s(before)
-        fresh_most = RESTORE_FACTOR * old_rate * max(uptime_s(after), 1.0)
+        # Floored at 0.1 s: a server polled in its first milliseconds has no time to count.
+        fresh_most = RESTORE_FACTOR * old_rate * max(uptime_s(after), 0.1)
         restored = inserts_of(after) > fresh_most
     return Restart(before, after, points[-1], restored)
 

@@ -1,0 +1,267 @@
+"""Issue 11's lifecycle kinds, reproduced on a real Reverb server with real threads.
+
+Each test starts an in-process `reverb.Server`, actor and learner threads that insert and
+sample through `reverb.Client`, and a real sidecar core (`build_sidecar`) whose poller is
+ticked every 0.2 s with a 1.5 s stall window, so a verdict takes seconds. A kind must appear
+within the stall window plus two polls of its cause (a configuration finding on the first
+poll); the measured times are printed (`-s`) for the report.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import reverb
+
+from replaywatch.config import PollConfig, WatchConfig
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Severity
+from replaywatch.state import Published
+from replaywatch.wiring import Sidecar, build_sidecar
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+POLL_S = 0.2
+WINDOW_S = 1.5
+DEADLINE_S = WINDOW_S + 2 * POLL_S  # the acceptance bound: the stall window plus two polls
+SLACK_S = 0.6  # a 2-core machine shared by several test runs: scheduling jitter
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sidecar_for(port: int, **thresholds: float) -> Sidecar:
+    th = Thresholds(stall_window_s=WINDOW_S, min_history_s=0.5, **thresholds)
+    config = WatchConfig(targets=(f"127.0.0.1:{port}",),
+                         poll=PollConfig(interval_s=POLL_S, history_s=300.0), thresholds=th)
+    return build_sidecar(config, incidents_path=":memory:")
+
+
+def kinds(state: Published) -> set[str]:
+    return {f.kind for f in state.findings}
+
+
+def alarms(state: Published) -> set[str]:
+    return {f.kind for f in state.findings if f.severity >= Severity.WARNING}
+
+
+def tick_until(sidecar: Sidecar, done: Callable[[Published], bool], timeout_s: float,
+               seen: list[Published] | None = None) -> float | None:
+    """Ticks every POLL_S until `done(state)`; seconds it took, or None at the timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        t0 = time.monotonic()
+        state = sidecar.poller.tick()
+        if seen is not None:
+            seen.append(state)
+        if done(state):
+            return time.monotonic() - start
+        time.sleep(max(0.0, POLL_S - (time.monotonic() - t0)))
+    return None
+
+
+class Loop(threading.Thread):
+    """A daemon thread repeating `step` until stopped (or its client fails on shutdown)."""
+
+    def __init__(self, step: Callable[[], None], pause_s: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.step, self.pause_s, self.halt = step, pause_s, threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                self.step()
+                time.sleep(self.pause_s)
+        except Exception:  # the server went away under a blocked call: the test is over
+            pass
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=2)
+
+
+def actor(client: reverb.Client, table: str = "replay") -> Loop:
+    return Loop(lambda: client.insert([np.zeros(2, np.float32)], {table: 1.0}))
+
+
+def learner(client: reverb.Client, table: str = "replay") -> Loop:
+    return Loop(lambda: [None for _ in client.sample(table, num_samples=4)])
+
+
+@pytest.fixture
+def servers() -> Iterator[list[reverb.Server]]:
+    started: list[reverb.Server] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+def table(limiter: reverb.rate_limiters.RateLimiter, max_size: int = 1000) -> reverb.Table:
+    return reverb.Table("replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
+                        max_size=max_size, rate_limiter=limiter)
+
+
+def test_stale_data_when_actors_die_under_a_min_size_limiter(servers) -> None:
+    servers.append(server := reverb.Server([table(reverb.rate_limiters.MinSize(10))]))
+    client = reverb.Client(f"localhost:{server.port}")
+    acting, learning = actor(client), learner(client)
+    acting.start()
+    learning.start()
+    with sidecar_for(server.port) as sidecar:
+        healthy: list[Published] = []
+        tick_until(sidecar, lambda s: False, 3.0, healthy)  # 3 s of a healthy job
+        assert not set().union(*(alarms(s) for s in healthy))
+        acting.stop()  # the actors die; the learner keeps sampling
+        died = time.monotonic()
+        took = tick_until(sidecar, lambda s: "stale_data" in kinds(s), DEADLINE_S + SLACK_S)
+        state = sidecar.store.current()
+    learning.stop()
+    print(f"\nstale_data detected {took} s after the last insert (bound {DEADLINE_S} s)")
+    assert took is not None and time.monotonic() - died >= WINDOW_S
+    finding = next(f for f in state.findings if f.kind == "stale_data")
+    assert finding.evidence["limiter"] == "MinSize"
+    assert finding.evidence["samples_since_last_insert"] > 0
+    assert finding.evidence["times_each_item_sampled_since"] > 0
+
+
+def test_warmup_impossible_on_the_first_poll(servers) -> None:
+    # alf PR#1737: max_size 10 < min_size_to_sample 20; inserts flow, sampling never can.
+    servers.append(server := reverb.Server([table(reverb.rate_limiters.MinSize(20), 10)]))
+    acting = actor(reverb.Client(f"localhost:{server.port}"))
+    acting.start()
+    with sidecar_for(server.port) as sidecar:
+        first = sidecar.poller.tick()
+        seen: list[Published] = []
+        tick_until(sidecar, lambda s: False, 2.5, seen)
+    acting.stop()
+    print(f"\nwarmup_impossible on poll 1: {sorted(kinds(first))}")
+    assert "warmup_impossible" in kinds(first)
+    finding = next(f for f in first.findings if f.kind == "warmup_impossible")
+    assert (finding.evidence["max_size"], finding.evidence["min_size_to_sample"]) == (10, 20)
+    assert "Raise max_size of 'replay' to at least 20" in finding.fix
+    assert all(kinds(s) == {"warmup_impossible"} for s in seen)  # never "warmup, wait"
+
+
+def blocking_table() -> reverb.Table:
+    # spi 1, min_size 1, error_buffer 5: min_diff -4, max_diff 6; actors block after ~6 inserts.
+    return table(reverb.rate_limiters.SampleToInsertRatio(1.0, 1, 5.0))
+
+
+def test_learner_starting_while_the_first_step_compiles_then_healthy(servers) -> None:
+    servers.append(server := reverb.Server([blocking_table()]))
+    client = reverb.Client(f"localhost:{server.port}")
+    acting, learning = actor(client), learner(client)
+    acting.start()  # runs ahead to max_diff while the learner "compiles" for 4 s
+    with sidecar_for(server.port, startup_grace_s=60.0) as sidecar:
+        seen: list[Published] = []
+        took = tick_until(sidecar, lambda s: "learner_starting" in kinds(s), 4.0, seen)
+        tick_until(sidecar, lambda s: False, 4.0 - (took or 4.0), seen)
+        learning.start()  # the first step is done: it samples
+        after: list[Published] = []
+        tick_until(sidecar, lambda s: False, 2.5, after)
+    acting.stop()
+    learning.stop()
+    print(f"\nlearner_starting shown {took} s into the start-up")
+    assert took is not None and took <= DEADLINE_S + SLACK_S
+    assert not set().union(*(alarms(s) for s in seen + after))
+    assert "learner_starting" not in kinds(after[-1])
+
+
+def test_a_learner_that_never_starts_is_critical_once_the_grace_ends(servers) -> None:
+    grace = 4.0
+    servers.append(server := reverb.Server([blocking_table()]))
+    acting = actor(reverb.Client(f"localhost:{server.port}"))
+    acting.start()
+    with sidecar_for(server.port, startup_grace_s=grace) as sidecar:
+        seen: list[Published] = []
+        took = tick_until(sidecar, lambda s: "insert_blocked" in kinds(s), grace + 3.0, seen)
+    acting.stop()
+    print(f"\ninsert_blocked {took} s after the server started (grace {grace} s)")
+    starting = [s for s in seen if "learner_starting" in kinds(s)]
+    assert starting and all(not alarms(s) for s in starting)
+    assert took is not None and took >= grace - 1.0
+    assert took <= grace + 2 * POLL_S + SLACK_S
+
+
+def restart(server: reverb.Server, tables: list[reverb.Table],
+            checkpointer: reverb.checkpointers.CheckpointerBase | None = None
+            ) -> reverb.Server:
+    """Stops the server and starts another on the same port (retrying while it frees)."""
+    port = server.port
+    server.stop()
+    for _ in range(50):
+        try:
+            return reverb.Server(tables, port=port, checkpointer=checkpointer)
+        except Exception:
+            time.sleep(0.1)
+    raise AssertionError(f"port {port} did not free")
+
+
+def test_a_server_replaced_under_the_same_address_is_server_restarted_not_a_stall(
+        servers) -> None:
+    port = free_port()
+    server = reverb.Server([table(reverb.rate_limiters.MinSize(1))], port=port)
+    client = reverb.Client(f"localhost:{port}")
+    acting, learning = actor(client), learner(client)
+    acting.start()
+    learning.start()
+    with sidecar_for(port) as sidecar:
+        seen: list[Published] = []
+        tick_until(sidecar, lambda s: False, 3.0, seen)
+        acting.stop()
+        learning.stop()
+        server = restart(server, [table(reverb.rate_limiters.MinSize(1))])
+        servers.append(server)
+        client = reverb.Client(f"localhost:{port}")
+        acting, learning = actor(client), learner(client)
+        acting.start()
+        learning.start()
+        took = tick_until(sidecar, lambda s: "server_restarted" in kinds(s), DEADLINE_S, seen)
+        tick_until(sidecar, lambda s: False, 3.0, seen)
+    acting.stop()
+    learning.stop()
+    print(f"\nserver_restarted named {took} s after the new server started")
+    assert took is not None
+    finding = next(f for f in seen[-1].findings if f.kind == "server_restarted")
+    replay = finding.evidence["tables"]["replay"]
+    assert replay["after"]["inserts"] < replay["before"]["inserts"]
+    assert replay["restored_from_checkpoint"] is False
+    assert not set().union(*(alarms(s) for s in seen))
+    for state in seen:
+        for d in state.derived.values():
+            assert (d.insert_rate or 0) >= 0 and (d.sample_rate or 0) >= 0
+
+
+def test_a_server_restored_from_its_checkpoint_is_named_as_a_restore(servers) -> None:
+    port, path = free_port(), tempfile.mkdtemp(prefix="replaywatch-ckpt-")
+    server = reverb.Server([table(reverb.rate_limiters.MinSize(1))], port=port,
+                           checkpointer=reverb.checkpointers.DefaultCheckpointer(path))
+    client = reverb.Client(f"localhost:{port}")
+    acting = actor(client)
+    acting.start()
+    with sidecar_for(port) as sidecar:
+        seen: list[Published] = []
+        tick_until(sidecar, lambda s: False, 2.0, seen)
+        acting.stop()  # the job idles 3 s more: the restore happens to a server up ~5 s
+        tick_until(sidecar, lambda s: False, 3.0, seen)
+        client.checkpoint()
+        server = restart(server, [table(reverb.rate_limiters.MinSize(1))],  # a fresh limiter
+                         reverb.checkpointers.DefaultCheckpointer(path))
+        servers.append(server)
+        took = tick_until(sidecar, lambda s: "server_restarted" in kinds(s), DEADLINE_S, seen)
+    print(f"\nrestore named {took} s after the restored server started")
+    assert took is not None
+    replay = next(f for f in seen[-1].findings
+                  if f.kind == "server_restarted").evidence["tables"]["replay"]
+    assert replay["restored_from_checkpoint"] is True
+    assert replay["after"]["inserts"] == replay["before"]["inserts"] > 0
+    assert not set().union(*(alarms(s) for s in seen))
