@@ -150,13 +150,17 @@ def since_last_restart(snapshots: Sequence[ProbeSnapshot]) -> tuple[ProbeSnapsho
 
 
 def actor_since_last_restart(snapshots: Sequence[ActorSnapshot]) -> tuple[ActorSnapshot, ...]:
-    """An actor probe's snapshots since the actor last (re)started: new pid, or counters dropped."""
+    """An actor probe's snapshots since the actor last (re)started: new pid, or counters dropped.
+
+    The actor probe derives `started_at` from its monotonic clock on every read, so it
+    jitters by microseconds: only a move of more than a second is a new start.
+    """
     start = 0
     for i in range(1, len(snapshots)):
         a, b = snapshots[i - 1], snapshots[i]
         if (
             b.pid != a.pid
-            or b.started_at != a.started_at
+            or abs(b.started_at - a.started_at) > 1.0
             or b.steps_total < a.steps_total
             or b.items_created_total < a.items_created_total
         ):
