@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import reverb
 
-from replaywatch.config import PollConfig, WatchConfig
+from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
+from replaywatch.probe import TrainerProbe
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
@@ -39,9 +40,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def sidecar_for(port: int, **thresholds: float) -> Sidecar:
+def sidecar_for(port: int, probe: str | None = None, **thresholds: float) -> Sidecar:
     th = Thresholds(stall_window_s=WINDOW_S, min_history_s=0.5, **thresholds)
-    config = WatchConfig(targets=(f"127.0.0.1:{port}",),
+    probes = () if probe is None else (ProbeTarget(probe, None),)
+    config = WatchConfig(targets=(f"127.0.0.1:{port}",), probes=probes,
                          poll=PollConfig(interval_s=POLL_S, history_s=300.0), thresholds=th)
     return build_sidecar(config, incidents_path=":memory:")
 
@@ -174,6 +176,70 @@ def test_learner_starting_while_the_first_step_compiles_then_healthy(servers) ->
     assert took is not None and took <= DEADLINE_S + SLACK_S
     assert not set().union(*(alarms(s) for s in seen + after))
     assert "learner_starting" not in kinds(after[-1])
+
+
+class CompilingLearner(threading.Thread):
+    """Takes its first batch, compiles for `compile_s` (not in next(), no step), then steps."""
+
+    def __init__(self, client: reverb.Client, probe: TrainerProbe, compile_s: float) -> None:
+        super().__init__(daemon=True)
+        self.client, self.probe, self.compile_s = client, probe, compile_s
+        self.halt = threading.Event()
+
+    def batches(self) -> Iterator[list]:
+        while True:
+            yield list(self.client.sample("replay", num_samples=4))
+
+    def run(self) -> None:
+        try:
+            it = self.probe.wrap(self.batches())
+            next(it)
+            if self.halt.wait(self.compile_s):
+                return
+            while not self.halt.is_set():
+                next(it)
+                self.probe.step()
+                time.sleep(0.01)
+        except Exception:  # the server went away: the test is over
+            pass
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=2)
+
+
+@pytest.mark.parametrize("compile_s,grace", [(4.0, 60.0), (60.0, 4.0)],
+                         ids=["first_step_in_4s_is_start_up", "first_step_hang_after_grace"])
+def test_learner_starting_with_the_trainer_probe(servers, compile_s: float,
+                                                 grace: float) -> None:
+    servers.append(server := reverb.Server([table(reverb.rate_limiters.MinSize(10))]))
+    client = reverb.Client(f"localhost:{server.port}")
+    probe = TrainerProbe(batch_size=4, num_parallel_calls=1, table="replay")
+    probe.start()
+    acting, learning = actor(client), CompilingLearner(client, probe, compile_s)
+    acting.start()
+    learning.start()
+    seen: list[Published] = []
+    try:
+        with sidecar_for(server.port, probe=str(probe.url), startup_grace_s=grace) as sidecar:
+            took = tick_until(sidecar, lambda s: "learner_starting" in kinds(s),
+                              DEADLINE_S + SLACK_S, seen)
+            hang = tick_until(sidecar, lambda s: "learner_stalled" in kinds(s), 5.5, seen)
+    finally:
+        acting.stop()
+        learning.stop()
+        probe.stop()
+    print(f"\nprobe: learner_starting after {took} s; learner_stalled after {hang} s more")
+    assert took is not None
+    starting = [s for s in seen if "learner_starting" in kinds(s)]
+    finding = next(f for f in starting[0].findings if f.kind == "learner_starting")
+    assert finding.evidence["grace_basis"] == "probe started_at"
+    assert all(not alarms(s) for s in starting)
+    if grace > compile_s:  # it stepped: healthy from then on, never an alarm
+        assert hang is None and not set().union(*(alarms(s) for s in seen))
+        assert "learner_starting" not in kinds(seen[-1])
+    else:  # a hang at the first step: learner_stalled once the grace ends
+        assert hang is not None
 
 
 def test_a_learner_that_never_starts_is_critical_once_the_grace_ends(servers) -> None:
