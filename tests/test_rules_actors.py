@@ -118,3 +118,17 @@ def test_evidence_lists_each_actor_state_and_what_they_wait_on() -> None:
     # Both are named actor-0: a repeated name is keyed by the probe URL instead.
     assert evidence["actors"] == {ACTOR: "waiting", "http://a1": "down"}
     assert evidence["actors_waiting_on"] == ["learner"]
+
+
+def test_sample_blocked_summary_stays_the_same_while_actor_states_change() -> None:
+    # The summary holds stable facts only; who is down or silent is in the evidence.
+    from replaywatch.diagnosis import rules
+    from tests.test_rules import case
+
+    findings = [rules.is_sample_blocked(case(async_hung_table(), seed_hung_probe(workers=4),
+                                             actors=(a,)), DEFAULT)
+                for a in (dead_actor(), silent_actor())]
+    assert findings[0] is not None and findings[1] is not None
+    assert findings[0].summary == findings[1].summary
+    assert [f.evidence["actors"] for f in findings] == [{"actor-0": "down"},
+                                                        {"actor-0": "silent"}]

@@ -75,7 +75,7 @@ def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
     if synchronous:
         summary, fix = _loop_text(case, needed)
     else:
-        summary, fix = _actors_text(case, needed, stranded, th)
+        summary, fix = _actors_text(case, needed, stranded)
     return case.finding(kinds.SAMPLE_BLOCKED, summary, evidence, fix, since=t.observed_at - idle)
 
 
@@ -107,20 +107,18 @@ def _loop_text(case: TableCase, needed: int) -> tuple[str, str]:
     return summary, fix
 
 
-def _actors_text(case: TableCase, needed: int, stranded: lim.Stranded | None,
-                 th: Thresholds) -> tuple[str, str]:
+def _actors_text(case: TableCase, needed: int, stranded: lim.Stranded | None
+                 ) -> tuple[str, str]:
     """Asynchronous layout: the actors insert; dead ones first, then ones waiting on the
     learner while batching workers strand samples."""
+    # The summary holds stable facts only (an open finding is not rewritten every poll): each
+    # actor's state and the stranded count are in the evidence.
     t = case.latest
-    found = act.states(case.actors, th, case.now)
     summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
                "stopped: the actors are dead, stuck or too slow.")
-    if found:
-        not_waiting = sorted(n for n, s in found.items() if s != act.WAITING)
-        summary += f" Actors not waiting on the learner: {', '.join(not_waiting) or 'none'}."
     if stranded is not None and stranded.samples > 0:
-        summary += (f" {stranded.samples:g} sample(s) were drawn and never delivered to the "
-                    "learner.")
+        summary += (" Samples were drawn and never delivered to the learner (evidence: "
+                    "stranded_samples).")
     fix = (f"Most likely the actors died or are stuck: restart or unblock them and check their "
            f"logs ({needed} more insert(s) would let the next sample through). Less likely, "
            "live actors wait on the learner (a policy-lag bound, a parameter hand-off) while "
