@@ -29,6 +29,19 @@ FLAGS = (
     "--samples-per-insert", "128", "--min-replay-size", "4000", "--tolerance", "0.002",
 )  # fmt: skip
 
+# The asynchronous form (issue 11): a distributed job whose one actor waits on the learner
+# after every 2 environment steps it takes without seeing the learner step (--max-policy-lag
+# 2, a parameter hand-off). 2 inserts release 256 samples, one batch per learner step: with one
+# worker they always complete it and the job learns (~485 steps in 45 s here); with 12 they
+# spread over 12 partial batches, and once no worker can complete one the learner blocks in
+# next() (here after ~100 steps, ~20 s after the start line) while the actor, alive, waits on
+# the learner, for good. Dead actors leave the same picture in Reverb; only the actor probe
+# tells them apart.
+ASYNC_FLAGS = (
+    "--mode", "distributed", "--num-actors", "1", "--max-policy-lag", "2",
+    *FLAGS[2:],
+)  # fmt: skip
+
 # Blocked in next() this long before any batch: the workers are stranded. Before warm-up the
 # loop never calls next() (the iterator is not ready and the table cannot sample), and a
 # batch that is merely slow arrives within milliseconds of the samples that complete it.
