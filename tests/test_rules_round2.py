@@ -84,6 +84,11 @@ ROUND2_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     # Sampling stopped too: a blocked table, sample_blocked's business.
     ("no_stale_data_when_sampling_stopped_too", rules.is_stale_data,
      lambda: case(table_history(T20, 500, 1900, **MIN_SIZE)), None),
+    # Actors died under a ratio limiter: the learner drained the credit (cursor 0 = min_diff
+    # at t=1012) and stopped 7 s ago; sample_blocked opens a window later, no warning first.
+    ("no_stale_data_once_the_limiter_refuses_samples", rules.is_stale_data,
+     lambda: case(table_history(T20, 500, [min(440 + 5 * i, 500) for i in range(20)],
+                                min_diff=0.0, max_diff=100.0)), None),
     # Warm-up: below min_size_to_sample nothing can be sampled (and nothing was).
     ("no_stale_data_during_warmup", rules.is_stale_data,
      lambda: case(table_history(T20, 50, 0, min_size=100, **MIN_SIZE)), None),

@@ -207,10 +207,12 @@ def is_stale_data(case: TableCase, th: Thresholds) -> Finding | None:
 
     A limiter that never blocks sampling (MinSize, or a SampleToInsertRatio window wide
     enough) hides dead actors: nothing hangs, the same items are sampled over and over
-    (instadeepai/Mava#801). Not before the first insert, and not in warm-up.
+    (instadeepai/Mava#801). Not before the first insert, not in warm-up, and not once the
+    limiter refuses samples: a ratio limiter whose credit ran out is sample_blocked's
+    business, a window later, and warning about it first would be noise.
     """
     t = case.latest
-    if t.rate_limiter.inserts == 0 or lim.is_warming_up(t):
+    if t.rate_limiter.inserts == 0 or lim.is_warming_up(t) or not lim.can_sample(t, 1):
         return None
     idle = win.idle_for(case.history, inserts_of)
     if idle < th.stall_window_s or win.idle_for(case.history, samples_of) >= th.stall_window_s:
