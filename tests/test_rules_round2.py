@@ -185,6 +185,28 @@ def test_learner_starting_stands_down_learner_stalled_and_a_hang_is_caught_after
     assert kinds_of(view, Thresholds(startup_grace_s=20.0)) == ["learner_stalled"]
 
 
+def test_a_synchronous_loop_compiling_its_first_step_is_starting_not_sample_blocked() -> None:
+    # The loop took its first batch (cursor at min_diff, inserts stopped: the loop is in the
+    # learner step); the probe shows it outside next() with no step yet.
+    table = table_history(T20, 100, 101, min_diff=-1.0, max_diff=FLOAT_MAX,
+                          waiting_for_inserts_ms=waiting())
+    probe = probe_history(T20, 1, steps=0, started_at=995.0)
+    assert kinds_of(target_view([table], [probe])) == ["learner_starting"]
+    assert kinds_of(target_view([table], [probe]), Thresholds(startup_grace_s=20.0)) == [
+        "sample_blocked"]
+
+
+def test_actors_dead_before_the_first_sample_stay_sample_blocked() -> None:
+    # Reverb alone: 10 of 100 items, inserts stopped, nothing ever sampled: the actors, not
+    # the learner's start-up, hold the job.
+    table = table_history(T20, 10, 0, min_size=100, waiting_for_inserts_ms=waiting())
+    assert kinds_of(target_view([table])) == ["sample_blocked"]
+    # Same with a learner that waits in next() for its first batch.
+    waiting_learner = probe_history(T20, 0, steps=0, blocked_for=[1.0 + i for i in range(20)],
+                                    started_at=995.0)
+    assert "learner_starting" not in kinds_of(target_view([table], [waiting_learner]))
+
+
 def test_warmup_impossible_on_the_first_poll_and_it_supersedes_warmup() -> None:
     first = diagnose(target_view([table_history([1000.0], 10, 0, max_size=10, min_size=20)]),
                      DEFAULT, 1000.0)

@@ -101,10 +101,19 @@ def is_learner_starting(case: TableCase, th: Thresholds) -> Finding | None:
     began = startup_began(case)
     if began is None or case.now - began[0] >= th.startup_grace_s:
         return None
-    held = [f.kind for f in (is_insert_blocked(case, th), is_sample_blocked(case, th),
+    held = [f.kind for f in (is_insert_blocked(case, th), _loop_in_first_step(case, th),
                              *(is_learner_stalled(case, p, th) for p in case.probes))
             if f is not None]
     return _learner_starting(case, began, sorted(set(held)), th) if held else None
+
+
+def _loop_in_first_step(case: TableCase, th: Thresholds) -> Finding | None:
+    """sample_blocked, when a probe shows the learner busy outside next(): a synchronous loop
+    compiling its first step stops inserting. A learner waiting in next() for data, or what
+    Reverb alone sees (nothing sampled yet), waits on the actors: sample_blocked stands."""
+    if not any(not p[-1].blocked_in_next for p in case.probes):
+        return None
+    return is_sample_blocked(case, th)
 
 
 def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str],
