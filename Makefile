@@ -43,7 +43,7 @@ system-deps:
 	fi
 
 test: $(STAMP) system-deps
-	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy
+	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards
 	$(PY) -m mypy replaywatch
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
@@ -51,7 +51,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy
+	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards
 
 typecheck: $(STAMP)
 	$(PY) -m mypy replaywatch
