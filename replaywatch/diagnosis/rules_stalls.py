@@ -70,7 +70,7 @@ def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
     stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
     if stranded is not None:
         evidence.update(stranded.evidence())
-    if case.actors:
+    if case.actors and not synchronous:  # a synchronous loop's own probe is not an actor's
         evidence.update(act.evidence(case.actors, th, case.now))
     if synchronous:
         summary, fix = _loop_text(case, needed)
