@@ -4,7 +4,7 @@ A collector, not long-lived metric objects: every scrape renders the latest
 `Published` picture, so a table that disappears stops being reported and a
 target that is down still answers with `replaywatch_target_up 0`. Names follow
 Prometheus conventions: `replaywatch_` prefix, base units (`_seconds`), `_total`
-for counters, and only the bounded labels `target`, `table`, `probe`, `state`,
+for counters, and only the bounded labels `target`, `table`, `probe`, `source`, `state`,
 `kind`, `severity`, `role` (trainer, actor, unknown) and `call` (the fixed set of
 writer calls). What an actor waits on is the user's free text: it goes to the
 API, never into a label.

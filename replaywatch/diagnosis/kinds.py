@@ -2,7 +2,9 @@
 
 The rules build findings from these declarations (`case.finding(SAMPLE_BLOCKED, ...)`), the
 engine takes its precedence and what supersedes what from them, and the alert, runbook and
-README tests read them. Adding a kind is one `Kind(...)` here, its place in `ALL`, and its rule.
+README tests read them. Adding a kind starts with one `Kind(...)` here and its place in `ALL`;
+CONTRIBUTING.md lists the rest (its rule in `rules.BY_KIND`, the engine's tuple, the alert in
+the mixin, the runbook, the README table).
 
 `ALL` is the precedence, worst first: severity first, then, within one severity, the finding
 that names the more specific (or more certain) cause. A kind that supersedes another of its
