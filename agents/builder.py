@@ -111,11 +111,13 @@ def make_learner(
     server_address: str,
     key: jax.Array,
     probe_listen: str,
+    first_step_delay_s: float = 0.0,
 ) -> LearnerParts:
     """Dataset iterator -> probe wrapper -> learner. The probe is not started here."""
     probe = make_probe(replay, probe_listen)
     iterator = probe.wrap(replay_lib.make_dataset_iterator(server_address, replay))
-    learner = TD3Learner(networks, td3, iterator, key, on_step=probe.step)
+    learner = TD3Learner(networks, td3, iterator, key, on_step=probe.step,
+                         first_step_delay_s=first_step_delay_s)
     return LearnerParts(learner, iterator, probe)  # type: ignore[arg-type]
 
 
@@ -159,7 +161,8 @@ def start_record(mode: str, reverb: str, probe: str | None, replay: ReplayConfig
 
     `probe` is the learner's TrainerProbe; `actor_probes` the ActorProbes' URLs (one per
     actor slot in distributed mode, the loop's in sync mode; empty with --no-actor-probes),
-    for `--probe actor-0=URL`.
+    for `replaywatch watch --probe URL` (each
+    probe's document says its role and name).
     """
     return {
         "event": "start",

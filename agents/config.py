@@ -183,6 +183,9 @@ class RunConfig:
     # Distributed: after this many environment steps without seeing the learner step, an
     # actor waits for it (a policy-lag bound, a parameter hand-off); 0: actors never wait.
     max_policy_lag: int = 0
+    # Sleep this long inside the learner's first update, after its first batch: a stand-in
+    # for a long first jit compile (acme#212), to test start-up awareness. 0: none.
+    first_step_delay_s: float = 0.0
     # Distributed: Ray custom resources that place each role on the nodes offering them.
     replay_resource: str | None = None
     learner_resource: str | None = None
@@ -204,6 +207,8 @@ class RunConfig:
             self.actor_update_period >= 1,
             f"actor_update_period ({self.actor_update_period}) must be >= 1",
         )
+        _require(self.first_step_delay_s >= 0,
+                 f"first_step_delay_s ({self.first_step_delay_s}) must be >= 0 (0: none)")
         _require(self.max_policy_lag >= 0,
                  f"max_policy_lag ({self.max_policy_lag}) must be >= 0 (0: actors never wait)")
         _require(

@@ -94,10 +94,12 @@ class LearnerProcess:
         server_address: str,
         seed: int,
         probe_listen: str,
+        first_step_delay_s: float = 0.0,
     ):
         networks = builder.make_networks(spec, td3)
         key = jax.random.PRNGKey(seed)
-        self._parts = builder.make_learner(networks, td3, replay, server_address, key, probe_listen)
+        self._parts = builder.make_learner(networks, td3, replay, server_address, key,
+                                           probe_listen, first_step_delay_s)
         self._parts.probe.start()
         self._params = self._parts.learner.get_policy_params_numpy()
         self._params_at = 0
@@ -233,7 +235,7 @@ def _drive(
     address = replay_at["reverb"] if run.ray_address else f"127.0.0.1:{replay_at['port']}"
     learner = LearnerProcess.options(
         max_concurrency=run.num_actors + 4, **placement.role_options(run.learner_resource)
-    ).remote(td3, replay, spec, address, run.seed, run.probe_listen)
+    ).remote(td3, replay, spec, address, run.seed, run.probe_listen, run.first_step_delay_s)
     learner_at = _started(learner.where.remote(), "learner", run.learner_resource)
 
     def start_actor(slot: int, index: int, listen: str | None) -> Any:

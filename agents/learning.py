@@ -15,6 +15,7 @@ loop on its own (the first suspect in the seed thread).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -197,10 +198,15 @@ class TD3Learner:
         iterator: Iterator[Any],
         key: jax.Array,
         on_step: Callable[[], None] | None = None,
+        first_step_delay_s: float = 0.0,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         optimizer = optax.adam(config.learning_rate)
         self._iterator = iterator
         self._on_step = on_step
+        # `--first-step-delay-s`: a stand-in for a long first jit compile (acme#212: 20 min).
+        self._first_step_delay_s = first_step_delay_s
+        self._sleep = sleep
         self._state = make_initial_state(networks, optimizer, key)
         self._update = jax.jit(make_update_fn(networks, config, optimizer))
         self._steps = 0
@@ -208,6 +214,10 @@ class TD3Learner:
 
     def step(self) -> None:
         sample = next(self._iterator)
+        if self._steps == 0 and self._first_step_delay_s > 0:
+            # After the first batch is taken, as a compile would be: the probe shows one batch
+            # retrieved and no step, the dataset's prefetch fills, the actors run ahead.
+            self._sleep(self._first_step_delay_s)
         self._state, metrics = self._update(self._state, transition_from_sample(sample.data))
         self._steps += 1
         self._metrics = metrics  # converted lazily: float() would sync every step

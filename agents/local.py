@@ -98,7 +98,8 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
     client = reverb.Client(address)
     networks = builder.make_networks(spec, td3)
     key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
-    parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen)
+    parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen,
+                                 run.first_step_delay_s)
     parts.probe.start()
     # The loop's actor side: its writer, its steps, its waits on the learner.
     loop_probe = builder.make_actor_probe(replay.table, "loop", builder.any_port(run.probe_listen),

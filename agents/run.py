@@ -102,6 +102,14 @@ def make_parser() -> argparse.ArgumentParser:
         help="distributed: an actor that took STEPS environment steps without seeing the learner "
         "step waits for it, then fetches its parameters (a policy-lag bound); 0: never wait",
     )
+    add(
+        "--first-step-delay-s",
+        type=float,
+        default=defaults_run.first_step_delay_s,
+        metavar="SECONDS",
+        help="both modes: sleep this long inside the learner's first update, after its first "
+        "batch is taken; a stand-in for a long first JAX compile (acme#212), not a real one",
+    )
     add("--no-actor-probes", action="store_true",
         help="no ActorProbe on the actors (distributed) or on the loop (sync)")
     add(
@@ -155,6 +163,7 @@ def configs_from_args(
             seed_debug_loop=args.seed_debug_loop,
             actor_probes=not args.no_actor_probes,
             max_policy_lag=args.max_policy_lag,
+            first_step_delay_s=args.first_step_delay_s,
             replay_resource=args.replay_resource,
             learner_resource=args.learner_resource,
             actor_resource=args.actor_resource,

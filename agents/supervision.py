@@ -1,7 +1,7 @@
 """The driver's view of the distributed actors: start, poll, notice deaths, replace.
 
 Each actor slot keeps its name ("actor-<slot>") and, when it can, its probe's port
-across replacements, so a sidecar given `--probe actor-0=URL` keeps reading that slot.
+across replacements, so a sidecar given the slot's `--probe URL` keeps reading it.
 A replacement's probe URL and node are announced in an `actor_probe` line when it has
 started (it takes seconds to import), without holding up the driver's loop.
 """
