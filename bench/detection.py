@@ -1,9 +1,10 @@
 """Benchmark: detection latency and false alarms on the real agents/ workload.
 
 Each scenario runs `python -m agents.run` with a fault it can produce and two
-sidecars: one with the trainer probe, one with the Reverb address alone. The
-latency is from the fault's onset, taken from the trainer itself, to the
-first time the finding shows in the sidecar's /api/v1/findings:
+sidecars: one with the learner's trainer probe and every actor probe of the start
+line (`actor_probes`), one with the Reverb address alone. The latency is from the
+fault's onset, taken from the trainer itself, to the first time the finding shows
+in the sidecar's /api/v1/findings:
 
   seed_hang      sync, 12 batching workers: onset = the probe's `blocked_since`
   actor_exit     distributed, every actor exits: onset = the exit (its stderr line)
@@ -12,17 +13,26 @@ first time the finding shows in the sidecar's /api/v1/findings:
   warmup         min_replay_size far away: only `warmup` may show
 
 A false alarm is any warning or critical finding other than the expected ones
-(`deadlock_risk` is expected wherever the configuration predicts a hang).
+(`deadlock_risk` is expected wherever the configuration predicts a hang; `probe_down`
+where every actor exits, since their probes go with them).
 
-    python -m bench.detection [--runs 5] [--scenarios seed_hang,actor_exit]
-    python -m bench.detection --healthy 600    # false alarms over 10 min, sync + distributed
+First come the healthy runs (bench/healthy.py: sync, async, distributed for
+--healthy-s, a learner whose first step takes 60 s for --first-step-s), side by side;
+then the scenarios, one at a time (in parallel they starve each other of CPU).
+
+    python -m bench.detection [--runs 5] [--scenarios seed_hang,actor_exit] [--healthy-s 600]
+    python -m bench.detection --runs 0 --healthy-s 600    # the healthy runs alone
+    python -m bench.detection --healthy-runs "" --runs 1  # the scenarios alone
+    python -m bench.detection ... --results bench/RESULTS.md  # replace its two sections
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -58,8 +68,10 @@ class Scenario:
 SCENARIOS = {
     "seed_hang": Scenario("seed_hang", SEED, frozenset({"worker_starvation"}),
                           frozenset({"sample_blocked"})),
+    # Every actor exits, and its probe with it: probe_down is true there, not a false alarm.
     "actor_exit": Scenario("actor_exit", [*DISTRIBUTED, "--inject-stall", "actors-exit@25"],
-                           frozenset({"sample_blocked"}), frozenset({"sample_blocked"})),
+                           frozenset({"sample_blocked"}), frozenset({"sample_blocked"}),
+                           tolerated=frozenset({"deadlock_risk", "probe_down"})),
     "learner_hang": Scenario("learner_hang", [*DISTRIBUTED, "--inject-stall",
                                               "learner-hang@25"],
                              frozenset({"insert_blocked", "learner_stalled"}),
@@ -78,10 +90,31 @@ SCENARIOS = {
 }
 
 
-def _agent(flags: list[str], log: Path) -> AgentProcess:
+_SIDECARS = itertools.count()  # each sidecar its own log and incident db
+
+
+def spawn_agent(flags: list[str], log: Path) -> AgentProcess:
     """The agent with no end and no evals, so only the fault changes its course."""
     return AgentProcess([*flags, "--steps", "100000000", "--eval-every", "0",
                          "--probe-listen", "127.0.0.1:0"], log=log).spawn()
+
+
+def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dict[str, str]]:
+    """Two sidecars on a start line: "probe" (the learner's probe and every actor probe,
+    `--probe URL` each: the documents say their roles) and "reverb" (the address alone)."""
+    probes = [start["probe"], *start.get("actor_probes", [])]
+    procs, bases = [], {}
+    try:
+        for side, extra in (("probe", [a for url in probes for a in ("--probe", url)]),
+                            ("reverb", [])):
+            proc, bases[side] = _sidecar(["--reverb", start["reverb"], *extra], tmp,
+                                         f"{name}-{next(_SIDECARS)}-{side}")
+            procs.append(proc)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    return procs, bases
 
 
 def _sidecar(flags: list[str], tmp: Path, name: str) -> tuple[Proc, str]:
@@ -102,14 +135,13 @@ def _first_seen(base: str, seen: dict[str, float], alarms: set[str]) -> None:
 
 
 def run_once(scenario: Scenario, tmp: Path) -> dict[str, Any]:
-    agent = _agent(scenario.flags, tmp / f"{scenario.name}-agent.log")
+    agent = spawn_agent(scenario.flags, tmp / f"{scenario.name}-agent.log")
     procs: list[Proc] = []
     try:
         start = wait_until(lambda: agent.event(lambda r: r.get("reverb")), 180)[1]
-        reverb, probe = start["reverb"], start["probe"]
-        with_probe, base_probe = _sidecar(["--reverb", reverb, "--probe", probe], tmp, "p")
-        alone, base_alone = _sidecar(["--reverb", reverb], tmp, "r")
-        procs += [with_probe, alone]
+        probe = start["probe"]
+        procs, bases = attach(start, tmp, scenario.name)
+        base_probe, base_alone = bases["probe"], bases["reverb"]
         first_poll = time.time()
         seen: dict[str, dict[str, float]] = {"probe": {}, "reverb": {}}
         alarms: dict[str, set[str]] = {"probe": set(), "reverb": set()}
@@ -132,7 +164,8 @@ def run_once(scenario: Scenario, tmp: Path) -> dict[str, Any]:
         for p in procs:
             p.kill()
         agent.kill()
-    out: dict[str, Any] = {"scenario": scenario.name, "onset": onset, "fed": fed}
+    out: dict[str, Any] = {"scenario": scenario.name, "onset": onset, "fed": fed,
+                           "actor_probes": len(start.get("actor_probes", []))}
     for side, expected in (("probe", scenario.expect_probe), ("reverb", scenario.expect_reverb)):
         for kind in expected:
             at = seen[side].get(kind)
@@ -151,39 +184,6 @@ def _onset(scenario: Scenario, agent: AgentProcess, probe: dict, first_poll: flo
         hit = agent.event(lambda r: r.get("event") == "stall_injected")
         return hit[0] if hit else None
     return first_poll
-
-
-def healthy(seconds: float, tmp: Path) -> dict[str, Any]:
-    """Healthy sync and distributed runs side by side: every warning/critical is false."""
-    runs = {"sync": ["--mode", "sync"], "distributed": DISTRIBUTED}
-    agents, procs, bases = {}, [], {}
-    try:
-        for name, flags in runs.items():
-            agents[name] = _agent(flags, tmp / f"healthy-{name}.log")
-        for name, agent in agents.items():
-            start = wait_until(lambda a=agent: a.event(lambda r: r.get("reverb")), 180)[1]
-            proc, base = _sidecar(["--reverb", start["reverb"], "--probe", start["probe"]],
-                                  tmp, f"healthy-{name}")
-            procs.append(proc)
-            bases[name] = base
-        alarms: dict[str, set[str]] = {name: set() for name in runs}
-        polls = 0
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for name, base in bases.items():
-                _first_seen(base, {}, alarms[name])
-            polls += 1
-            time.sleep(1.0)
-        incidents = {name: get_json(f"{base}/api/v1/incidents?state=all&limit=1000", 5)[1]
-                     ["incidents"] for name, base in bases.items()}
-    finally:
-        for p in procs:
-            p.kill()
-        for agent in agents.values():
-            agent.kill()
-    return {"seconds": seconds, "false_alarms": {n: sorted(a) for n, a in alarms.items()},
-            "incidents": {n: [i["kind"] for i in rows if i["severity"] != "info"]
-                          for n, rows in incidents.items()}}
 
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -239,33 +239,99 @@ def run_lanes(lanes: list[list[str]], runs: int, tmp: Path) -> list[dict[str, An
     return results
 
 
+DETECTION_HEADING = "## Detection latency"
+HEALTHY_HEADING = "## False alarms on healthy runs"
+
+
+def detection_section(results: list[dict[str, Any]], runs: int, took_s: float) -> str:
+    fed = sum(1 for r in results if r.get("fed"))
+    return (f"{DETECTION_HEADING} ({runs} runs per scenario, {took_s / 60:.1f} min, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+            "Onset from the trainer itself (the probe's `blocked_since` or last step, the "
+            "actor's exit line; the first poll for the configuration finding and for warm-up); "
+            "detection = first time the finding shows in `/api/v1/findings`. Two sidecars per "
+            "run: with the learner's probe and every actor probe (`actor_probes` of the start "
+            "line), and with the Reverb address alone. One scenario at a time, after the "
+            "healthy runs.\n\n" + render(summarize(results)) + "\n"
+            f"\nseed_hang starts that fed the workers (the race went the healthy way, "
+            f"agents/seed_hang.py), not counted above: {fed}\n")
+
+
+def healthy_section(results: list[dict[str, Any]], seconds: float, first_step_s: float,
+                    took_s: float) -> str:
+    from bench import healthy
+
+    return (f"{HEALTHY_HEADING} ({', '.join(r['run'] for r in results)} side by side; "
+            f"{seconds:g} s each, first-step runs {first_step_s:g} s; {took_s / 60:.1f} min, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+            "Watched from the start line by a sidecar with the learner's probe and every actor "
+            "probe, and by one with the Reverb address alone (bench/healthy.py says what each "
+            "run is). Every warning or critical finding is a false alarm; info kinds are listed "
+            "apart (`learner_starting` is the start-up grace at work). \"first step s\": from "
+            "the probe's first batch to its first step.\n\n" + healthy.render(results) + "\n")
+
+
+def replace_sections(text: str, sections: list[str]) -> str:
+    """Each section replaces the one whose heading starts like its own first line (up to
+    the next `## ` heading), or is appended; the rest of the file is left as it was."""
+    for section in sections:
+        heading = section.split("(", 1)[0].split("\n", 1)[0].strip()
+        pattern = re.compile(rf"^{re.escape(heading)}.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+        body = section.rstrip("\n") + "\n\n"
+        text, n = pattern.subn(lambda _, body=body: body, text, count=1)
+        if not n:
+            text = text.rstrip("\n") + "\n\n" + body
+    return text.rstrip("\n") + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from bench import healthy
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--runs", type=int, default=5, help="runs per scenario; 0: none")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--healthy", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--healthy-s", type=float, default=600.0, metavar="SECONDS",
+                   help="how long each healthy run is watched (default 600)")
+    p.add_argument("--first-step-s", type=float, default=150.0, metavar="SECONDS",
+                   help="how long the first-step runs are watched (default 150)")
+    p.add_argument("--healthy-runs", default=",".join(healthy.DEFAULT_RUNS),
+                   help=f"side by side, from {', '.join(healthy.RUNS)}; empty: none")
     p.add_argument("--lanes", type=int, default=1, choices=(1, 2),
                    help="2: sync and distributed scenarios side by side")
+    p.add_argument("--results", type=Path, default=None, metavar="FILE",
+                   help="replace the detection and false-alarm sections of FILE "
+                   "(bench/RESULTS.md) with this run's")
     args = p.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="rw-detect-"))
-    out: dict[str, Any] = {}
-    if args.healthy:
-        out["healthy"] = healthy(args.healthy, tmp)
-        print(json.dumps(out["healthy"], indent=2))
     names = [s for s in args.scenarios.split(",") if s]
+    runs = [s for s in args.healthy_runs.split(",") if s]
+    for name in names + runs:
+        if name not in SCENARIOS and name not in healthy.RUNS:
+            p.error(f"unknown scenario or healthy run {name!r}")
+    tmp = Path(tempfile.mkdtemp(prefix="rw-detect-"))
+    out: dict[str, Any] = {"tmp": str(tmp)}
+    sections = []
+    if runs:
+        t0 = time.monotonic()
+        out["healthy"] = healthy.healthy(args.healthy_s, tmp, tuple(runs), args.first_step_s)
+        print(json.dumps(out["healthy"], indent=1, default=str), file=sys.stderr, flush=True)
+        sections.append(healthy_section(out["healthy"], args.healthy_s, args.first_step_s,
+                                        time.monotonic() - t0))
+        print(sections[-1], flush=True)
     if args.lanes == 2:
         distributed = [n for n in names if "distributed" in SCENARIOS[n].flags]
         lanes = [[n for n in names if n not in distributed], distributed]
     else:
         lanes = [names]
-    results = run_lanes([lane for lane in lanes if lane], args.runs, tmp)
+    t0 = time.monotonic()
+    results = run_lanes([lane for lane in lanes if lane], args.runs, tmp) if args.runs else []
     if results:
         out["rows"] = summarize(results)
         out["fed"] = sum(1 for r in results if r.get("fed"))
-        print(render(out["rows"]))
-        if out["fed"]:
-            print(f"seed_hang: {out['fed']} start(s) fed the workers (the race went the "
-                  "healthy way, agents/seed_hang.py); not counted as runs")
+        sections.insert(0, detection_section(results, args.runs, time.monotonic() - t0))
+        print(sections[0], flush=True)
+    if args.results is not None and sections:
+        args.results.write_text(replace_sections(args.results.read_text(), sections))
+        print(f"replaced {len(sections)} section(s) of {args.results}", file=sys.stderr)
     return out
 
 

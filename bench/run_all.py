@@ -1,12 +1,15 @@
 """`make bench`: every benchmark, one after another, into bench/RESULTS.md.
 
-The healthy false-alarm runs (10 minutes of a sync and a distributed agent,
-each watched with its probe) run beside the detection scenarios, which run one
-at a time: running the scenarios in parallel lanes as well (tried) starved the
-distributed actors of CPU for over 10 s, which is a real `sample_blocked`, and
-pushed latencies past the window. On the 2-core CI machine the whole set takes
-about half an hour; see RESULTS.md for what would bring it under 20 minutes.
-The trainer-cost runs come after, alone, since they measure the machine's speed.
+First the healthy false-alarm runs (bench/healthy.py: sync, async and
+distributed agents for 10 minutes, a learner whose first step takes 60 s for
+150 s; side by side, each watched with its probes and from Reverb alone), then
+the detection scenarios, one at a time: running the scenarios in parallel lanes,
+or beside the healthy runs, starves the distributed actors of CPU for over 10 s on
+2 cores, which is a real `sample_blocked`, and pushes latencies past the window.
+(Two local Ray clusters now coexist: the agent's `ray.init(address="local")`.)
+The detection part takes about 35 minutes on the 2-core CI machine, the whole set
+about 45. The trainer-cost runs come after, alone, since they measure the
+machine's speed.
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import detection, load, probe_cost, scale, server_info_cost, trainer_cost
+from bench import detection, healthy, load, probe_cost, scale, server_info_cost, trainer_cost
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -58,37 +60,14 @@ def machine() -> str:
 def main() -> None:
     sections: list[str] = []
     t0 = time.monotonic()
-    healthy: dict[str, Any] = {}
-    healthy_thread = threading.Thread(
-        target=lambda: healthy.update(detection.healthy(600.0, Path(tempfile.mkdtemp()))),
-        daemon=True)
-    healthy_thread.start()
-    sync = [n for n, sc in detection.SCENARIOS.items() if "distributed" not in sc.flags]
-    distributed = [n for n in detection.SCENARIOS if n not in sync]
     tmp = Path(tempfile.mkdtemp(prefix="rw-detect-"))
+    t_healthy = time.monotonic()
+    healthy_runs = healthy.healthy(600.0, tmp, healthy.DEFAULT_RUNS, 150.0)
+    healthy_took = time.monotonic() - t_healthy
     t_detect = time.monotonic()
-    results = detection.run_lanes([sync], 5, tmp)
-    healthy_thread.join()
-    # Two local Ray clusters on one machine got in each other's way (actors never
-    # scheduled): the distributed scenarios wait for the healthy distributed run.
-    results += detection.run_lanes([distributed], 5, tmp)
-    took = time.monotonic() - t_detect
-    sections.append(f"## Detection latency (5 runs per scenario, {took / 60:.1f} min)\n\n"
-                    "Onset from the trainer itself (the probe's `blocked_since` or last step, "
-                    "the actor's exit line; the first poll for the configuration finding and "
-                    "for warm-up); detection = first time the finding shows in "
-                    "`/api/v1/findings`. Two sidecars per run: with the probe, and with the "
-                    "Reverb address alone. The sync scenarios ran beside the healthy runs "
-                    "below.\n\n" + detection.render(detection.summarize(results)) + "\n"
-                    + f"\nseed_hang starts that fed the workers (the race went the healthy way, "
-                    f"agents/seed_hang.py), not counted above: "
-                    f"{sum(1 for r in results if r.get('fed'))}\n")
-    sections.append(
-        "## False alarms on healthy runs (10 minutes, sync and distributed side by side)\n\n"
-        + "\n".join(f"- {mode}: warning/critical findings seen: "
-                    f"{', '.join(kinds) or 'none'}; incidents logged (non-info): "
-                    f"{', '.join(healthy.get('incidents', {}).get(mode, [])) or 'none'}"
-                    for mode, kinds in healthy.get("false_alarms", {}).items()) + "\n")
+    results = detection.run_lanes([list(detection.SCENARIOS)], 5, tmp)
+    sections.append(detection.detection_section(results, 5, time.monotonic() - t_detect))
+    sections.append(detection.healthy_section(healthy_runs, 600.0, 150.0, healthy_took))
     text, cost, took = _run("trainer cost", lambda: trainer_cost.main(["--reps", "2",
                                                                         "--window", "20"]))
     sections.append(f"## Cost to the trainer ({took / 60:.1f} min)\n\n" + text)

@@ -9,12 +9,15 @@ runs and reports the latencies.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from agents import seed_hang
-from bench.detection import INTERVAL_S, SCENARIOS, STALL_WINDOW_S, run_once
+from bench.detection import INTERVAL_S, SCENARIOS, STALL_WINDOW_S, replace_sections, run_once
 
 DEADLINE_S = STALL_WINDOW_S + 3 * INTERVAL_S
 
@@ -38,3 +41,71 @@ def test_each_fault_is_named_within_the_stall_window_and_three_polls(name: str,
             assert latency is not None, f"{side} sidecar never reported {kind}: {result}"
             assert latency <= DEADLINE_S, f"{side} {kind} after {latency:.1f}s: {result}"
         assert result[f"{side}:false_alarms"] == [], result
+
+
+# -- the pieces the benchmark's healthy runs rest on (fast: no agent started) ------------------
+
+def test_first_step_delay_sleeps_once_after_the_first_batch_is_taken() -> None:
+    # --first-step-delay-s (bench/healthy.py's first_step_60s): a stand-in for a long first
+    # compile, inside the first update only, after its batch is taken.
+    import jax
+    import numpy as np
+
+    from agents.config import RunConfig, TD3Config
+    from agents.environments import make_environment, make_environment_spec
+    from agents.learning import TD3Learner, Transition
+    from agents.networks import make_networks
+    from agents.run import configs_from_args
+
+    config = TD3Config(hidden_sizes=(32, 32))
+    networks = make_networks(make_environment_spec(make_environment(0)), config)
+    rng = np.random.default_rng(0)
+    taken: list[int] = []
+    slept: list[tuple[float, int, int]] = []
+    steps: list[int] = []
+
+    def batches() -> Iterator[Any]:
+        while True:
+            taken.append(1)
+            data = Transition(rng.normal(size=(8, 3)).astype(np.float32),
+                              rng.uniform(-1, 1, size=(8, 1)).astype(np.float32),
+                              rng.normal(size=(8,)).astype(np.float32),
+                              np.full((8,), 0.9, np.float32),
+                              rng.normal(size=(8, 3)).astype(np.float32))
+            yield SimpleNamespace(data=data._asdict())
+
+    learner = TD3Learner(networks, config, batches(), jax.random.PRNGKey(0),
+                         on_step=lambda: steps.append(len(slept)), first_step_delay_s=60.0,
+                         sleep=lambda s: slept.append((s, len(taken), len(steps))))
+    for _ in range(3):
+        learner.step()
+    assert slept == [(60.0, 1, 0)], "one 60 s sleep, one batch taken, no step finished"
+    assert steps == [1, 1, 1] and learner.steps == 3
+    assert configs_from_args(["--first-step-delay-s", "60"])[2].first_step_delay_s == 60.0
+    assert configs_from_args([])[2].first_step_delay_s == 0.0
+    with pytest.raises(ValueError, match=r"first_step_delay_s \(-1\) must be >= 0"):
+        RunConfig(first_step_delay_s=-1)
+
+
+def test_the_async_healthy_run_is_the_async_starvation_layout_with_one_worker() -> None:
+    from bench.healthy import RUNS
+
+    flags = RUNS["async"].flags
+    assert flags[flags.index("--num-parallel-calls") + 1] == "1"
+    starving = list(seed_hang.ASYNC_FLAGS)
+    i = starving.index("--num-parallel-calls")
+    assert flags[:i + 1] + flags[i + 2:] == starving[:i + 1] + starving[i + 2:]
+    assert "--max-policy-lag" in flags and RUNS["first_step_60s"].first_step
+
+
+def test_results_sections_are_replaced_in_place_and_the_rest_kept() -> None:
+    old = ("# Benchmark results\n\nMachine: x.\n\n## Detection latency (5 runs, 22.7 min)\n\n"
+           "old table\n\n## False alarms on healthy runs (10 minutes)\n\n- sync: none\n\n"
+           "## Cost to the trainer (4.1 min)\n\nkept\n")
+    new = replace_sections(old, ["## Detection latency (1 runs, 5.0 min)\n\nnew table\n",
+                                 "## False alarms on healthy runs (sync, async)\n\nnew rows\n"])
+    assert new == ("# Benchmark results\n\nMachine: x.\n\n## Detection latency (1 runs, 5.0 min)"
+                   "\n\nnew table\n\n## False alarms on healthy runs (sync, async)\n\nnew rows\n\n"
+                   "## Cost to the trainer (4.1 min)\n\nkept\n")
+    appended = replace_sections("# R\n", ["## False alarms on healthy runs (x)\n\nrows\n"])
+    assert appended == "# R\n\n## False alarms on healthy runs (x)\n\nrows\n"

@@ -2,9 +2,9 @@
 
 Starts `python -m agents.run` (healthy synchronous TD3 on Pendulum by default,
 the seed incident's hang with DEADLOCK=1), reads its start line for the Reverb
-address and probe URL, attaches `replaywatch watch` to both, prints the URLs,
-then prints the active findings every few seconds until the agent finishes or
-you press Ctrl-C. Both processes are stopped on the way out.
+address, the learner's probe URL and the actor probes' URLs, attaches `replaywatch
+watch` to all of them, prints the URLs, then prints the active findings every few
+seconds until the agent finishes or you press Ctrl-C. Both processes are stopped on the way out.
 """
 
 from __future__ import annotations
@@ -69,9 +69,13 @@ def main() -> int:
         except AssertionError as error:
             raise SystemExit(f"demo: the agent printed no start line ({error}); "
                              f"see {log}") from None
-        # Attached at once, as a user would: the sidecar sees the run before any hang.
+        # Attached at once, as a user would: the sidecar sees the run before any hang. The
+        # actor probes too (`--probe URL` each: the documents say their roles), so a stall
+        # can be told from dead actors.
+        probes = [start["probe"], *start.get("actor_probes", [])]
         sidecar = Proc([PYTHON, "-m", "replaywatch", "watch", "--reverb", start["reverb"],
-                        "--probe", start["probe"], "--listen", f"127.0.0.1:{port}",
+                        *[a for url in probes for a in ("--probe", url)],
+                        "--listen", f"127.0.0.1:{port}",
                         "--db", str(ROOT / "var" / "demo-incidents.sqlite3")],
                        stdout_path=ROOT / "var" / "demo-sidecar.log")
         stops.append(sidecar.terminate)
@@ -100,6 +104,7 @@ def main() -> int:
 replaywatch demo: {'the seed incident (12 batching workers, synchronous)' if deadlock
                    else 'healthy synchronous TD3 on Pendulum-v1'}
   agent:        Reverb at {start['reverb']}, probe at {start['probe']}
+  actor probes: {', '.join(start.get('actor_probes', [])) or 'none'}
   status page:  {base}/
   findings:     {base}/api/v1/findings
   tables:       {base}/api/v1/tables
