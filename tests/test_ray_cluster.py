@@ -7,7 +7,8 @@ resources. Asserted from Ray's placement (each process reports its node id; the
 cluster knows which node offers which resource). Then the actor node dies as a lost
 machine would: the learner starves, and a sidecar attached to the Reverb server alone
 names `sample_blocked`; a new actor node lets the supervisor's replacements start,
-inserts flow again and the finding resolves.
+inserts flow again and the finding resolves. The same warm cluster then runs a hung learner
+and the seed's configuration in its asynchronous form.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.seed_hang import ASYNC_FLAGS
 from harness.agent import AgentProcess
 from harness.procs import Proc, get_json, wait_until
 from harness.ray_cluster import RayCluster, ray_cluster  # noqa: F401 (the fixture)
@@ -117,4 +119,48 @@ def test_a_hung_learner_on_its_node_is_learner_stalled_not_dead_actors(
         detected_s = time.monotonic() - hung_at
         assert "sample_blocked" not in kinds(base) and agent.returncode is None
     print(f"\nlearner_stalled {detected_s:.1f}s after the hang, "
+          f"test {time.monotonic() - began:.1f}s")
+
+
+def test_the_seed_in_distributed_form_is_worker_starvation_with_probes_and_sample_blocked_without(
+    ray_cluster: RayCluster,  # noqa: F811 (the same warm cluster)
+    sidecar: Callable[..., tuple[Proc, str]],
+    tmp_path: Path,
+) -> None:
+    """The asynchronous circular wait on the cluster (seed_hang.ASYNC_FLAGS).
+
+    One live actor bounded by `--max-policy-lag 2` waits on the learner, while the learner
+    waits in `next()` on 12 batching workers that each hold part of a batch. With the
+    learner's and the actor's probes the sidecar proves the circular wait:
+    `worker_starvation`. From Reverb alone an asynchronous layout cannot tell live actors
+    that wait from dead ones: `sample_blocked`, never a confident starvation.
+    """
+    began = time.monotonic()
+    flags = [*ASYNC_FLAGS, "--steps", "10000000", "--eval-every", "0", "--log-every", "1",
+             "--ray-address", ray_cluster.address, "--replay-resource", "replay",
+             "--learner-resource", "learner", "--actor-resource", "actor"]
+    with AgentProcess(flags, log=tmp_path / "agent.log") as agent:
+        start = agent.start_line(timeout_s=150)
+        assert start["nodes"]["learner"] == ray_cluster.node_ids["learner"]
+        [actor_url] = start["actor_probes"]
+        reverb = start["reverb"]
+        _, probed = sidecar("--reverb", reverb, "--probe", f"{reverb}={start['probe']}",
+                            "--probe", f"{reverb}={actor_url}", "--interval", str(INTERVAL_S),
+                            "--db", str(tmp_path / "probed.db"))
+        _, alone = sidecar("--reverb", reverb, "--interval", str(INTERVAL_S),
+                           "--db", str(tmp_path / "alone.db"))
+        assert wait_until(lambda: agent.probe()["blocked_for_s"] > 1, timeout_s=120), (
+            agent.describe())
+        blocked_at = time.monotonic()
+        wait_until(lambda: "worker_starvation" in kinds(probed),
+                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
+        detected_s = time.monotonic() - blocked_at
+        wait_until(lambda: "sample_blocked" in kinds(alone),
+                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
+        assert "worker_starvation" not in kinds(alone)
+        [finding] = [f for f in get_json(f"{probed}/api/v1/findings")[1]["findings"]
+                     if f["kind"] == "worker_starvation"]
+        assert finding["evidence"]["stranded_samples"] >= 256
+        assert "num_parallel_calls" in finding["fix"] and agent.returncode is None
+    print(f"\nworker_starvation {detected_s:.1f}s after the learner blocked, "
           f"test {time.monotonic() - began:.1f}s")
