@@ -32,7 +32,10 @@ FLAGS = (
 # The asynchronous form (issue 11): a distributed job whose one actor waits on the learner
 # after every 2 environment steps it takes without seeing the learner step (--max-policy-lag
 # 2, a parameter hand-off). 2 inserts release 256 samples, one batch per learner step: with one
-# worker they always complete it and the job learns (~485 steps in 45 s here); with 12 they
+# worker they complete it and the job learns (~485 steps in 45 s here), until an episode's
+# first 2 steps, which insert nothing (n_step 3), leave the learner short of a batch while the
+# actor waits on it: a hang with nothing stranded (bench/healthy.py, measured after 25
+# episodes, 62 s; a lag of 8 never hangs so); with 12 they
 # spread over 12 partial batches, and once no worker can complete one the learner blocks in
 # next() (here after ~100 steps, ~20 s after the start line) while the actor, alive, waits on
 # the learner, for good. Dead actors leave the same picture in Reverb; only the actor probe

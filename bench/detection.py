@@ -188,20 +188,23 @@ def _onset(scenario: Scenario, agent: AgentProcess, probe: dict, first_poll: flo
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Latency rows per scenario, sidecar and finding; starts without the fault (`fed`)
-    are not runs of it."""
+    are not runs of it. (Keyed by scenario too: two scenarios expecting the same kind on
+    the same sidecar, seed_hang's and actor_exit's Reverb-only `sample_blocked`, were one
+    row under the first scenario's name before.)"""
     rows = []
     results = [r for r in results if not r.get("fed")]
-    keys = sorted({k for r in results for k in r if ":" in k and not k.endswith("alarms")})
-    for key in keys:
-        latencies = [r[key] for r in results if r.get(key) is not None]
-        runs = [r for r in results if key in r]
+    keys = sorted({(r["scenario"], k) for r in results for k in r
+                   if ":" in k and not k.endswith("alarms")}, key=lambda sk: (sk[1], sk[0]))
+    for scenario, key in keys:
+        runs = [r for r in results if r["scenario"] == scenario and key in r]
+        latencies = [r[key] for r in runs if r[key] is not None]
+        side, finding = key.split(":")
         rows.append({
-            "scenario": runs[0]["scenario"], "sidecar": key.split(":")[0],
-            "finding": key.split(":")[1], "runs": len(runs), "detected": len(latencies),
+            "scenario": scenario, "sidecar": side, "finding": finding, "runs": len(runs),
+            "detected": len(latencies),
             "p50_s": statistics.median(latencies) if latencies else None,
             "max_s": max(latencies) if latencies else None,
-            "false_alarms": sorted({a for r in runs
-                                    for a in r.get(f"{key.split(':')[0]}:false_alarms", [])}),
+            "false_alarms": sorted({a for r in runs for a in r.get(f"{side}:false_alarms", [])}),
         })
     return rows
 

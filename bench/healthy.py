@@ -7,9 +7,13 @@ the job is healthy by construction. The runs go side by side, each for its own t
 
   sync            --mode sync: one loop inserts and learns (insert blocking off)
   async           the asynchronous layout of issue 11: insert blocking on, one actor in its
-                  own process bounded by --max-policy-lag 2 (it waits on the learner after
-                  every 2 steps: a parameter hand-off), one batching worker. The healthy
-                  twin of seed_hang.ASYNC_FLAGS, whose 12 workers starve.
+                  own process that waits on the learner (a parameter hand-off) after 8 steps
+                  without seeing it step (--max-policy-lag 8), one batching worker:
+                  seed_hang.ASYNC_FLAGS with one worker and a lag of 8, not 2. Lag 2 hangs
+                  for real, with any number of workers (measured: after 25 episodes, 62 s):
+                  an episode's first n_step - 1 = 2 steps insert nothing, so the actor can
+                  wait on a learner whose next batch needs its inserts. Any 8 steps insert at
+                  least 6 items, 768 samples, 3 batches, which one worker always completes.
   distributed     4 actors in their own processes, insert blocking on, no lag bound
   first_step_60s  distributed, the learner's first update sleeps 60 s after its first
                   batch (--first-step-delay-s: a stand-in for a long first jit compile,
@@ -33,6 +37,7 @@ from harness.procs import Proc, get_json
 
 ASYNC = [*seed_hang.ASYNC_FLAGS]
 ASYNC[ASYNC.index("--num-parallel-calls") + 1] = "1"
+ASYNC[ASYNC.index("--max-policy-lag") + 1] = "8"
 FIRST_STEP_DELAY_S = 60.0
 
 
@@ -99,7 +104,8 @@ class _Watched:
                     self.alarms[side][f["kind"]] = {
                         "after_attach_s": round(now - (self.attached_at or now), 1),
                         "severity": f["severity"], "summary": f["summary"],
-                        "evidence": f["evidence"], "fix": f["fix"]}
+                        "evidence": f["evidence"], "fix": f["fix"],
+                        "counters": _counters(base)}
         try:
             self.last_probe = get_json(f"{self.start['probe']}/probe", 2)[1]  # type: ignore[index]
         except (OSError, ValueError):
@@ -139,6 +145,24 @@ class _Watched:
         for p in self.procs:
             p.kill()
         self.agent.kill()
+
+
+def _counters(base: str) -> dict[str, Any]:
+    """Each table's limiter counters as the sidecar last read them (when an alarm opened)."""
+    try:
+        tables = get_json(f"{base}/api/v1/tables", 2)[1]["tables"]
+    except (OSError, KeyError, ValueError) as error:
+        return {"error": str(error)}
+    return {t["name"]: {k: t["rate_limiter"].get(k) for k in ("inserts", "samples")}
+            | {"current_size": t["current_size"], "uptime_s": _uptime(t)} for t in tables}
+
+
+def _uptime(table: dict[str, Any]) -> float | None:
+    """The server's uptime: the table worker's time in all its states (rules_lifecycle)."""
+    try:
+        return round(sum(table["worker_time"].values()) / 1000.0, 1)
+    except (KeyError, TypeError, AttributeError):
+        return None
 
 
 def _actor_doc(url: str) -> dict[str, Any]:
@@ -200,8 +224,9 @@ def render(results: list[dict[str, Any]]) -> str:
         for side in ("probe", "reverb"):
             for kind, f in r[f"{side}:alarms"].items():
                 details.append(f"- {r['run']}, {side} sidecar, `{kind}` ({f['severity']}) "
-                               f"{f['after_attach_s']} s after the start line: {f['summary']} "
-                               f"Evidence: `{_short(f['evidence'])}`")
+                               f"{f['after_attach_s']} s after the sidecars attached: "
+                               f"{f['summary']} Evidence: `{_short(f['evidence'])}`; "
+                               f"counters then: `{_short(f.get('counters'))}`")
     flags = [f"- {r['run']}: `{' '.join(r['flags'])}`; actors: "
              + (", ".join(f"{a.get('name', a['url'])} {a.get('steps_total', '?')} steps, "
                           f"{a.get('items_created_total', '?')} items, "

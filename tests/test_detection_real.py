@@ -90,12 +90,11 @@ def test_first_step_delay_sleeps_once_after_the_first_batch_is_taken() -> None:
 def test_the_async_healthy_run_is_the_async_starvation_layout_with_one_worker() -> None:
     from bench.healthy import RUNS
 
-    flags = RUNS["async"].flags
-    assert flags[flags.index("--num-parallel-calls") + 1] == "1"
-    starving = list(seed_hang.ASYNC_FLAGS)
-    i = starving.index("--num-parallel-calls")
-    assert flags[:i + 1] + flags[i + 2:] == starving[:i + 1] + starving[i + 2:]
-    assert "--max-policy-lag" in flags and RUNS["first_step_60s"].first_step
+    # One worker, and a lag bound of 8 (2 hangs at an episode's start: bench/healthy.py).
+    flags, starving = RUNS["async"].flags, list(seed_hang.ASYNC_FLAGS)
+    changed = {flags[i - 1]: v for i, v in enumerate(flags) if v != starving[i]}
+    assert changed == {"--num-parallel-calls": "1", "--max-policy-lag": "8"}
+    assert len(flags) == len(starving) and RUNS["first_step_60s"].first_step
 
 
 def test_results_sections_are_replaced_in_place_and_the_rest_kept() -> None:
@@ -109,3 +108,18 @@ def test_results_sections_are_replaced_in_place_and_the_rest_kept() -> None:
                    "## Cost to the trainer (4.1 min)\n\nkept\n")
     appended = replace_sections("# R\n", ["## False alarms on healthy runs (x)\n\nrows\n"])
     assert appended == "# R\n\n## False alarms on healthy runs (x)\n\nrows\n"
+
+
+def test_summary_rows_keep_scenarios_apart_that_expect_the_same_kind() -> None:
+    from bench.detection import summarize
+
+    results = [{"scenario": "seed_hang", "fed": False, "reverb:sample_blocked": 11.0,
+                "reverb:false_alarms": []},
+               {"scenario": "actor_exit", "fed": False, "reverb:sample_blocked": 12.0,
+                "reverb:false_alarms": ["probe_down"]},
+               {"scenario": "seed_hang", "fed": True, "reverb:sample_blocked": None}]
+    rows = {(r["scenario"], r["finding"]): r for r in summarize(results)}
+    assert rows[("seed_hang", "sample_blocked")]["runs"] == 1
+    assert rows[("seed_hang", "sample_blocked")]["p50_s"] == 11.0
+    assert rows[("actor_exit", "sample_blocked")]["p50_s"] == 12.0
+    assert rows[("actor_exit", "sample_blocked")]["false_alarms"] == ["probe_down"]
