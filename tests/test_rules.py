@@ -546,6 +546,33 @@ def test_too_many_threads_since_is_the_start_of_the_run_above_the_threshold() ->
     assert finding is not None and finding.since == 1003.0
 
 
+def test_too_many_threads_counts_the_os_threads_python_cannot_see() -> None:
+    # A hung Acme process: 8 Python threads, 600 OS threads (tf.data, Reverb samplers, gRPC).
+    history = tuple(dataclasses.replace(s, os_threads=600)
+                    for s in probe_history(T5, 0, threads=8))
+    finding = rules.is_too_many_threads(target_view(probes=[history]), DEFAULT, 1004.0)
+    assert finding is not None and finding.kind == "too_many_threads"
+    url = history[0].probe
+    assert finding.evidence["threads"] == {url: 600}
+    assert finding.evidence["python_threads"] == {url: 8}
+    # Many Python threads but few OS threads cannot be: the OS count is the one judged.
+    few = tuple(dataclasses.replace(s, os_threads=120) for s in probe_history(T5, 0, threads=8))
+    assert rules.is_too_many_threads(target_view(probes=[few]), DEFAULT, 1004.0) is None
+
+
+def test_probe_down_names_the_role_the_url_last_answered_as() -> None:
+    actor_polls = polls(T5, ok=[True, True, False, False, False])
+    view = dataclasses.replace(
+        target_view(probe_polls={ACTOR: actor_polls}),
+        actors={ACTOR: tuple(actor_snapshot(t, 10) for t in T5[:2])})
+    finding = rules.is_probe_down(view, DEFAULT, 1004.0)
+    assert finding is not None and "1 actor probe(s)" in finding.summary
+    assert finding.evidence["roles"] == {ACTOR: "actor"}
+    never = target_view(probe_polls={"http://p": polls(T5, ok=[False] * 5)})
+    finding = rules.is_probe_down(never, DEFAULT, 1004.0)
+    assert finding is not None and "trainer or actor probe(s)" in finding.summary
+
+
 # -- writer_stalled: an actor stuck inside its writer, not throttled -----------------------------
 
 def in_writer(call: str, since: float, times: list[float] | None = None, url: str = ACTOR

@@ -112,8 +112,9 @@ TARGET_DOWN = Kind(
     fix="Is the job alive? Is the address right?")
 PROBE_DOWN = Kind(
     "probe_down", Severity.WARNING, needs_probe=True,
-    meaning="A trainer probe did not answer for more than `down_polls` (2) polls.",
-    fix="Is the trainer alive and serving its probe? Is the address right?")
+    meaning="A trainer or actor probe did not answer for more than `down_polls` (2) polls.",
+    fix="Is the process alive and serving its probe? Is the address right? (A silent actor "
+        "probe is often a dead actor.)")
 DEADLOCK_RISK = Kind(
     "deadlock_risk", Severity.WARNING, needs_probe=True,
     meaning="Predicted from the configuration before any hang: a synchronous layout with more "
@@ -133,7 +134,9 @@ STALE_DATA = Kind(
     fix="Restart the actors (they are dead or stuck); check their logs.")
 TOO_MANY_THREADS = Kind(
     "too_many_threads", Severity.WARNING, needs_probe=True,
-    meaning="The trainer runs more threads than the threshold (the seed's job had over 500).",
+    meaning="The trainer runs more threads than the threshold, counted by the OS "
+            "(`/proc/self/task`: tf.data, Reverb samplers, gRPC), else by Python; the seed's "
+            "job had over 500.",
     fix="Fewer parallel calls / prefetch threads.")
 LEARNER_STARTING = Kind(
     "learner_starting", Severity.INFO, needs_probe=False,

@@ -11,7 +11,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView
-from replaywatch.model import Finding
+from replaywatch.model import Finding, ProbeSnapshot
 
 
 def failing_since(polls: tuple[PollRecord, ...], th: Thresholds) -> PollRecord | None:
@@ -41,26 +41,46 @@ def _target_down(view: TargetView, first: PollRecord, now: float) -> Finding:
 
 
 def is_probe_down(view: TargetView, th: Thresholds, now: float) -> Finding | None:
-    """A trainer probe has not answered for more than `down_polls` polls."""
+    """A trainer or actor probe has not answered for more than `down_polls` polls."""
     down = {url: first for url, polls in sorted(view.probe_polls.items())
             if (first := failing_since(polls, th)) is not None}
     return _probe_down(view, down, now) if down else None
 
 
+def _role(view: TargetView, url: str) -> str:
+    """What the URL last answered as; a probe that never answered is just a probe."""
+    if url in view.actors:
+        return "actor"
+    return "trainer" if url in view.probes else "probe"
+
+
 def _probe_down(view: TargetView, down: dict[str, PollRecord], now: float) -> Finding:
-    evidence = {"probes": sorted(down),
+    roles = {u: _role(view, u) for u in sorted(down)}
+    evidence = {"probes": sorted(down), "roles": roles,
                 "last_errors": {u: view.probe_polls[u][-1].error for u in sorted(down)}}
+    named = sorted(set(roles.values()))
+    what = " and ".join(named) if named != ["probe"] else "trainer or actor"
     return kinds.PROBE_DOWN.finding(
-        view.target, "", f"{len(down)} trainer probe(s) of '{view.target}' do not answer.",
-        evidence, "Check that the trainer runs and serves its probe (TrainerProbe.start()).",
-        since=min(r.at for r in down.values()), last_seen=now)
+        view.target, "", f"{len(down)} {what} probe(s) of '{view.target}' do not answer.",
+        evidence, "Check that the process runs and serves its probe (TrainerProbe.start() or "
+        "ActorProbe.start()) at that address; an actor probe that stopped answering is often "
+        "a dead actor.", since=min(r.at for r in down.values()), last_seen=now)
+
+
+def threads_of(snapshot: ProbeSnapshot) -> int:
+    """The trainer's threads as the OS counts them (`/proc/self/task`), else Python's.
+
+    The seed's ">500 threads" were OS threads: tf.data's, Reverb's samplers', gRPC's. Python's
+    `threading` sees only its own (8 in a hung Acme process that ran 156).
+    """
+    return snapshot.os_threads if snapshot.os_threads is not None else snapshot.thread_count
 
 
 def is_too_many_threads(view: TargetView, th: Thresholds, now: float) -> Finding | None:
     """The trainer runs more threads than the threshold (the seed's hung job had over 500)."""
     over = {url: h for url, h in sorted(view.probes.items())
             if h and now - h[-1].observed_at <= th.stall_window_s
-            and h[-1].thread_count > th.too_many_threads}
+            and threads_of(h[-1]) > th.too_many_threads}
     return _too_many_threads(view, over, th, now) if over else None
 
 
@@ -69,10 +89,12 @@ def _too_many_threads(view: TargetView, over: dict[str, Probe], th: Thresholds,
     since = []
     for h in over.values():  # the first snapshot of the run above the threshold
         start = len(h) - 1
-        while start > 0 and h[start - 1].thread_count > th.too_many_threads:
+        while start > 0 and threads_of(h[start - 1]) > th.too_many_threads:
             start -= 1
         since.append(h[start].observed_at)
-    evidence = {"threads": {u: h[-1].thread_count for u, h in over.items()},
+    evidence = {"threads": {u: threads_of(h[-1]) for u, h in over.items()},
+                "os_threads": {u: h[-1].os_threads for u, h in over.items()},
+                "python_threads": {u: h[-1].thread_count for u, h in over.items()},
                 "threshold": th.too_many_threads}
     return kinds.TOO_MANY_THREADS.finding(
         view.target, "", f"A trainer of '{view.target}' runs more than {th.too_many_threads} "
