@@ -220,7 +220,10 @@ class FindingsKeeper:
                 points = history.table(f.target, f.table)[-CONTEXT_POINTS:]
                 tables[f"{f.target}/{f.table}"] = [dataclasses.asdict(p) for p in points]
             for url in targets.get(f.target, []):
-                probes[url] = [dataclasses.asdict(p) for p in history.probe(url)[-CONTEXT_POINTS:]]
+                # A URL is a trainer's or an actor's: only one of the two holds snapshots.
+                points = history.probe(url)[-CONTEXT_POINTS:] or history.actor(url)[
+                    -CONTEXT_POINTS:]
+                probes[url] = [dataclasses.asdict(p) for p in points]
         return {"tables": tables, "probes": probes}
 
     def _capture_stacks(self, finding: Finding, probe_urls: list[str]) -> None:

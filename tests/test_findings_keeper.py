@@ -20,6 +20,7 @@ from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, PollOutcome, Severity
+from tests.actor_builders import ACTOR, actor_snapshot
 from tests.builders import PROBE, TARGET, table_snapshot
 from tests.test_rules import seed_hung_probe, seed_hung_table
 
@@ -275,3 +276,26 @@ def test_nothing_is_dumped_while_the_job_is_healthy_or_a_probe_reads_the_table(
                                    .findings]
     time.sleep(0.1)
     assert dumper.pids == []
+
+
+def test_an_incident_keeps_the_actor_snapshots_around_its_opening(tmp_path: Path) -> None:
+    """An actor probe's URL has actor snapshots, not trainer ones: they are stored too."""
+    log = IncidentLog(str(tmp_path / "incidents.db"))
+    keeper = FindingsKeeper(lambda: {T: [ACTOR]}, TH, 1.0, log)
+    history = History()
+    try:
+        for i in range(3):
+            t = START + i
+            poll(history, t, ok=False)
+            history.record(PollOutcome(ACTOR, "probe", t, 0.001, actor=actor_snapshot(t, 10 + i)))
+            keeper.diagnose_cycle(history, {}, t)
+        keeper.diagnose_cycle(history, {}, START + 3)
+        poll(history, START + 3, ok=False)
+        out = keeper.diagnose_cycle(history, {}, START + 4)
+        (finding,) = downs(out.findings)
+        incident = log.get(out.incident_ids[finding.finding_id])
+        assert incident is not None
+        context = incident["events"][0]["context"]
+        assert [s["steps_total"] for s in context["probes"][ACTOR]] == [10, 11, 12]
+    finally:
+        log.close()
