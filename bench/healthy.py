@@ -39,6 +39,8 @@ ASYNC = [*seed_hang.ASYNC_FLAGS]
 ASYNC[ASYNC.index("--num-parallel-calls") + 1] = "1"
 ASYNC[ASYNC.index("--max-policy-lag") + 1] = "8"
 FIRST_STEP_DELAY_S = 60.0
+AFTER_FIRST_STEP_S = 60.0
+FIRST_STEP_EXTRA_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,19 @@ class _Watched:
             self.first_batch_at = now
         if self.first_step_at is None and self.last_probe.get("learner_steps", 0) >= 1:
             self.first_step_at = now
+
+    def done(self) -> bool:
+        """Its time is up; a first-step run also watches AFTER_FIRST_STEP_S past its first
+        step (a start slowed by a loaded machine must not end the run mid-compile), or
+        FIRST_STEP_EXTRA_S longer if the step never comes."""
+        now = time.monotonic()
+        if now < self.deadline:  # type: ignore[operator]
+            return False
+        if not self.run.first_step:
+            return True
+        if self.first_step_at is not None:
+            return time.time() - self.first_step_at >= AFTER_FIRST_STEP_S
+        return now >= self.deadline + FIRST_STEP_EXTRA_S  # type: ignore[operator]
 
     def finish(self) -> dict[str, Any]:
         incidents = {}
@@ -195,7 +210,7 @@ def healthy(seconds: float, tmp: Path, names: tuple[str, ...] = DEFAULT_RUNS,
                         raise TimeoutError(f"{w.run.name}: no start line in {start_timeout_s:g} s")
                     continue
                 w.poll()
-                if time.monotonic() >= w.deadline:  # type: ignore[operator]
+                if w.done():
                     w.finish()
             time.sleep(1.0)
     finally:
