@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -242,53 +241,9 @@ def run_lanes(lanes: list[list[str]], runs: int, tmp: Path) -> list[dict[str, An
     return results
 
 
-DETECTION_HEADING = "## Detection latency"
-HEALTHY_HEADING = "## False alarms on healthy runs"
-
-
-def detection_section(results: list[dict[str, Any]], runs: int, took_s: float) -> str:
-    fed = sum(1 for r in results if r.get("fed"))
-    return (f"{DETECTION_HEADING} ({runs} runs per scenario, {took_s / 60:.1f} min, "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-            "Onset from the trainer itself (the probe's `blocked_since` or last step, the "
-            "actor's exit line; the first poll for the configuration finding and for warm-up); "
-            "detection = first time the finding shows in `/api/v1/findings`. Two sidecars per "
-            "run: with the learner's probe and every actor probe (`actor_probes` of the start "
-            "line), and with the Reverb address alone. One scenario at a time, after the "
-            "healthy runs.\n\n" + render(summarize(results)) + "\n"
-            f"\nseed_hang starts that fed the workers (the race went the healthy way, "
-            f"agents/seed_hang.py), not counted above: {fed}\n")
-
-
-def healthy_section(results: list[dict[str, Any]], seconds: float, first_step_s: float,
-                    took_s: float) -> str:
-    from bench import healthy
-
-    return (f"{HEALTHY_HEADING} ({', '.join(r['run'] for r in results)} side by side; "
-            f"{seconds:g} s each, first-step runs {first_step_s:g} s; {took_s / 60:.1f} min, "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-            "Watched from the start line by a sidecar with the learner's probe and every actor "
-            "probe, and by one with the Reverb address alone (bench/healthy.py says what each "
-            "run is). Every warning or critical finding is a false alarm; info kinds are listed "
-            "apart (`learner_starting` is the start-up grace at work). \"first step s\": from "
-            "the probe's first batch to its first step.\n\n" + healthy.render(results) + "\n")
-
-
-def replace_sections(text: str, sections: list[str]) -> str:
-    """Each section replaces the one whose heading starts like its own first line (up to
-    the next `## ` heading), or is appended; the rest of the file is left as it was."""
-    for section in sections:
-        heading = section.split("(", 1)[0].split("\n", 1)[0].strip()
-        pattern = re.compile(rf"^{re.escape(heading)}.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-        body = section.rstrip("\n") + "\n\n"
-        text, n = pattern.subn(lambda _, body=body: body, text, count=1)
-        if not n:
-            text = text.rstrip("\n") + "\n\n" + body
-    return text.rstrip("\n") + "\n"
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bench import healthy
+    from bench.results_md import detection_section, healthy_section, replace_sections
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="runs per scenario; 0: none")

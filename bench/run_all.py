@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import detection, healthy, load, probe_cost, scale, server_info_cost, trainer_cost
+from bench.results_md import detection_section, healthy_section
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -66,8 +67,8 @@ def main() -> None:
     healthy_took = time.monotonic() - t_healthy
     t_detect = time.monotonic()
     results = detection.run_lanes([list(detection.SCENARIOS)], 5, tmp)
-    sections.append(detection.detection_section(results, 5, time.monotonic() - t_detect))
-    sections.append(detection.healthy_section(healthy_runs, 600.0, 150.0, healthy_took))
+    sections.append(detection_section(results, 5, time.monotonic() - t_detect))
+    sections.append(healthy_section(healthy_runs, 600.0, 150.0, healthy_took))
     text, cost, took = _run("trainer cost", lambda: trainer_cost.main(["--reps", "2",
                                                                         "--window", "20"]))
     sections.append(f"## Cost to the trainer ({took / 60:.1f} min)\n\n" + text)

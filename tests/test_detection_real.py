@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from agents import seed_hang
-from bench.detection import INTERVAL_S, SCENARIOS, STALL_WINDOW_S, replace_sections, run_once
+from bench.detection import INTERVAL_S, SCENARIOS, STALL_WINDOW_S, run_once
+from bench.results_md import replace_sections
 
 DEADLINE_S = STALL_WINDOW_S + 3 * INTERVAL_S
 

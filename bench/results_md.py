@@ -1,0 +1,56 @@
+"""The detection and false-alarm sections of bench/RESULTS.md, and replacing them in place.
+
+`python -m bench.detection --results bench/RESULTS.md` and `make bench` (bench/run_all.py)
+write them; every other section of the file is left as it was.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from bench import healthy
+from bench.detection import render, summarize
+
+DETECTION_HEADING = "## Detection latency"
+HEALTHY_HEADING = "## False alarms on healthy runs"
+
+
+def detection_section(results: list[dict[str, Any]], runs: int, took_s: float) -> str:
+    fed = sum(1 for r in results if r.get("fed"))
+    return (f"{DETECTION_HEADING} ({runs} runs per scenario, {took_s / 60:.1f} min, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+            "Onset from the trainer itself (the probe's `blocked_since` or last step, the "
+            "actor's exit line; the first poll for the configuration finding and for warm-up); "
+            "detection = first time the finding shows in `/api/v1/findings`. Two sidecars per "
+            "run: with the learner's probe and every actor probe (`actor_probes` of the start "
+            "line), and with the Reverb address alone. One scenario at a time, after the "
+            "healthy runs.\n\n" + render(summarize(results)) + "\n"
+            f"\nseed_hang starts that fed the workers (the race went the healthy way, "
+            f"agents/seed_hang.py), not counted above: {fed}\n")
+
+
+def healthy_section(results: list[dict[str, Any]], seconds: float, first_step_s: float,
+                    took_s: float) -> str:
+    return (f"{HEALTHY_HEADING} ({', '.join(r['run'] for r in results)} side by side; "
+            f"{seconds:g} s each, first-step runs {first_step_s:g} s; {took_s / 60:.1f} min, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+            "Watched from the start line by a sidecar with the learner's probe and every actor "
+            "probe, and by one with the Reverb address alone (bench/healthy.py says what each "
+            "run is). Every warning or critical finding is a false alarm; info kinds are listed "
+            "apart (`learner_starting` is the start-up grace at work). \"first step s\": from "
+            "the probe's first batch to its first step.\n\n" + healthy.render(results) + "\n")
+
+
+def replace_sections(text: str, sections: list[str]) -> str:
+    """Each section replaces the one whose heading starts like its own first line (up to
+    the next `## ` heading), or is appended; the rest of the file is left as it was."""
+    for section in sections:
+        heading = section.split("(", 1)[0].split("\n", 1)[0].strip()
+        pattern = re.compile(rf"^{re.escape(heading)}.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+        body = section.rstrip("\n") + "\n\n"
+        text, n = pattern.subn(lambda _, body=body: body, text, count=1)
+        if not n:
+            text = text.rstrip("\n") + "\n\n" + body
+    return text.rstrip("\n") + "\n"
