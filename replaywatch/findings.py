@@ -221,9 +221,9 @@ class FindingsKeeper:
                 tables[f"{f.target}/{f.table}"] = [dataclasses.asdict(p) for p in points]
             for url in targets.get(f.target, []):
                 # A URL is a trainer's or an actor's: only one of the two holds snapshots.
-                points = history.probe(url)[-CONTEXT_POINTS:] or history.actor(url)[
-                    -CONTEXT_POINTS:]
-                probes[url] = [dataclasses.asdict(p) for p in points]
+                seen: list[Any] = (history.probe(url)[-CONTEXT_POINTS:]
+                                   or history.actor(url)[-CONTEXT_POINTS:])
+                probes[url] = [dataclasses.asdict(p) for p in seen]
         return {"tables": tables, "probes": probes}
 
     def _capture_stacks(self, finding: Finding, probe_urls: list[str]) -> None:

@@ -228,6 +228,24 @@ def test_spi_drift(name: str, scenario: TableCase, expected: str | None) -> None
     assert_as_declared(finding, rules.is_spi_drift)
 
 
+def test_a_blocking_limiter_may_roam_its_whole_slack_before_it_is_spi_drift() -> None:
+    # The bench's healthy async run: spi 128, tolerance 0.2% (error_buffer 1024, slack 2048),
+    # one insert a second. Over 60 s the learner drew 1500 more than 128 per insert: 19% off
+    # the ratio, beyond the error_buffer, but inside the slack the blocking limiter enforces.
+    min_diff = 128 * 4000 - 1024.0
+    def table(max_diff: float) -> TableCase:
+        inserts = [10_000 + i for i in range(70)]
+        samples = [int(10_000 * 128 - min_diff - 100 + 128 * i + 1500 * i / 60)
+                   for i in range(70)]
+        return case(table_history(T70, inserts, samples, spi=128.0, min_diff=min_diff,
+                                  max_diff=max_diff, min_size=4000, size=5000))
+    assert rules.is_spi_drift(table(min_diff + 2048), DEFAULT) is None
+    # Where inserts never block, the error_buffer is the configured tolerance: drift.
+    finding = rules.is_spi_drift(table(FLOAT_MAX), DEFAULT)
+    assert finding is not None and "0.2%" in finding.summary
+    assert finding.evidence["drift_allowed"] == 1024
+
+
 def test_no_spi_drift_with_a_min_size_limiter_that_targets_no_ratio() -> None:
     # MinSize: min_diff = -float max; any ratio is healthy.
     table = table_history(T70, [100 * i for i in range(70)], [10 * i for i in range(70)],

@@ -89,6 +89,11 @@ ROUND2_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     ("no_stale_data_once_the_limiter_refuses_samples", rules.is_stale_data,
      lambda: case(table_history(T20, 500, [min(440 + 5 * i, 500) for i in range(20)],
                                 min_diff=0.0, max_diff=100.0)), None),
+    # Both counters rested (a synchronous loop's 15 s first step), then sampling resumed 4 s
+    # ago before the next insert: the loop spends its credit, the data is not stale.
+    ("no_stale_data_when_sampling_resumed_only_lately", rules.is_stale_data,
+     lambda: case(table_history(T20, 500, [400] * 16 + [500, 600, 700, 800], **MIN_SIZE)),
+     None),
     # Warm-up: below min_size_to_sample nothing can be sampled (and nothing was).
     ("no_stale_data_during_warmup", rules.is_stale_data,
      lambda: case(table_history(T20, 50, 0, min_size=100, **MIN_SIZE)), None),
@@ -99,9 +104,24 @@ ROUND2_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     # The server has been up 700 s and nothing was ever sampled: past the 600 s grace.
     ("no_learner_starting_after_the_grace", rules.is_learner_starting,
      lambda: case(uptime(insert_blocked_at_start(), [681.0 + i for i in range(20)])), None),
-    # Samples flowed once: the learner has started; a stall now is a stall.
-    ("no_learner_starting_once_samples_flowed", rules.is_learner_starting,
-     lambda: case(table_history(T20, 100, 1, waiting_for_sampling_ms=waiting())), None),
+    # Reverb alone, actors at max_diff (cursor 100) after the pipeline's first fill (30
+    # samples in one poll, then none): the learner compiles its first step, as the bench's
+    # first_step_60s run showed (768 samples prefetched, then insert_blocked paged for 61 s).
+    ("learner_starting_when_only_a_first_fill_was_sampled", rules.is_learner_starting,
+     lambda: case(table_history(T20, [100] + [130] * 19, [0] + [30] * 19,
+                                waiting_for_sampling_ms=waiting())), "learner_starting"),
+    # Sampling moved for 12 s (a whole stall window) before it stopped: the learner trained;
+    # a stall now is a stall.
+    ("no_learner_starting_once_samples_flowed_for_a_window", rules.is_learner_starting,
+     lambda: case(table_history(T20, [100 + min(10 * i, 120) for i in range(20)],
+                                [min(10 * i, 120) for i in range(20)],
+                                waiting_for_sampling_ms=waiting())), None),
+    # A synchronous loop that drew samples and stopped inserting: from Reverb alone the
+    # seed's stranded workers or a first compile; the one that must page does
+    # (sample_blocked names both), so no grace.
+    ("no_learner_starting_in_a_synchronous_loop_that_sampled", rules.is_learner_starting,
+     lambda: case(table_history(T20, 100, 100, min_diff=0.0, max_diff=FLOAT_MAX,
+                                waiting_for_inserts_ms=waiting())), None),
     # Healthy start: inserts flow below max_diff, nothing blocked, nothing to explain.
     ("no_learner_starting_when_nothing_is_blocked", rules.is_learner_starting,
      lambda: case(table_history(T20, list(range(20)), 0, waiting_for_sampling_ms=waiting())),

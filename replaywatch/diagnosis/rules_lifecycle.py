@@ -72,19 +72,40 @@ def has_finished_first_step(p: Probe) -> bool:
     return p[-1].learner_steps >= 1 or p[-1].batches_retrieved >= 2
 
 
-def startup_began(case: TableCase) -> tuple[float, str] | None:
+def sampling_has_flowed(case: TableCase, th: Thresholds) -> bool:
+    """Reverb alone: the learner has trained, not only filled its pipeline once.
+
+    Asynchronous layout: a tf.data pipeline draws its first batches (`num_parallel_calls`
+    workers and the prefetch buffer: 768 samples in our agent) before the learner's first
+    step ends, then draws nothing while that step compiles and the actors run ahead to
+    max_diff. Sampling seen moving for a whole stall window is a learner that steps; less
+    may still be that first fill. Synchronous layout: any sample counts. There a loop that
+    drew samples and stopped inserting is, from Reverb alone, the seed's stranded workers
+    or a first compile; the one that pages is the one that must (sample_blocked says both).
+    """
+    t = case.latest
+    if t.rate_limiter.samples == 0:
+        return False
+    if lim.is_insert_blocking_disabled(t):
+        return True
+    return win.progressing_s(case.history, samples_of) >= th.stall_window_s
+
+
+def startup_began(case: TableCase, th: Thresholds) -> tuple[float, str] | None:
     """When the grace started and why; None once a learner has finished its first step.
 
     With probes: the newest trainer's `started_at` (its process's own clock: a sidecar
     started late, or restarted, does not hand a hung learner a fresh grace). Reverb alone:
-    nothing sampled since the counters started, which began `uptime_s` before the poll.
+    sampling not yet seen flowing (at most a first fill of the pipeline) since the counters
+    started, which began `uptime_s` before the poll. A learner that hangs within its first
+    stall window of training looks the same from Reverb alone; the grace ends it too.
     """
     if case.probes:
         if any(has_finished_first_step(p) for p in case.probes):
             return None
         return max(p[-1].started_at for p in case.probes), "probe started_at"
     t = case.latest
-    if t.rate_limiter.samples > 0:
+    if sampling_has_flowed(case, th):
         return None
     if uptime_s(t) > 0:
         return t.observed_at - uptime_s(t), "server uptime (table worker time)"
@@ -98,7 +119,7 @@ def is_learner_starting(case: TableCase, th: Thresholds) -> Finding | None:
     while actors run ahead to max_diff. It holds for `startup_grace_s`; a learner still
     not through its first step then is hung, and the usual critical finding opens.
     """
-    began = startup_began(case)
+    began = startup_began(case, th)
     if began is None or case.now - began[0] >= th.startup_grace_s:
         return None
     held = [f.kind for f in (is_insert_blocked(case, th), _loop_in_first_step(case, th),
@@ -120,6 +141,7 @@ def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str]
                       th: Thresholds) -> Finding:
     t, (start, basis) = case.latest, began
     evidence = {**limiter_evidence(t), "grace_started_at": start, "grace_basis": basis,
+                "sampling_seen_flowing_s": win.progressing_s(case.history, samples_of),
                 "grace_left_s": th.startup_grace_s - (case.now - start),
                 "startup_grace_s": th.startup_grace_s, "would_be": held,
                 "samples": t.rate_limiter.samples,
@@ -226,7 +248,21 @@ def is_stale_data(case: TableCase, th: Thresholds) -> Finding | None:
     idle = win.idle_for(case.history, inserts_of)
     if idle < th.stall_window_s or win.idle_for(case.history, samples_of) >= th.stall_window_s:
         return None
+    if sampling_since(case, idle) < th.stall_window_s:
+        return None
     return _stale_data(case, idle)
+
+
+def sampling_since(case: TableCase, idle: float) -> float:
+    """Seconds since sampling went on after the last insert.
+
+    Both counters resting is not stale data: a synchronous loop whose first step took a
+    minute inserted nothing meanwhile, then samples its credit before it inserts again.
+    """
+    t = case.latest
+    after = [s for s in case.history if s.observed_at >= t.observed_at - idle]
+    moved = next((a for a, b in zip(after, after[1:]) if samples_of(b) > samples_of(a)), None)
+    return 0.0 if moved is None else t.observed_at - moved.observed_at
 
 
 def _stale_data(case: TableCase, idle: float) -> Finding:

@@ -26,7 +26,7 @@ from replaywatch.diagnosis.ratelimiter import (
 )
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import inserts_of, samples_of
-from replaywatch.model import Finding
+from replaywatch.model import Finding, TableSnapshot
 
 
 def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
@@ -97,10 +97,12 @@ def _loop_text(case: TableCase, needed: int) -> tuple[str, str]:
     if not case.probes:
         summary += (" From Reverb alone this is also how worker starvation looks; attach the "
                     "trainer probe (or give --trainer-pid) to tell them apart.")
-    fix = (f"Most likely the loop is blocked in the iterator's next() while parallel batching "
-           f"workers hold the samples it needs (worker starvation: set num_parallel_calls=1); "
-           f"otherwise the loop crashed or hangs elsewhere (its logs). {needed} more insert(s) "
-           "would let the next sample through. To settle it: ")
+    fix = ("Most likely the loop is blocked in the iterator's next() while parallel batching "
+           "workers hold the samples it needs (worker starvation: set num_parallel_calls=1); "
+           "otherwise the loop crashed or hangs elsewhere (its logs)"
+           + ("" if case.probes else ", or, in a job that started minutes ago, its first "
+              "learner step is still compiling")
+           + f". {needed} more insert(s) would let the next sample through. To settle it: ")
     fix += ("read the loop's stacks (kept with this incident)." if case.probes else
             "attach replaywatch's TrainerProbe to the learner's iterator, or run the sidecar "
             "with --trainer-pid: two stack dumps of the loop inside next() name it.")
@@ -203,9 +205,19 @@ def is_spi_drift(case: TableCase, th: Thresholds) -> Finding | None:
     if any(is_warming_up(s) for s in points) or inserted < th.spi_min_inserts:
         return None
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
-    if abs(observed / rl.samples_per_insert - 1) <= tol or abs(gap) <= lim.error_buffer(t):
+    if abs(observed / rl.samples_per_insert - 1) <= tol or abs(gap) <= drift_allowed(t):
         return None
     return _spi_drift(case, points, tol)
+
+
+def drift_allowed(t: TableSnapshot) -> float:
+    """How far `spi * inserts - samples` may move over a window without being drift.
+
+    A blocking limiter lets the cursor roam its whole slack (`max_diff - min_diff`, twice
+    the error_buffer for SampleToInsertRatio) and no further: within it the limiter is
+    doing its job. Where inserts never block, the error_buffer is the configured tolerance.
+    """
+    return lim.error_buffer(t) if is_insert_blocking_disabled(t) else lim.limiter_slack(t)
 
 
 def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
@@ -215,9 +227,9 @@ def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
     side = "the learner samples less" if gap > 0 else "the learner samples more"
     evidence = {**limiter_evidence(t), "observed_samples_per_insert": observed,
                 "tolerance_rate": tol, "window_s": win.span(points), "inserts": inserted,
-                "samples": sampled, "sample_deficit": gap}
+                "samples": sampled, "sample_deficit": gap, "drift_allowed": drift_allowed(t)}
     summary = (f"Table '{t.name}' is sampled off its configured {rl.samples_per_insert:g} "
-               f"samples per insert by more than {tol:.0%}: {side} than configured.")
+               f"samples per insert by more than {tol * 100:.3g}%: {side} than configured.")
     fix = ("Balance the loop: speed up the learner (or slow the actors) until samples per "
            "insert returns to the configured ratio, or lower samples_per_insert.")
     return case.finding(kinds.SPI_DRIFT, summary, evidence, fix, since=points[0].observed_at)

@@ -217,3 +217,13 @@ def increase(points: Sequence[T], value: Callable[[T], float]) -> float:
 def span(points: Sequence[T]) -> float:
     """Seconds between the first and the newest snapshot."""
     return points[-1].observed_at - points[0].observed_at if points else 0.0
+
+
+def progressing_s(points: Sequence[T], value: Callable[[T], float]) -> float:
+    """Seconds of the poll intervals in which `value` grew: how long it was seen moving.
+
+    A prefetch filling once before a learner's first step moves for a poll or two; a
+    learner that trains moves every poll.
+    """
+    return sum(b.observed_at - a.observed_at for a, b in zip(points, points[1:])
+               if value(b) > value(a))
