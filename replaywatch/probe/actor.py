@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from replaywatch.probe.serving import ProbeServer, thread_counts, thread_stacks
+from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 CALLS = ("append", "create_item", "flush", "end_episode", "close")
 _MAX_ERROR_CHARS = 300
@@ -138,7 +138,7 @@ class _Waiting:
         probe._waiting = self._outer
 
 
-class ActorProbe:
+class ActorProbe(Served):
     """Counts an actor's steps and writer calls and the time it waits; serves them as JSON.
 
     One probe per actor: its state is written without locks by the thread that
@@ -301,19 +301,3 @@ class ActorProbe:
                 best = (after - before, wall, after)
         assert best is not None
         return best[1], best[2]
-
-    def stacks(self) -> dict[str, Any]:
-        """Every thread's Python stack, innermost frame last (`GET /stacks`)."""
-        return thread_stacks(str(self._static["name"]), self._clock())
-
-    # -- serving ------------------------------------------------------------
-    def start(self) -> int:
-        """Starts serving on a daemon thread; returns the bound port."""
-        return self._http.start()
-
-    @property
-    def url(self) -> str | None:
-        return self._http.url
-
-    def stop(self) -> None:
-        self._http.stop()

@@ -128,3 +128,30 @@ def _make_handler(routes: dict[str, Document]) -> type[http.server.BaseHTTPReque
             pass  # the trainer's stderr is not ours to fill
 
     return Handler
+
+
+class Served:
+    """The serving half both probes share: `start()`, `url`, `stop()` and `GET /stacks`.
+
+    A probe class sets `_http` (its ProbeServer), `_static["name"]` and `_clock`.
+    """
+
+    _http: ProbeServer
+    _static: dict[str, Any]
+    _clock: Callable[[], float]
+
+    def stacks(self) -> dict[str, Any]:
+        """Every thread's Python stack, innermost frame last (`GET /stacks`)."""
+        return thread_stacks(str(self._static["name"]), self._clock())
+
+    def start(self) -> int:
+        """Starts serving on a daemon thread; returns the bound port."""
+        return self._http.start()
+
+    @property
+    def url(self) -> str | None:
+        return self._http.url
+
+    def stop(self) -> None:
+        self._http.stop()
+

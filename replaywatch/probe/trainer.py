@@ -17,7 +17,7 @@ from typing import Any
 
 from replaywatch.probe.learner import wrap_builder as _wrap_builder
 from replaywatch.probe.learner import wrap_learner as _wrap_learner
-from replaywatch.probe.serving import ProbeServer, thread_counts, thread_stacks
+from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 
 class _ProbedIterator:
@@ -54,7 +54,7 @@ class _ProbedIterator:
         return getattr(self._inner, name)
 
 
-class TrainerProbe:
+class TrainerProbe(Served):
     """Counts the learner's batches and blocked time; serves them as JSON."""
 
     def __init__(
@@ -173,19 +173,3 @@ class TrainerProbe:
             return bool(inner.ready())
         except Exception:  # a probe must never break on the trainer's iterator
             return None
-
-    def stacks(self) -> dict[str, Any]:
-        """Every thread's Python stack, innermost frame last (`GET /stacks`)."""
-        return thread_stacks(str(self._static["name"]), self._clock())
-
-    # -- serving ------------------------------------------------------------
-    def start(self) -> int:
-        """Starts serving on a daemon thread; returns the bound port."""
-        return self._http.start()
-
-    @property
-    def url(self) -> str | None:
-        return self._http.url
-
-    def stop(self) -> None:
-        self._http.stop()
