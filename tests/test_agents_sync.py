@@ -14,8 +14,10 @@ SMALL = [
 
 
 def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
+    # Long enough (~25 s idle) that the loop probe is still stepping when it is read twice:
+    # with 1200 steps an idle machine finished the run between the two reads.
     with AgentProcess(
-        [*SMALL, "--steps", "1200", "--eval-every", "800", "--eval-episodes", "1"]
+        [*SMALL, "--steps", "3000", "--eval-every", "800", "--eval-episodes", "1"]
     ) as agent:
         start = agent.start_line(timeout_s=120)
         assert start["mode"] == "sync" and start["table"] == "priority_table"
@@ -36,10 +38,10 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
         later = wait_until(lambda: (d := get_json(f"{loop_url}/probe")[1])["steps_total"]
                            > loop["steps_total"] and d, timeout_s=10)
         assert later["items_created_total"] > loop["items_created_total"]
-        done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=90)
+        done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=240)
         final = [r for r in agent.records if r["event"] == "progress"][-1]
-    assert done["env_steps"] >= 1200 and done["learner_steps"] > 0
-    assert final["inserts"] >= 1200 and final["samples"] >= 64 * done["learner_steps"]
+    assert done["env_steps"] >= 3000 and done["learner_steps"] > 0
+    assert final["inserts"] >= 3000 and final["samples"] >= 64 * done["learner_steps"]
     assert any(r["event"] == "eval" for r in agent.records)
 
 
