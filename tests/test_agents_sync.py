@@ -35,8 +35,11 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
         assert (loop["role"], loop["name"], loop["table"]) == ("actor", "loop", "priority_table")
         assert loop["pid"] == start["pid"] and loop["writers_wrapped"] == 1
         assert loop["items_created_total"] > 0 and loop["waits_total"] > 0
+        # A step is counted before its item is created: wait for both to move on.
         later = wait_until(lambda: (d := get_json(f"{loop_url}/probe")[1])["steps_total"]
-                           > loop["steps_total"] and d, timeout_s=10)
+                           > loop["steps_total"]
+                           and d["items_created_total"] > loop["items_created_total"] and d,
+                           timeout_s=30)
         assert later["items_created_total"] > loop["items_created_total"]
         done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=240)
         final = [r for r in agent.records if r["event"] == "progress"][-1]
