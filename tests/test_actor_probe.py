@@ -121,7 +121,10 @@ def test_a_flush_blocked_by_the_rate_limiter_shows_in_call_and_returns_to_idle(
     thread = threading.Thread(target=actor, name="actor-loop", daemon=True)
     thread.start()
     try:
-        first = wait_until(lambda: (d := doc(probe))["in_call"] == "flush" and d, timeout_s=10)
+        # The first three flushes pass the limiter and are only briefly "in flush": wait for
+        # the fourth (three steps done), the one the limiter holds.
+        first = wait_until(lambda: (d := doc(probe))["in_call"] == "flush"
+                           and d["steps_total"] == 3 and d, timeout_s=10)
         time.sleep(0.4)
         later = doc(probe)
         assert later["in_call"] == "flush"
