@@ -25,8 +25,6 @@ from replaywatch.model import (
 )
 from replaywatch.sources import reverb_wire
 
-_DISTRIBUTIONS = ("fifo", "uniform", "prioritized", "heap", "lifo")
-
 # Reconnect quickly after a server restart: gRPC's default backoff grows to
 # two minutes, far longer than a person watching a restarted job will wait.
 _CHANNEL_OPTIONS = [
@@ -38,48 +36,54 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-def distribution_from_info(info: dict[str, Any]) -> KeyDistributionOptions:
-    kind = next((k for k in _DISTRIBUTIONS if k in info), "unknown")
+def distribution_from_info(options: Any) -> KeyDistributionOptions:
+    """A `KeyDistributionOptions` message: its `distribution` oneof names the kind."""
+    kind = options.WhichOneof("distribution") or "unknown"
     return KeyDistributionOptions(
         kind=kind,
-        priority_exponent=info.get("prioritized", {}).get("priority_exponent", 0.0)
-        if kind == "prioritized"
+        priority_exponent=options.prioritized.priority_exponent if kind == "prioritized"
         else None,
-        min_heap=info.get("heap", {}).get("min_heap", False) if kind == "heap" else None,
-        is_deterministic=bool(info.get("is_deterministic", False)),
+        min_heap=options.heap.min_heap if kind == "heap" else None,
+        is_deterministic=options.is_deterministic,
     )
 
 
-def snapshot_from_info(info: dict[str, Any], target: str, observed_at: float) -> TableSnapshot:
-    """Turns one decoded `TableInfo` into a snapshot; proto3 omits zeros."""
-    rl = info.get("rate_limiter_info", {})
+def snapshot_from_info(info: Any, target: str, observed_at: float) -> TableSnapshot:
+    """Turns one decoded `TableInfo` message (reverb_wire) into a snapshot.
+
+    An absent field reads as its zero, as proto3 (Reverb's syntax) omits zeros.
+    """
+    rl = info.rate_limiter_info
+    wt = info.table_worker_time
     return TableSnapshot(
         target=target,
-        name=info.get("name", ""),
+        name=info.name,
         observed_at=observed_at,
-        max_size=int(info.get("max_size", 0)),
-        current_size=int(info.get("current_size", 0)),
-        max_times_sampled=int(info.get("max_times_sampled", 0)),
-        num_episodes=int(info.get("num_episodes", 0)),
-        num_deleted_episodes=int(info.get("num_deleted_episodes", 0)),
-        num_unique_samples=int(info.get("num_unique_samples", 0)),
-        sampler=distribution_from_info(info.get("sampler_options", {})),
-        remover=distribution_from_info(info.get("remover_options", {})),
+        max_size=info.max_size,
+        current_size=info.current_size,
+        max_times_sampled=info.max_times_sampled,
+        num_episodes=info.num_episodes,
+        num_deleted_episodes=info.num_deleted_episodes,
+        num_unique_samples=info.num_unique_samples,
+        sampler=distribution_from_info(info.sampler_options),
+        remover=distribution_from_info(info.remover_options),
         rate_limiter=RateLimiterInfo(
-            samples_per_insert=float(rl.get("samples_per_insert", 0.0)),
-            min_diff=float(rl.get("min_diff", 0.0)),
-            max_diff=float(rl.get("max_diff", 0.0)),
-            min_size_to_sample=int(rl.get("min_size_to_sample", 0)),
-            inserts=int(rl.get("insert_stats", {}).get("completed", 0)),
-            samples=int(rl.get("sample_stats", {}).get("completed", 0)),
+            samples_per_insert=rl.samples_per_insert,
+            min_diff=rl.min_diff,
+            max_diff=rl.max_diff,
+            min_size_to_sample=rl.min_size_to_sample,
+            inserts=rl.insert_stats.completed,
+            samples=rl.sample_stats.completed,
         ),
         worker_time=TableWorkerTime(
-            **{
-                f"{state}_ms": int(info.get("table_worker_time", {}).get(f"{state}_ms", 0))
-                for state in TableWorkerTime.STATES
-            }
+            running_ms=wt.running_ms,
+            sampling_ms=wt.sampling_ms,
+            inserting_ms=wt.inserting_ms,
+            sleeping_ms=wt.sleeping_ms,
+            waiting_for_sampling_ms=wt.waiting_for_sampling_ms,
+            waiting_for_inserts_ms=wt.waiting_for_inserts_ms,
         ),
-        has_signature=bool(info.get("signature", False)),
+        has_signature=info.HasField("signature"),
     )
 
 
