@@ -9,11 +9,14 @@ says which snapshot it becomes.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -176,6 +179,10 @@ def get_json(url: str, timeout_s: float) -> dict[str, Any]:
         if isinstance(reason, (socket.timeout, TimeoutError)):
             raise SourceTimeout(f"{url}: no answer within {timeout_s:g}s") from None
         raise SourceUnreachable(f"{url}: unreachable ({reason})") from None
+    return _json_object(url, body)
+
+
+def _json_object(url: str, body: bytes) -> dict[str, Any]:
     if len(body) > _MAX_BODY:
         raise SourceProtocolError(f"{url}: answer larger than {_MAX_BODY} bytes")
     try:
@@ -185,6 +192,74 @@ def get_json(url: str, timeout_s: float) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise SourceProtocolError(f"{url}: answer is not a JSON object")
     return doc
+
+
+class _KeptAlive:
+    """One HTTP/1.1 connection to a probe, reused from poll to poll.
+
+    A new connection per poll cost the probed trainer a TCP accept and a thread
+    start each time, most of its CPU per request (bench/induced_cost.py). The
+    probe closes a connection idle for 5 s, so a reused one may be gone: GET is
+    idempotent, and such a request is retried once on a fresh connection.
+    """
+
+    def __init__(self, base: str, timeout_s: float):
+        self._base, self._timeout_s = base, timeout_s
+        parts = urllib.parse.urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{base}: not an http(s) URL")
+        self._make = functools.partial(
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection,
+            parts.hostname, parts.port, timeout=timeout_s)
+        self._prefix = parts.path.rstrip("/")
+        self._conn: http.client.HTTPConnection | None = None
+
+    def get_json(self, path: str) -> dict[str, Any]:
+        """`get_json` of prefix+path over this connection, with the same SourceErrors."""
+        url = f"{self._base}{path}"
+        try:
+            status, body = self._get_retrying(path)
+        except http.client.HTTPException as e:
+            raise SourceProtocolError(f"{url}: {type(e).__name__}: {e}") from None
+        except TimeoutError:
+            raise SourceTimeout(f"{url}: no answer within {self._timeout_s:g}s") from None
+        except OSError as e:
+            raise SourceUnreachable(f"{url}: unreachable ({e})") from None
+        if status != 200:
+            raise SourceProtocolError(f"{url}: HTTP {status}")
+        return _json_object(url, body)
+
+    def _get_retrying(self, path: str) -> tuple[int, bytes]:
+        reused = self._conn is not None
+        try:
+            return self._get(path)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            self.close()
+            if not reused:
+                raise
+        except BaseException:
+            self.close()  # a half-read answer must not be read as the next one
+            raise
+        try:
+            return self._get(path)
+        except BaseException:
+            self.close()
+            raise
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        if self._conn is None:
+            self._conn = self._make()
+        self._conn.request("GET", self._prefix + path, headers={"Accept": "application/json"})
+        response = self._conn.getresponse()
+        body = response.read(_MAX_BODY + 1)
+        if response.will_close or len(body) > _MAX_BODY or not response.isclosed():
+            self.close()
+        return response.status, body
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class HttpProbeSource:
@@ -203,11 +278,28 @@ class HttpProbeSource:
         self._timeout_s = timeout_s
         self._clock = clock
         self._perf = perf
+        self._conn: _KeptAlive | None = None
+        # The poller polls a source from one thread at a time; the lock keeps any
+        # other caller off the shared connection (it gets a connection of its own).
+        self._lock = threading.Lock()
+
+    def _get_probe(self) -> dict[str, Any]:
+        if not self._lock.acquire(blocking=False):
+            return get_json(f"{self.name}/probe", self._timeout_s)
+        try:
+            if self._conn is None:
+                try:
+                    self._conn = _KeptAlive(self.name, self._timeout_s)
+                except ValueError:  # not http(s): urllib's one-shot request says why
+                    return get_json(f"{self.name}/probe", self._timeout_s)
+            return self._conn.get_json("/probe")
+        finally:
+            self._lock.release()
 
     def poll(self) -> PollOutcome:
         started_at, t0 = self._clock(), self._perf()
         try:
-            doc = get_json(f"{self.name}/probe", self._timeout_s)
+            doc = self._get_probe()
             if role_of(doc, self.name) == "actor":
                 actor = actor_from_probe(doc, self.name, started_at)
                 return PollOutcome(self.name, self.kind, started_at, self._perf() - t0,
@@ -222,4 +314,7 @@ class HttpProbeSource:
         return get_json(f"{self.name}/stacks", max(self._timeout_s, 2.0))
 
     def close(self) -> None:
-        pass
+        # No lock: closing must not wait out a poll in flight (which then fails, as it should).
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
