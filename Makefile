@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[agents,dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt dm-acme dm-env  # tests/test_acme_real.py
 	touch $(STAMP)
 
 system-deps:
