@@ -10,15 +10,17 @@ environment, an actor, a learner and the builder that makes it.
 
 The table is the seed's: `SampleToInsertRatio` with insert blocking disabled (`max_diff` at
 float max, what Acme's LocalLayout does since the seed's commit: an insert waiting for samples
-on the learner's own thread would never return). When the table reaches `min_size` the
-limiter releases its error buffer, Reverb deals it out 128 samples (one insert's worth) at a
-time to the waiting workers, and with 12 workers none holds a batch of 256: `next()` blocks
-and the insert that would complete one would come from the blocked thread. With one worker
-every released sample lands in the one batch and the loop runs.
+on the learner's own thread would never return). From `min_size` on the limiter allows a small
+error buffer plus 128 samples (one `samples_per_insert`) per insert, and Reverb deals them out
+to whichever workers are waiting. With 12 workers each holds part of a batch of 256: a few
+batches complete (5 in our runs), then none can, `next()` blocks, and the inserts that would
+complete one would come from the blocked thread. With one worker every sample the limiter
+allows lands in the one batch and the loop runs.
 
-With Acme 0.4.0's LocalLayout out of reach (it imports sonnet, TF Probability, rlax and
-gym), the builder is called here the way LocalLayout calls it. Run it from the repository
-root; the shims for Acme 0.4.0 on our jax are applied by `tests/support/acme_compat.py`:
+Acme 0.4.0's LocalLayout is out of reach (its imports need at least sonnet, TF Probability,
+Pillow and gym, none in our stack), so the builder is called here the way LocalLayout calls
+it: `builder.make_learner(random_key=..., networks=..., dataset=..., ...)`. Run it from the
+repository root; `tests/support/acme_compat.py` applies the shims Acme 0.4.0 needs on our stack:
 
     python -m tests.support.acme_compat examples/acme_sync_loop.py --num-parallel-calls 12
 
@@ -51,8 +53,9 @@ TABLE = adders.DEFAULT_PRIORITY_TABLE
 BATCH = 256
 SAMPLES_PER_INSERT = 128.0
 MIN_REPLAY = 1000
-# 256 samples of credit at min_size plus 128 per insert after it: up to the first learner
-# step below that is at most 12 x 128, so 12 workers can hold no full batch; one can.
+# Samples the limiter lets the workers draw ahead of the learner: about ERROR_BUFFER + 128 x
+# (MIN_OBSERVATIONS - MIN_REPLAY) = 1280. More than one worker needs to complete a batch
+# (256), fewer than 12 can hold with none complete (12 x 255).
 ERROR_BUFFER = 256.0
 # Acme 0.4.0's Agent counts observations, not inserts; the adder's items trail them (a few
 # in flight, one step per episode start). Stepping the learner at exactly MIN_REPLAY could

@@ -3,10 +3,11 @@
 `examples/acme_sync_loop.py` runs Acme's `make_reverb_dataset`, adder, prefetch thread,
 `EnvironmentLoop` and synchronous `Agent` (act, insert, and one `learner.step()` per
 `batch / samples_per_insert` observations) on the seed's limiter: `SampleToInsertRatio`
-with insert blocking disabled. With 12 workers the packaged Acme hangs for real, every
-run here: 0.4.0's `Agent` steps the learner by its observation count without asking
-`can_sample` first, so there is no race to retry (the seed's later loop asks, and wins
-most races: agents/seed_hang.py). With one worker the same loop keeps learning.
+with insert blocking disabled. With 12 workers the packaged Acme hangs for real, in each
+of 5 runs here (5 batches delivered, then 1152 samples stranded, every time): 0.4.0's
+`Agent` steps the learner by its observation count without asking `can_sample` first, so
+there is no race to retry (the seed's later loop asks, and wins most races:
+agents/seed_hang.py). With one worker the same loop keeps learning.
 
 The job runs in a child (a hung tf.data pipeline never exits; the `spawn` fixture kills
 its process group), Acme's imports shimmed by `tests/support/acme_compat.py`. Two sidecar
@@ -77,7 +78,15 @@ def test_twelve_workers_hang_acmes_loop_named_worker_starvation_with_the_probe(
     assert probe["num_parallel_calls"] == 12 and probe["blocked_in_next"], probe
     assert probe["learner_steps"] == probe["batches_retrieved"], probe
     assert starved.severity is Severity.CRITICAL
-    assert starved.evidence["layout"] == "synchronous" and starved.evidence["workers"] == 12
+    ev = starved.evidence
+    print(f"\nworker_starvation: stranded {ev['stranded_samples']} (drawn {ev['drawn']}, "
+          f"delivered {ev['delivered']}, prefetched {ev['prefetched']}), sampling iterators "
+          f"up to {ev['sampling_iterators_up_to']}, blocked {ev['blocked_for_s']:.1f} s")
+    assert ev["layout"] == "synchronous" and ev["workers"] == 12
+    # The circular wait in numbers: a batch's worth or more drawn and held by the workers, and
+    # fewer than 12 x 256, or one worker would have completed a batch.
+    assert 256 <= ev["stranded_samples"] < 12 * 256, ev
+    assert ev["delivered"] == 256 * probe["batches_retrieved"], (ev, probe)
     assert "the loop inserts only after a learner step" in starved.summary
     assert starved.fix.startswith("Set num_parallel_calls=1 in make_reverb_dataset (now 12)")
     # Reverb alone: the loop, not actors, and the same fix first, with how to settle it.
