@@ -3,12 +3,14 @@
 For each shape (targets x tables per target) it starts real Reverb servers and
 one `replaywatch watch` at 1 Hz, then measures
   - CPU seconds the sidecar spends per poll cycle (from /proc, no HTTP load),
-  - /metrics latency over HTTP, one scrape per cycle so every scrape renders
-    afresh (the per-cycle cache cannot help), p50 and p99,
+  - /metrics latency over HTTP, p50 and p99, one scrape about every cycle,
+    drifting through the cycle's phases (the body is rendered once per cycle on
+    the poller's thread; a scrape that lands while the poller runs waits for the GIL),
+  - the poll cycle's own duration and the cycles that ran late meanwhile,
 and, in-process, the memory a full default history window (900 s at 1 Hz)
 takes for 50 targets x 5 tables, built from a real snapshot.
 
-    python -m bench.scale [--quick]
+    python -m bench.scale [--quick] [--shape 50x5 ...]
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ def measure_shape(targets: int, tables: int, idle_s: float, scrapes: int) -> dic
         time.sleep(idle_s)
         cpu1 = cpu_seconds(sidecar.pid)
         cycles = get_json(f"{base}/readyz")[1]["cycle"] - cycle0
-        latencies = []
+        latencies, cycle_s = [], []
+        late0 = _metric(_scrape(base), "replaywatch_late_poll_cycles_total")
         for _ in range(scrapes):
-            time.sleep(1.05)  # past the next publish: a fresh render every time
+            time.sleep(1.05)  # drifts 50 ms a cycle: scrapes land at every phase of a cycle
             t0 = time.perf_counter()
-            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-                r.read()
+            body = _scrape(base)
             latencies.append(time.perf_counter() - t0)
+            cycle_s.append(_metric(body, "replaywatch_poll_cycle_duration_seconds"))
+        late = _metric(_scrape(base), "replaywatch_late_poll_cycles_total") - late0
     finally:
         if sidecar is not None:
             sidecar.kill()
@@ -74,7 +78,22 @@ def measure_shape(targets: int, tables: int, idle_s: float, scrapes: int) -> dic
     return {"targets": targets, "tables": tables, "cycles": cycles,
             "cpu_s_per_cycle": cpu_per_cycle, "core_share_at_1hz": cpu_per_cycle,
             "metrics_p50_ms": 1000 * statistics.median(latencies),
-            "metrics_p99_ms": 1000 * percentile(latencies, 0.99)}
+            "metrics_p99_ms": 1000 * percentile(latencies, 0.99),
+            "cycle_p50_ms": 1000 * statistics.median(cycle_s),
+            "cycle_max_ms": 1000 * max(cycle_s), "late_cycles": late, "scrapes": scrapes}
+
+
+def _scrape(base: str) -> bytes:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        return r.read()
+
+
+def _metric(body: bytes, name: str) -> float:
+    """An unlabelled sample's value in a text exposition."""
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise ValueError(f"{name} not in /metrics")
 
 
 def full_window_memory_mb(targets: int = 50, tables: int = 5, points: int = 900) -> float:
@@ -111,18 +130,38 @@ def full_window_memory_mb(targets: int = 50, tables: int = 5, points: int = 900)
     return grown / 1e6
 
 
+def _shape(text: str) -> tuple[int, int]:
+    targets, _, tables = text.partition("x")
+    if not (targets.isdigit() and tables.isdigit()):
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not TARGETSxTABLES, e.g. 50x5")
+    return int(targets), int(tables)
+
+
+def _shapes_text() -> str:
+    return " ".join(f"{t}x{n}" for t, n in SHAPES)
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer samples per shape")
+    p.add_argument("--scrapes", type=int, help="scrapes a shape (default 20, --quick 8)")
+    p.add_argument("--shape", action="append", type=_shape, metavar="TARGETSxTABLES",
+                   help=f"only these shapes (repeatable; default all: {_shapes_text()})")
     args = p.parse_args(argv)
     idle_s, scrapes = (6.0, 8) if args.quick else (15.0, 20)
-    rows = [measure_shape(t, n, idle_s, scrapes) for t, n in SHAPES]
+    scrapes = args.scrapes or scrapes
+    rows = [measure_shape(t, n, idle_s, scrapes) for t, n in args.shape or SHAPES]
     print("| targets | tables/target | CPU s per poll cycle (= cores at 1 Hz) | "
-          "/metrics p50 ms | /metrics p99 ms |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+          "/metrics p50 ms | /metrics p99 ms | poll cycle p50 ms | max ms | late cycles |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['targets']} | {r['tables']} | {r['cpu_s_per_cycle']:.4f} | "
-              f"{r['metrics_p50_ms']:.1f} | {r['metrics_p99_ms']:.1f} |")
+              f"{r['metrics_p50_ms']:.1f} | {r['metrics_p99_ms']:.1f} | "
+              f"{r['cycle_p50_ms']:.0f} | {r['cycle_max_ms']:.0f} | {r['late_cycles']:.0f} |")
+    print(f"\n/metrics: {rows[0]['scrapes']} scrapes a shape, one every 1.05 s; poll cycle: "
+          "replaywatch_poll_cycle_duration_seconds at each scrape; late cycles: over the scrapes.")
+    if args.shape:  # a chosen few shapes: the edit-measure loop, without the memory run
+        return {"rows": rows}
     memory = full_window_memory_mb()
     print(f"full history window (900 s at 1 Hz), 50 targets x 5 tables: {memory:.0f} MB")
     return {"rows": rows, "full_window_mb": memory}

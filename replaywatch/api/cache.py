@@ -19,6 +19,12 @@ class RenderCache:
         self._entries: dict[str, tuple[int, bytes]] = {}
         self._max_entries = max_entries
 
+    def peek(self, key: str, cycle: int) -> bytes | None:
+        """The entry rendered for `cycle`, or None; never renders."""
+        with self._lock:
+            hit = self._entries.get(key)
+        return hit[1] if hit is not None and hit[0] == cycle else None
+
     def get(self, key: str, cycle: int, render: Callable[[], bytes]) -> bytes:
         with self._lock:
             hit = self._entries.get(key)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from replaywatch.api.deps import CacheDep, IncidentsDep, PublishedDep
+from replaywatch.api.deps import IncidentsDep, PublishedDep
 from replaywatch.metrics import render
 
 router = APIRouter()
@@ -48,7 +49,20 @@ def readyz(state: PublishedDep, incidents: IncidentsDep) -> JSONResponse:
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"content": {"text/plain": {}},
                              "description": "Prometheus text exposition"}})
-def metrics(request: Request, state: PublishedDep, cache: CacheDep) -> Response:
-    registry = request.app.state.registry
-    body = cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render(registry))
+async def metrics(request: Request) -> Response:
+    """The body the poller rendered for this cycle, served from the event loop.
+
+    Async and without dependencies, so a scrape never leaves the event loop's
+    thread: FastAPI runs sync routes and dependencies on its thread pool, and
+    while the poller holds the GIL each hop between threads waited up to the
+    interpreter's switch interval (p99 85 ms at 50 targets x 5 tables).
+    Only a body not yet rendered (no warm-up hook: tests) is made on the pool.
+    """
+    state = request.app.state.store.current()
+    cache = request.app.state.cache
+    body = cache.peek(METRICS_CACHE_KEY, state.cycle)
+    if body is None:
+        registry = request.app.state.registry
+        body = await run_in_threadpool(cache.get, METRICS_CACHE_KEY, state.cycle,
+                                       lambda: render(registry))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
