@@ -13,7 +13,7 @@ float max, what Acme's LocalLayout does since the seed's commit: an insert waiti
 on the learner's own thread would never return). From `min_size` on the limiter allows a small
 error buffer plus 128 samples (one `samples_per_insert`) per insert, and Reverb deals them out
 to whichever workers are waiting. With 12 workers each holds part of a batch of 256: a few
-batches complete (5 in our runs), then none can, `next()` blocks, and the inserts that would
+batches complete (4 or 5 in our runs), then none can, `next()` blocks, and the inserts that would
 complete one would come from the blocked thread. With one worker every sample the limiter
 allows lands in the one batch and the loop runs.
 

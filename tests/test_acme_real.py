@@ -4,7 +4,7 @@
 `EnvironmentLoop` and synchronous `Agent` (act, insert, and one `learner.step()` per
 `batch / samples_per_insert` observations) on the seed's limiter: `SampleToInsertRatio`
 with insert blocking disabled. With 12 workers the packaged Acme hangs for real, in each
-of 5 runs here (5 batches delivered, then 1152 samples stranded, every time): 0.4.0's
+of 6 runs here (4 or 5 batches delivered, then 1152 samples stranded each time): 0.4.0's
 `Agent` steps the learner by its observation count without asking `can_sample` first, so
 there is no race to retry (the seed's later loop asks, and wins most races:
 agents/seed_hang.py). With one worker the same loop keeps learning.
