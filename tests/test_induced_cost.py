@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.induced_cost import _probe, bounds, cpu_seconds, induced_per_call
+from bench.induced_cost import _probe, bounds, cpu_seconds, induced_per_call, induced_per_poll
 from bench.trainer_cost import ci95
 from replaywatch.sources.probe_http import HttpProbeSource
 
@@ -63,3 +63,15 @@ def test_a_poll_induces_cpu_in_the_probed_process_and_a_call_that_does_not_touch
         proc.kill()
     assert 0.005 < polled["target_ms"] < 20 and polled["calls"] > 20
     assert untouched["target_ms"] < polled["target_ms"] / 10
+
+
+def test_the_induced_cost_per_poll_takes_the_larger_of_the_10hz_run_and_the_rows() -> None:
+    rows = [{"key": "server_info_1", "target_ms": 0.07},
+            {"key": "server_info_100", "target_ms": 0.40},
+            {"key": "probe_trainer", "target_ms": 0.13}]
+    cycle = {"tables": 1, "reverb_ms": 0.36, "trainer_probe_ms": 0.37}
+    induced, widest = induced_per_poll(rows, cycle)
+    # 0.36 per cycle at one table, + 0.33 more for 100 tables, + the probe's 0.37 per cycle
+    assert widest == 100 and induced == pytest.approx(0.36 + 0.33 + 0.37)
+    quiet = {"tables": 1, "reverb_ms": 0.01, "trainer_probe_ms": 0.01}
+    assert induced_per_poll(rows, quiet)[0] == pytest.approx(0.40 + 0.13)
