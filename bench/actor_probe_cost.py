@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from replaywatch.probe import ActorProbe
+from replaywatch.sources.probe_http import HttpProbeSource
 
 
 class NullWriter:
@@ -55,9 +55,10 @@ def compare(bare: Callable[[], Any] | None, wrapped: Callable[[], Any], iteratio
 
 
 def scrape(url: str, stop: threading.Event) -> None:
+    source = HttpProbeSource(url, timeout_s=2.0)  # as the sidecar polls: one kept-alive socket
     while not stop.wait(0.1):
-        with urllib.request.urlopen(f"{url}/probe", timeout=2) as r:
-            r.read()
+        source.poll()
+    source.close()
 
 
 def null_rows(probe: ActorProbe, n: int, repeats: int) -> list[tuple[str, float, float]]:

@@ -16,9 +16,9 @@ import itertools
 import statistics
 import threading
 import time
-import urllib.request
 
 from replaywatch.probe import TrainerProbe
+from replaywatch.sources.probe_http import HttpProbeSource
 
 
 def per_call_us(make_iter, iterations: int, repeats: int) -> list[float]:
@@ -33,9 +33,10 @@ def per_call_us(make_iter, iterations: int, repeats: int) -> list[float]:
 
 
 def scrape_loop(url: str, stop: threading.Event, hz: float) -> None:
+    source = HttpProbeSource(url, timeout_s=2.0)  # as the sidecar polls: one kept-alive socket
     while not stop.wait(1.0 / hz):
-        with urllib.request.urlopen(f"{url}/probe", timeout=2) as r:
-            r.read()
+        source.poll()
+    source.close()
 
 
 def measure(iterations: int, repeats: int, scrape_hz: float) -> dict[str, float]:
