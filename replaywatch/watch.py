@@ -23,6 +23,7 @@ from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
 log = logging.getLogger("replaywatch")
+SWITCH_INTERVAL_S = 0.001  # the GIL's; Python's default is 0.005
 
 
 def build_app(sidecar: Sidecar) -> FastAPI:
@@ -62,6 +63,11 @@ def run_watch(config: WatchConfig, log_level: str = "info") -> int:
         log.warning("listening on %s without a token: anyone who can reach it can read the "
                     "job's state; set REPLAYWATCH_TOKEN or --token-file",
                     config.serve.listen_host)
+    # A scrape's thread waits for the GIL at each syscall while the poller
+    # computes; Python makes it wait up to the switch interval (5 ms) each time,
+    # which put /metrics p99 at 85 ms at 50 targets x 5 tables. 1 ms costs the
+    # poller a few more thread switches a cycle.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     with build_sidecar(config) as sidecar:
         sock = _bind(config.serve.listen_host, config.serve.listen_port)
         app = build_app(sidecar)
