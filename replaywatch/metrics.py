@@ -246,10 +246,12 @@ def render(registry: CollectorRegistry) -> bytes:
         doc = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n")
         for sample in family.samples:
-            key = tuple(sorted(sample.labels.items()))
+            # A family's label dicts share one key order, so the unsorted items are a
+            # good cache key; sorting is paid once per distinct label set.
+            key = tuple(sample.labels.items())
             labels = labels_cache.get(key)
             if labels is None:
-                inner = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
+                inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(key))
                 labels = labels_cache[key] = "{" + inner + "}" if inner else ""
             out.append(f"{sample.name}{labels} {_go_float(float(sample.value))}\n")
     return "".join(out).encode("utf-8")
