@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed
 DEADLOCK ?= 0
 DEMO_PORT ?= 9321
 PYTEST_ARGS ?=
+# make test's xdist workers: the agent tests in one lane (tests/conftest.py's AGENT_LANE),
+# the rest beside them. TEST_WORKERS=0 runs everything in one process, as before.
+TEST_WORKERS ?= 2
 
 # Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
 # Chromium for the status page, docker-compose to validate the compose file, jsonnet to
@@ -44,15 +47,15 @@ system-deps:
 	fi
 
 test: $(STAMP) system-deps
-	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards
+	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
 	$(PY) -m mypy replaywatch
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards
+	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
 
 typecheck: $(STAMP)
 	$(PY) -m mypy replaywatch

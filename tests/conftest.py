@@ -106,9 +106,22 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
     return start
 
 
+# `make test` runs two xdist workers with `--dist loadgroup`: these modules start the JAX
+# agent (a Ray cluster, 12 tf.data workers, or an Acme loop), each some 10-20 s of both cores
+# at start-up, and assert that a stall is named within windows of seconds. They share one
+# lane, one after another as before; every other test runs beside them in the second lane.
+# Two agents starting at once on 2 cores starve each other's actors of CPU for seconds,
+# which is a real `sample_blocked`, not a test flake to retry.
+AGENT_LANE = frozenset({
+    "test_agents_distributed.py", "test_agents_hang.py", "test_agents_sync.py",
+    "test_alerting_e2e.py", "test_detection_real.py", "test_ray_cluster.py",
+    "test_acme_real.py",
+})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks process-starting tests slow; drops haiku's flax shim.
+    """Marks process-starting tests slow and agent tests for their lane; drops haiku's shim.
 
     dm-haiku puts an object in sys.modules["haiku.experimental.flax"] whose every
     attribute raises ImportError; hypothesis' plugin reads `__file__` of every
@@ -119,6 +132,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or is_slow_module(
                 Path(str(item.fspath))):
             item.add_marker(pytest.mark.slow)
+        if Path(str(item.fspath)).name in AGENT_LANE:
+            item.add_marker(pytest.mark.xdist_group("agents"))
     shim = sys.modules.get("haiku.experimental.flax")
     if shim is not None and type(shim).__name__ == "FlaxNotInstalled":
         del sys.modules["haiku.experimental.flax"]

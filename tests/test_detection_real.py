@@ -5,6 +5,14 @@ Reverb address alone) and checks the expected finding appears within the stall
 window plus three polls of the fault's onset, taken from the trainer itself,
 with no other warning or critical finding. bench/detection.py repeats these
 runs and reports the latencies.
+
+Here only the two scenarios no other test runs on the real agent; `make bench` runs all
+five, and the other three faults have their own tests on the real agent, where more is
+asserted than the finding: seed_hang in tests/test_alerting_e2e.py (the alert reaches
+the webhook) and tests/test_ray_cluster.py (with and without probes), actor_exit in
+tests/test_agents_distributed.py and tests/test_ray_cluster.py (recovery after
+replacements), learner_hang in tests/test_ray_cluster.py. Each of the three cost 30-75 s
+here again.
 """
 
 from __future__ import annotations
@@ -23,18 +31,12 @@ from bench.results_md import replace_sections
 DEADLINE_S = STALL_WINDOW_S + 3 * INTERVAL_S
 
 
-@pytest.mark.timeout(420)  # a seed_hang start that feeds its workers ends early and reruns
-@pytest.mark.parametrize("name", ["seed_hang", "actor_exit", "learner_hang", "batch_headroom",
-                                  "warmup"])
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["batch_headroom", "warmup"])
 def test_each_fault_is_named_within_the_stall_window_and_three_polls(name: str,
                                                                     tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
     result = run_once(scenario, tmp_path)
-    for _ in range(seed_hang.ATTEMPTS - 1):
-        if not result["fed"]:
-            break
-        result = run_once(scenario, tmp_path)  # the hang is a race (agents/seed_hang.py)
-    assert not result["fed"], f"the workers were fed in {seed_hang.ATTEMPTS} starts"
     assert result["onset"] is not None, result
     for side, expected in (("probe", scenario.expect_probe), ("reverb", scenario.expect_reverb)):
         for kind in expected:

@@ -152,11 +152,17 @@ def test_the_seed_in_distributed_form_is_worker_starvation_with_probes_and_sampl
         assert wait_until(lambda: agent.probe()["blocked_for_s"] > 1, timeout_s=120), (
             agent.describe())
         blocked_at = time.monotonic()
-        wait_until(lambda: "worker_starvation" in kinds(probed),
-                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
+        # A verdict test, not a latency one (bench/ measures that): the first blocked second
+        # seen may be a wait that still ends, before the hang that does not, and on 2 shared
+        # cores the 12 workers, 2 Ray nodes and the other test lane make it later still
+        # (24.7 s once under load 10). The window is the starvation proof's own time.
+        verdict_s = STALL_WINDOW_S + 45 * INTERVAL_S
+        try:
+            wait_until(lambda: "worker_starvation" in kinds(probed), timeout_s=verdict_s)
+        except TimeoutError:
+            pytest.fail(f"no worker_starvation: {get_json(f'{probed}/api/v1/findings')[1]}")
         detected_s = time.monotonic() - blocked_at
-        wait_until(lambda: "sample_blocked" in kinds(alone),
-                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
+        wait_until(lambda: "sample_blocked" in kinds(alone), timeout_s=verdict_s)
         assert "worker_starvation" not in kinds(alone)
         [finding] = [f for f in get_json(f"{probed}/api/v1/findings")[1]["findings"]
                      if f["kind"] == "worker_starvation"]
