@@ -1,7 +1,7 @@
 """`make bench`: every benchmark, one after another, into bench/RESULTS.md.
 
 First the healthy false-alarm runs (bench/healthy.py: sync, async and distributed
-agents for 4 minutes, a learner whose first step takes 60 s for 150 s; side by side,
+agents for 3 minutes, a learner whose first step takes 60 s for 150 s; side by side,
 each watched with its probes and from Reverb alone), then the detection scenarios,
 one at a time: running them in parallel lanes, or beside the healthy runs, starves the
 distributed actors of CPU for over 10 s on 2 cores, which is a real `sample_blocked`,
@@ -58,9 +58,9 @@ def machine() -> str:
 
 
 # What fits `make bench` in 20 minutes on the 2-core machine (issue 13): the healthy runs
-# watched for 4 minutes side by side (10-minute runs are in RESULTS.md's history), two runs
+# watched for 3 minutes side by side (10-minute runs are in RESULTS.md's history), two runs
 # of each detection scenario. Every other section is as long as before.
-HEALTHY_S = 240.0
+HEALTHY_S = 180.0
 FIRST_STEP_S = 150.0
 DETECTION_RUNS = 2
 GOAL_MIN = 20.0
@@ -93,7 +93,7 @@ def main() -> None:
                     "outside, before and after calls made the way the sidecar makes them.\n\n"
                     + text)
     text, cost, took = timed("trainer cost", lambda: _capture(lambda: trainer_cost.main(
-        ["--reps", "3", "--window", "20", "--pin", "--setups", "none,watch_10hz"])))
+        ["--reps", "3", "--window", "12", "--pin", "--setups", "none,watch_10hz"])))
     sections.append(f"## Cost to the trainer ({took / 60:.1f} min)\n\n" + text)
     step_ms = cost["learner_step_ms"]
     text, _, _ = timed("probe cost", lambda: _capture(lambda: _argv(
@@ -103,8 +103,8 @@ def main() -> None:
     sections.append("## One ServerInfo call, by table count\n\n" + text)
     text, _, took = timed("scale", lambda: _capture(lambda: scale.main(["--quick"])))
     sections.append(f"## Sidecar scale ({took / 60:.1f} min)\n\n" + text)
-    text, _, _ = timed("load", lambda: _capture(lambda: _argv(load.main, ["--duration", "60"])))
-    sections.append("## Load: 20 targets x 5 tables at 1 Hz, 100 concurrent clients, 60 s\n\n"
+    text, _, _ = timed("load", lambda: _capture(lambda: _argv(load.main, ["--duration", "30"])))
+    sections.append("## Load: 20 targets x 5 tables at 1 Hz, 100 concurrent clients, 30 s\n\n"
                     + text)
     total = (time.monotonic() - t0) / 60
     sections.append(time_section(parts, total))
