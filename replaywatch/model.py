@@ -67,6 +67,13 @@ class TableWorkerTime:
     def ms(self, state: str) -> int:
         return int(getattr(self, f"{state}_ms"))
 
+    @property
+    def total_ms(self) -> int:
+        """Every state's time: the worker's uptime. Summed field by field, not through
+        `ms`, since the window runs it for every point of every table on every cycle."""
+        return (self.running_ms + self.sampling_ms + self.inserting_ms + self.sleeping_ms
+                + self.waiting_for_sampling_ms + self.waiting_for_inserts_ms)
+
 
 @dataclasses.dataclass(frozen=True)
 class TableSnapshot:
