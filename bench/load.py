@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.stats import percentile
 from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 PATHS = ("/metrics", "/api/v1/tables", "/api/v1/findings")
@@ -93,13 +94,6 @@ def memory_summary(samples: list[tuple[float, float]], duration: float) -> dict[
         "last_third_growth_mb": end - at(2 / 3),
         "last_third_slope_mb_per_min": slope_mb_per_min(last_third),
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run(targets: int, tables: int, clients: int, duration: float, interval: float = 1.0,

@@ -17,7 +17,7 @@ from typing import Any
 FLOAT_MAX = 1.7976931348623157e308
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class KeyDistributionOptions:
     """A sampler or remover: one of fifo, uniform, prioritized, heap, lifo."""
 
@@ -27,7 +27,7 @@ class KeyDistributionOptions:
     is_deterministic: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class RateLimiterInfo:
     """The rate limiter's configuration and its completed call counts.
 
@@ -44,7 +44,7 @@ class RateLimiterInfo:
     samples: int  # sample_stats.completed
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TableWorkerTime:
     """Cumulative milliseconds the table worker spent in each state."""
 
@@ -75,7 +75,7 @@ class TableWorkerTime:
                 + self.waiting_for_sampling_ms + self.waiting_for_inserts_ms)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TableSnapshot:
     """One table's `TableInfo` as seen by one poll at `observed_at` (epoch s)."""
 
@@ -95,7 +95,7 @@ class TableSnapshot:
     has_signature: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProbeSnapshot:
     """A trainer's `GET /probe` document at `observed_at` (sidecar's clock)."""
 
@@ -127,7 +127,7 @@ class ProbeSnapshot:
 WRITER_CALLS = ("append", "create_item", "flush", "end_episode", "close")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WriterCallStats:
     """One writer call's totals in an actor: calls returned or raised, time inside."""
 
@@ -138,7 +138,7 @@ class WriterCallStats:
     last_at: float | None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ActorSnapshot:
     """An actor's `GET /probe` document (role "actor") at `observed_at` (sidecar's clock).
 

@@ -99,11 +99,13 @@ class Poller:
         reload: Callable[[], Sequence[SourceBinding] | None] | None = None,
         config_errors: Callable[[], tuple[str, ...]] = tuple,
         before_publish: Callable[[Published], None] = lambda _: None,
+        after_publish: Callable[[Published], None] = lambda _: None,
     ):
         self._bindings = list(bindings)
         self._reload = reload
         self._config_errors = config_errors
         self.before_publish = before_publish
+        self.after_publish = after_publish
         self._history = history
         self._store = store
         self._diagnoser = diagnoser
@@ -252,6 +254,10 @@ class Poller:
         except Exception:  # a warm-up hook must never cost a cycle
             log.exception("before_publish hook failed")
         self._store.publish(published)
+        try:
+            self.after_publish(published)
+        except Exception:
+            log.exception("after_publish hook failed")
         return published
 
     def run(self, stop: threading.Event, sleep: Callable[[float], bool] | None = None) -> None:

@@ -27,7 +27,7 @@ T = TypeVar("T", TableSnapshot, ProbeSnapshot)
 
 # -- what the rules see: one target's polls and snapshots ---------------------------------------
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class PollRecord:
     """The bare fact of one poll: when, whether it worked, and why not."""
 
