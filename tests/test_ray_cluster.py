@@ -6,9 +6,10 @@ Reverb server, the learner and the actors placed on different nodes through cust
 resources. Asserted from Ray's placement (each process reports its node id; the
 cluster knows which node offers which resource). Then the actor node dies as a lost
 machine would: the learner starves, and a sidecar attached to the Reverb server alone
-names `sample_blocked`; a new actor node lets the supervisor's replacements start,
-inserts flow again and the finding resolves. The same warm cluster then runs a hung learner
-and the seed's configuration in its asynchronous form.
+names `sample_blocked` while the learner waits in `next()`; a new actor node lets the
+supervisor's replacements start (each serving its slot's ActorProbe), inserts flow again and
+the finding resolves. The same warm cluster then runs the seed's configuration in its
+asynchronous form. (A hung learner in distributed mode: tests/test_agents_distributed.py.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,18 @@ FLAGS = [
 
 def kinds(base: str) -> set[str]:
     return {f["kind"] for f in get_json(f"{base}/api/v1/findings")[1]["findings"]}
+
+
+def actor_doc(url: str) -> dict[str, Any]:
+    status, doc = get_json(f"{url}/probe", timeout_s=5)
+    assert status == 200, (url, doc)
+    return doc
+
+
+def grew(url: str, first: dict[str, Any]) -> bool:
+    doc = actor_doc(url)
+    return (doc["steps_total"] > first["steps_total"]
+            and doc["items_created_total"] > first["items_created_total"])
 
 
 def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers(
@@ -66,6 +80,14 @@ def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_
             lambda r: r["event"] == "progress" and r["learner_steps"] > first["learner_steps"] + 50,
             timeout_s=60)
         assert learning["inserts"] > first["inserts"] and learning["actors_alive"] == 2
+        # Every actor serves an ActorProbe under its slot's name that counts its steps and
+        # the items its writer creates.
+        urls = start["actor_probes"]
+        before = [actor_doc(url) for url in urls]
+        assert [d["name"] for d in before] == ["actor-0", "actor-1"]
+        assert {d["role"] for d in before} == {"actor"}
+        assert {d["writers_wrapped"] for d in before} == {1}
+        assert wait_until(lambda: all(grew(u, d) for u, d in zip(urls, before)), timeout_s=20)
 
         _, base = sidecar("--reverb", start["reverb"], "--interval", str(INTERVAL_S),
                           "--db", str(tmp_path / "incidents.db"))
@@ -81,44 +103,23 @@ def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_
         wait_until(lambda: "sample_blocked" in kinds(base),
                    timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
         detected_s = time.monotonic() - killed_at
-        assert agent.returncode is None
+        stalled_probe = agent.probe()  # the learner waits in next(), alive, without crashing
+        assert stalled_probe["blocked_in_next"] and agent.returncode is None
 
         replacement_node = cluster.add("actor")
         announced = agent.wait_for(lambda r: r["event"] == "actor_probe", timeout_s=90)
         assert announced["node_id"] == replacement_node
+        replacement = actor_doc(announced["url"])  # a new process, under its slot's name
+        assert replacement["name"] == f"actor-{announced['slot']}"
+        assert replacement["pid"] != before[announced["slot"]]["pid"]
         stalled = [r for r in agent.records if r["event"] == "progress"][-1]
         agent.wait_for(lambda r: r["event"] == "progress" and r["inserts"] > stalled["inserts"]
                        and r["learner_steps"] > stalled["learner_steps"], timeout_s=60)
         wait_until(lambda: "sample_blocked" not in kinds(base), timeout_s=60)
         recovered_s = time.monotonic() - killed_at
+        assert agent.probe()["batches_retrieved"] > stalled_probe["batches_retrieved"]
     print(f"\nray cluster start-up {cluster.startup_s:.1f}s, start line {start_line_s:.1f}s, "
           f"sample_blocked {detected_s:.1f}s after the node died, recovered at {recovered_s:.1f}s, "
-          f"test {time.monotonic() - began:.1f}s")
-
-
-def test_a_hung_learner_on_its_node_is_learner_stalled_not_dead_actors(
-    ray_cluster: RayCluster,  # noqa: F811 (the same warm cluster)
-    sidecar: Callable[..., tuple[Proc, str]],
-    tmp_path: Path,
-) -> None:
-    began = time.monotonic()
-    flags = [*FLAGS, "--ray-address", ray_cluster.address, "--inject-stall", "learner-hang@12"]
-    with AgentProcess(flags, log=tmp_path / "agent.log") as agent:
-        start = agent.start_line(timeout_s=150)
-        assert start["nodes"]["learner"] == ray_cluster.node_ids["learner"]
-        agent.wait_for(lambda r: r["event"] == "progress" and r["learner_steps"] > 0,
-                       timeout_s=90)
-        _, base = sidecar("--reverb", start["reverb"], "--probe",
-                          f"{start['reverb']}={start['probe']}", "--interval", str(INTERVAL_S),
-                          "--db", str(tmp_path / "incidents.db"))
-        assert wait_until(lambda: agent.event(lambda r: r["event"] == "stall_injected"),
-                          timeout_s=60)
-        hung_at = time.monotonic()
-        wait_until(lambda: "learner_stalled" in kinds(base),
-                   timeout_s=STALL_WINDOW_S + 10 * INTERVAL_S + 5)
-        detected_s = time.monotonic() - hung_at
-        assert "sample_blocked" not in kinds(base) and agent.returncode is None
-    print(f"\nlearner_stalled {detected_s:.1f}s after the hang, "
           f"test {time.monotonic() - began:.1f}s")
 
 
