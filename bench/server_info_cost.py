@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import time
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import reverb
@@ -41,12 +44,34 @@ def _time_ms(call, n: int) -> tuple[float, float]:
     return statistics.median(out), out[min(len(out) - 1, int(0.99 * len(out)))]
 
 
+# The hand-written pure-Python decoder that protobuf replaced (issue 13, item 2), read from
+# git at the commit before, so the "before" is measured in the same run on the same bytes.
+HAND_DECODER = "8d6b376^:replaywatch/sources/reverb_wire.py"
+
+
+def _hand_decoder() -> Callable[[bytes], object] | None:
+    """The old decoder's `decode_server_info`, or None where git or its history is missing."""
+    try:
+        source = subprocess.run(["git", "show", HAND_DECODER], capture_output=True, text=True,
+                                timeout=10, check=True, cwd=RECORDED_100.parent).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    module = types.ModuleType("hand_reverb_wire")
+    exec(compile(source, HAND_DECODER, "exec"), module.__dict__)  # stdlib-only, ours
+    return module.decode_server_info  # type: ignore[no-any-return]
+
+
 def decode_cost(calls: int) -> dict[str, float]:
     """Decode time of one 100-table answer, in ms: p50 and the fastest (least disturbed)."""
     raw = RECORDED_100.read_bytes()
     out: dict[str, float] = {}
-    for key, call in (("parse", lambda: decode_server_info(raw)),
-                      ("snapshots", lambda: snapshots_from_response(raw, "t", 0.0))):
+    hand = _hand_decoder()
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("parse", lambda: decode_server_info(raw)),
+        ("snapshots", lambda: snapshots_from_response(raw, "t", 0.0))]
+    if hand is not None:
+        cases.append(("hand_parse", lambda: hand(raw)))
+    for key, call in cases:
         times = []
         for _ in range(calls):
             t0 = time.perf_counter()
@@ -98,8 +123,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"\nDecoding a recorded 100-table answer ({RECORDED_100.stat().st_size} bytes) with "
           f"protobuf (upb): parse p50 {decode['parse_p50_ms']:.3f} ms (min "
           f"{decode['parse_min_ms']:.3f}), parse + snapshots p50 {decode['snapshots_p50_ms']:.2f}"
-          f" ms (min {decode['snapshots_min_ms']:.2f}); the hand-written pure-Python decoder it "
-          "replaced took ~12 ms to parse.")
+          f" ms (min {decode['snapshots_min_ms']:.2f}).")
+    if "hand_parse_p50_ms" in decode:
+        print(f"Before, the hand-written pure-Python decoder it replaced ({HAND_DECODER}, from "
+              f"git), on the same bytes: parse p50 {decode['hand_parse_p50_ms']:.2f} ms (min "
+              f"{decode['hand_parse_min_ms']:.2f}): "
+              f"{decode['hand_parse_p50_ms'] / decode['parse_p50_ms']:.0f}x slower.")
+    else:
+        print("Before: the hand-written decoder could not be read from git (no history here); "
+              "it took ~12 ms to parse in the run that replaced it.")
     rows.append({"tables": "decode_100", **decode})
     return rows
 
