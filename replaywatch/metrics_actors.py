@@ -1,22 +1,46 @@
-"""Metric families of the actor probes, and the thread counts of every probe.
+"""Metric families of the probes (trainers and actors), and the declaration they all share.
 
-Kept apart from metrics.py, which renders tables and trainer probes, so each
-stays small. The same conventions: built fresh from one `Published` per scrape,
-bounded labels only. `call` takes its values from the fixed WRITER_CALLS; what
-an actor waits on is free text from the user's code, so only whether it waits
-(and for how long) becomes a metric; the API shows on what.
+Kept apart from metrics.py, which renders sources, tables and findings, so each
+stays small; `Family` lives here because metrics.py imports this module. The
+same conventions: built fresh from one `Published` per scrape, bounded labels
+only. `call` takes its values from the fixed WRITER_CALLS; what an actor waits
+on is free text from the user's code, so only whether it waits (and for how
+long) becomes a metric; the API shows on what.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from dataclasses import dataclass
 
 from replaywatch.model import WRITER_CALLS
 from replaywatch.state import Published
 
-LABELS = ["target", "probe"]
+# One sample: label values in the family's declared label order, and the value.
+Row = tuple[tuple[str, ...], float]
+Group = Iterator[tuple["Family", list[Row]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family: the single source of its name, type, help text and label names.
+
+    Both the text renderer and the prometheus_client collector are built from
+    these, so the fast path and the reference path cannot drift apart.
+    """
+
+    name: str  # without the `_total` a counter's samples get
+    type: str  # "gauge" or "counter"
+    doc: str
+    labels: tuple[str, ...] = ()
+
+
+def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Family:
+    return Family(f"replaywatch_{name}", "gauge", doc, labels)
+
+
+def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Family:
+    return Family(f"replaywatch_{name}", "counter", doc, labels)
 
 
 def role_of(state: Published, url: str) -> str:
@@ -26,73 +50,114 @@ def role_of(state: Published, url: str) -> str:
     return "trainer" if url in state.probes else "unknown"
 
 
-def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"replaywatch_{name}", doc, labels=labels)
+LABELS = ("target", "probe")
+ROLE = (*LABELS, "role")
+CALL = (*LABELS, "call")
 
-
-def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(f"replaywatch_{name}", doc, labels=labels)
-
-
-def actor_families(state: Published) -> Iterator[Metric]:
-    owner = {s.name: s.target for s in state.sources.values()}
-    os_threads = _gauge("probe_os_threads",
-                        "Operating-system threads in the probed process (Linux only).",
-                        LABELS + ["role"])
-    for url, p in state.probes.items():
-        if p.os_threads is not None:
-            os_threads.add_metric([owner.get(url, ""), url, "trainer"], p.os_threads)
-    steps = _counter("actor_steps", "Environment steps the actor reported (step()).", LABELS)
-    since_step = _gauge("actor_seconds_since_last_step",
-                        "Seconds since the actor's last step(); absent before its first.",
+BATCHES = counter("probe_batches", "Batches the learner took from its iterator.", LABELS)
+STEPS = counter("probe_learner_steps", "Learner steps reported by the probe.", LABELS)
+BLOCKED_TOTAL = counter("probe_next_blocked_seconds", "Time the learner spent blocked in next().",
                         LABELS)
-    items = _counter("actor_items_created",
-                     "Items the actor's writers created (create_item calls that returned).",
-                     LABELS)
-    appends = _counter("actor_appends", "append() calls of the actor's writers that returned.",
-                       LABELS)
-    pending = _gauge("actor_pending_items",
-                     "Items created but not yet proven written (an upper bound).", LABELS)
-    in_call = _gauge("actor_in_writer_call", "1 while the actor is inside this writer call.",
-                     LABELS + ["call"])
-    blocked = _gauge("actor_writer_call_blocked_seconds",
+BLOCKED = gauge("probe_blocked_in_next", "1 while the learner is blocked in next().", LABELS)
+BLOCKED_FOR = gauge("probe_blocked_duration_seconds",
+                    "How long the current next() has been blocked.", LABELS)
+READY = gauge("probe_iterator_ready", "1 if the iterator reports ready().", LABELS)
+THREADS = gauge("probe_threads", "Threads in the trainer process.", LABELS)
+BATCH = gauge("probe_batch_size", "The learner's batch size.", LABELS)
+WORKERS = gauge("probe_num_parallel_calls", "Parallel sampling workers.", LABELS)
+
+OS_THREADS = gauge("probe_os_threads",
+                   "Operating-system threads in the probed process (Linux only).", ROLE)
+A_STEPS = counter("actor_steps", "Environment steps the actor reported (step()).", LABELS)
+SINCE_STEP = gauge("actor_seconds_since_last_step",
+                   "Seconds since the actor's last step(); absent before its first.", LABELS)
+ITEMS = counter("actor_items_created",
+                "Items the actor's writers created (create_item calls that returned).", LABELS)
+APPENDS = counter("actor_appends", "append() calls of the actor's writers that returned.",
+                  LABELS)
+PENDING = gauge("actor_pending_items", "Items created but not yet proven written (an upper bound).",
+                LABELS)
+IN_CALL = gauge("actor_in_writer_call", "1 while the actor is inside this writer call.", CALL)
+CALL_BLOCKED = gauge("actor_writer_call_blocked_seconds",
                      "How long the actor has been inside its current writer call; 0 outside.",
                      LABELS)
-    calls = _counter("actor_writer_calls", "Writer calls that returned or raised.",
-                     LABELS + ["call"])
-    errors = _counter("actor_writer_call_errors", "Writer calls that raised.", LABELS + ["call"])
-    call_seconds = _counter("actor_writer_call_seconds",
-                            "Time spent inside writer calls, the current one included.",
-                            LABELS + ["call"])
-    waiting = _gauge("actor_waiting",
-                     "1 while the actor waits outside Reverb (probe.waiting(on)).", LABELS)
-    waiting_for = _gauge("actor_waiting_duration_seconds",
-                         "How long the actor's current wait has lasted; 0 when not waiting.",
-                         LABELS)
-    waited = _counter("actor_waiting_seconds",
-                      "Time the actor spent waiting outside Reverb, the current wait included.",
-                      LABELS)
-    threads = _gauge("actor_threads", "Python threads in the actor process.", LABELS)
+CALLS = counter("actor_writer_calls", "Writer calls that returned or raised.", CALL)
+ERRORS = counter("actor_writer_call_errors", "Writer calls that raised.", CALL)
+CALL_SECONDS = counter("actor_writer_call_seconds",
+                       "Time spent inside writer calls, the current one included.", CALL)
+WAITING = gauge("actor_waiting", "1 while the actor waits outside Reverb (probe.waiting(on)).",
+                LABELS)
+WAITING_FOR = gauge("actor_waiting_duration_seconds",
+                    "How long the actor's current wait has lasted; 0 when not waiting.", LABELS)
+WAITED = counter("actor_waiting_seconds",
+                 "Time the actor spent waiting outside Reverb, the current wait included.", LABELS)
+A_THREADS = gauge("actor_threads", "Python threads in the actor process.", LABELS)
+
+
+def owners(state: Published) -> dict[str, str]:
+    """Each source's target, by source name (a probe's `target` label)."""
+    return {s.name: s.target for s in state.sources.values()}
+
+
+def trainer_rows(state: Published, owner: dict[str, str]) -> Group:
+    batches: list[Row] = []
+    steps: list[Row] = []
+    blocked_total: list[Row] = []
+    blocked: list[Row] = []
+    blocked_for: list[Row] = []
+    ready: list[Row] = []
+    threads: list[Row] = []
+    batch: list[Row] = []
+    workers: list[Row] = []
+    for url, p in state.probes.items():
+        labels = (owner.get(url, ""), url)
+        batches.append((labels, p.batches_retrieved))
+        steps.append((labels, p.learner_steps))
+        blocked_total.append((labels, p.blocked_seconds_total))
+        blocked.append((labels, 1.0 if p.blocked_in_next else 0.0))
+        blocked_for.append((labels, p.blocked_for_s))
+        if p.ready is not None:
+            ready.append((labels, 1.0 if p.ready else 0.0))
+        threads.append((labels, p.thread_count))
+        if p.batch_size is not None:
+            batch.append((labels, p.batch_size))
+        if p.num_parallel_calls is not None:
+            workers.append((labels, p.num_parallel_calls))
+    yield from zip((BATCHES, STEPS, BLOCKED_TOTAL, BLOCKED, BLOCKED_FOR, READY, THREADS, BATCH,
+                    WORKERS),
+                   (batches, steps, blocked_total, blocked, blocked_for, ready, threads, batch,
+                    workers))
+
+
+def actor_rows(state: Published, owner: dict[str, str]) -> Group:
+    fams = (OS_THREADS, A_STEPS, SINCE_STEP, ITEMS, APPENDS, PENDING, IN_CALL, CALL_BLOCKED,
+            CALLS, ERRORS, CALL_SECONDS, WAITING, WAITING_FOR, WAITED, A_THREADS)
+    rows: list[list[Row]] = [[] for _ in fams]
+    (os_threads, steps, since_step, items, appends, pending, in_call, blocked, calls, errors,
+     call_seconds, waiting, waiting_for, waited, threads) = rows
+    for url, p in state.probes.items():
+        if p.os_threads is not None:
+            os_threads.append(((owner.get(url, ""), url, "trainer"), p.os_threads))
     for url, a in state.actors.items():
-        labels = [owner.get(url, ""), url]
-        steps.add_metric(labels, a.steps_total)
+        labels = (owner.get(url, ""), url)
+        steps.append((labels, a.steps_total))
         if a.seconds_since_last_step is not None:
-            since_step.add_metric(labels, a.seconds_since_last_step)
-        items.add_metric(labels, a.items_created_total)
-        appends.add_metric(labels, a.appends_total)
-        pending.add_metric(labels, a.pending_items)
-        blocked.add_metric(labels, a.blocked_for_s)
+            since_step.append((labels, a.seconds_since_last_step))
+        items.append((labels, a.items_created_total))
+        appends.append((labels, a.appends_total))
+        pending.append((labels, a.pending_items))
+        blocked.append((labels, a.blocked_for_s))
         for call in WRITER_CALLS:
-            in_call.add_metric(labels + [call], 1.0 if a.in_call == call else 0.0)
+            in_call.append(((*labels, call), 1.0 if a.in_call == call else 0.0))
         for c in a.calls:
-            calls.add_metric(labels + [c.call], c.count)
-            errors.add_metric(labels + [c.call], c.errors)
-            call_seconds.add_metric(labels + [c.call], c.seconds_total)
-        waiting.add_metric(labels, 1.0 if a.waiting else 0.0)
-        waiting_for.add_metric(labels, a.waiting_for_s)
-        waited.add_metric(labels, a.waiting_seconds_total)
-        threads.add_metric(labels, a.thread_count)
+            with_call = (*labels, c.call)
+            calls.append((with_call, c.count))
+            errors.append((with_call, c.errors))
+            call_seconds.append((with_call, c.seconds_total))
+        waiting.append((labels, 1.0 if a.waiting else 0.0))
+        waiting_for.append((labels, a.waiting_for_s))
+        waited.append((labels, a.waiting_seconds_total))
+        threads.append((labels, a.thread_count))
         if a.os_threads is not None:
-            os_threads.add_metric(labels + ["actor"], a.os_threads)
-    yield from (os_threads, steps, since_step, items, appends, pending, in_call, blocked, calls,
-                errors, call_seconds, waiting, waiting_for, waited, threads)
+            os_threads.append(((*labels, "actor"), a.os_threads))
+    yield from zip(fams, rows)

@@ -1,0 +1,134 @@
+"""CPU cost of rendering /metrics for one 50 targets x 5 tables picture (issue 13).
+
+The poller renders the body once per cycle while holding the GIL, so every
+millisecond here is a millisecond a scrape can wait. Times, in one process and
+interleaved (so machine load hits both alike), the median thread CPU time of:
+
+  - before: `render(make_registry(...))` as it was before `render_published`,
+    read from git: prometheus_client family objects, a Sample namedtuple and a
+    labels dict per sample, walked again to write the text;
+  - families: today's `render` of a registry it did not build (the same walk over
+    the collector, which is now built from the declarations);
+  - after: `render_published`, text written straight from the picture.
+
+    python -m bench.render_cost [--targets 50] [--tables 5] [--runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.registry import CollectorRegistry
+
+from replaywatch.diagnosis.ratelimiter import derive
+from replaywatch.metrics import ReplaywatchCollector, render, render_published
+from replaywatch.model import ProbeSnapshot
+from replaywatch.state import Published, SourceStatus
+from tests.actor_builders import actor_snapshot
+from tests.builders import probe_snapshot, table_history
+
+
+def picture(targets: int, tables: int, actors: int = 2) -> Published:
+    """Each target: a Reverb server with `tables` tables, one trainer and `actors` actors."""
+    sources: dict[str, SourceStatus] = {}
+    snaps = {}
+    probes: dict[str, ProbeSnapshot] = {}
+    actor_docs = {}
+    for t in range(targets):
+        target = f"reverb-{t}.ns.svc:8000"
+        sources[target] = SourceStatus(target, "reverb", target, True, 2.0, 2.0, None, 0.003,
+                                       0, 3 + t, 0, 0)
+        for n in range(tables):
+            history = table_history([0.0, 1.0, 2.0], [10 * t, 20 * t + n, 30 * t + n],
+                                    [5, 15 + n, 25 * t], target=target, name=f"replay_{n}",
+                                    waiting_for_inserts_ms=[0, 1500, 2750 + t])
+            snaps[(target, f"replay_{n}")] = history
+        urls = [f"http://learner-{t}:9090"] + [f"http://actor-{t}-{a}:9090" for a in range(actors)]
+        for url in urls:
+            sources[url] = SourceStatus(url, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3,
+                                        0, 0)
+        probes[urls[0]] = probe_snapshot(2.0, 100 * t, url=urls[0], blocked_for=0.25 * t)
+        for url in urls[1:]:
+            actor_docs[url] = actor_snapshot(2.0, 40 * t, url=url, in_call="flush",
+                                             blocked_for=0.5)
+    return Published(at=2.0, cycle=3, sources=sources,
+                     tables={k: h[-1] for k, h in snaps.items()},
+                     derived={k: derive(list(h)) for k, h in snaps.items()}, probes=probes,
+                     actors=actor_docs, cycle_duration_s=0.131)
+
+
+# metrics.py and metrics_actors.py at the commit before the declarations (issue 13, item 3).
+BEFORE = "cc884f7"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _old_render() -> Callable[[Published], bytes] | None:
+    """The old `render(make_registry(...))`, or None where git or its history is missing."""
+    try:
+        sources = [subprocess.run(["git", "show", f"{BEFORE}:replaywatch/{name}.py"],
+                                  capture_output=True, text=True, timeout=10, check=True,
+                                  cwd=ROOT).stdout for name in ("metrics_actors", "metrics")]
+    except (OSError, subprocess.SubprocessError):
+        return None
+    actors = types.ModuleType("old_metrics_actors")
+    exec(compile(sources[0], "old metrics_actors", "exec"), actors.__dict__)  # ours
+    old = types.ModuleType("old_metrics")
+    current = sys.modules["replaywatch.metrics_actors"]
+    sys.modules["replaywatch.metrics_actors"] = actors  # what the old metrics.py imports
+    try:
+        exec(compile(sources[1], "old metrics", "exec"), old.__dict__)  # ours
+    finally:
+        sys.modules["replaywatch.metrics_actors"] = current
+    return lambda state: old.render(old.make_registry(lambda: state))  # type: ignore[no-any-return]
+
+
+def cpu_ms(fn: Callable[[], bytes]) -> float:
+    start = time.thread_time()
+    fn()
+    return 1000 * (time.thread_time() - start)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", type=int, default=50)
+    parser.add_argument("--tables", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args(argv)
+    state = picture(args.targets, args.tables)
+    # A plain registry holding our collector: render() walks its family objects.
+    families = CollectorRegistry(auto_describe=False)
+    families.register(ReplaywatchCollector(lambda: state))  # type: ignore[arg-type]
+    old = _old_render()
+    body = render_published(state)
+    assert render(families) == body, "the two renderers disagree"
+    assert old is None or old(state) == body, "the old renderer disagrees"
+    times: dict[str, list[float]] = {"before": [], "families": [], "after": []}
+    for _ in range(args.runs):  # interleaved: load on the machine hits all three alike
+        if old is not None:
+            times["before"].append(cpu_ms(lambda: old(state)))
+        times["families"].append(cpu_ms(lambda: render(families)))
+        times["after"].append(cpu_ms(lambda: render_published(state)))
+    result = {f"{k}_ms": statistics.median(v) for k, v in times.items() if v}
+    result["samples"] = float(sum(1 for line in body.splitlines() if not line.startswith(b"#")))
+    base = result.get("before_ms", result["families_ms"])
+    result["speedup"] = base / result["after_ms"]
+    print(f"/metrics render, {args.targets} targets x {args.tables} tables, "
+          f"{result['samples']:.0f} samples, {len(body)} bytes; median thread CPU of {args.runs}:")
+    if old is None:
+        print(f"  before ({BEFORE}): not measured, git or its history is missing here")
+    else:
+        print(f"  before ({BEFORE}, render(make_registry)): {result['before_ms']:.1f} ms")
+    print(f"  family objects (render of a foreign registry): {result['families_ms']:.1f} ms")
+    print(f"  after (render_published): {result['after_ms']:.1f} ms "
+          f"({result['speedup']:.1f}x faster than {'before' if old else 'family objects'})")
+    return result
+
+if __name__ == "__main__":
+    main()
