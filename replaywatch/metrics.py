@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -247,7 +248,11 @@ def _label_writer(names: tuple[str, ...], escaped: _Memo) -> Callable[[tuple[str
         return lambda values: ""
     order = sorted(range(len(names)), key=names.__getitem__)
     template = "{" + ",".join(f'{names[i]}="%s"' for i in order) + "}"
-    return lambda values: template % tuple([escaped[values[i]] for i in order])
+    if len(names) == 1:
+        return lambda values: template % escaped[values[0]]
+    # itemgetter and map keep the per-miss work in C: ~2800 misses per 50x5 render.
+    sort = itemgetter(*order)
+    return lambda values: template % tuple(map(escaped.__getitem__, sort(values)))
 
 
 def render(registry: CollectorRegistry) -> bytes:
