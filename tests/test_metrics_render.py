@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
+import subprocess
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
@@ -75,3 +78,11 @@ def test_the_renderer_keeps_no_state_between_pictures() -> None:
     render_published(first)
     assert render_published(second) == generate_latest(make_registry(lambda: second))
     assert b"replaywatch_table_size_items{" not in render_published(second)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="make test installs promtool")
+def test_promtool_accepts_the_big_weird_exposition() -> None:
+    done = subprocess.run(["promtool", "check", "metrics"],
+                          input=render_published(_big_weird_picture()).decode(), text=True,
+                          capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
