@@ -129,28 +129,27 @@ def _source_rows(state: Published) -> Group:
 
 
 def _table_rows(state: Published) -> Group:
-    gauges: list[list[Row]] = [[] for _ in TABLE_GAUGES]
-    counters: list[list[Row]] = [[] for _ in TABLE_COUNTERS]
+    keys = list(state.tables)
+    per_table = []  # one tuple per table: the TABLE_GAUGES' values, then the TABLE_COUNTERS'
     observed: list[Row] = []
-    worker: list[Row] = []
     for key, snap in state.tables.items():
         d = state.derived[key]
         rl = snap.rate_limiter
-        values = (snap.current_size, snap.max_size, snap.num_episodes, rl.samples_per_insert,
-                  rl.min_diff, rl.max_diff, rl.min_size_to_sample, d.cursor, d.sample_headroom,
-                  d.insert_headroom, d.can_sample, d.can_insert, d.insert_blocking_disabled)
-        for column, value in zip(gauges, values):
-            column.append((key, value))
+        per_table.append((
+            snap.current_size, snap.max_size, snap.num_episodes, rl.samples_per_insert,
+            rl.min_diff, rl.max_diff, rl.min_size_to_sample, d.cursor, d.sample_headroom,
+            d.insert_headroom, d.can_sample, d.can_insert, d.insert_blocking_disabled,
+            rl.inserts, rl.samples, snap.num_deleted_episodes, snap.num_unique_samples))
         if d.observed_samples_per_insert is not None:
             observed.append((key, d.observed_samples_per_insert))
-        counts = (rl.inserts, rl.samples, snap.num_deleted_episodes, snap.num_unique_samples)
-        for column, value in zip(counters, counts):
-            column.append((key, value))
-        for st in TableWorkerTime.STATES:
-            worker.append(((*key, st), snap.worker_time.ms(st) / 1000.0))
-    yield from zip(TABLE_GAUGES, gauges)
+    # Transposed in C (zip), not appended one sample at a time: 4250 rows per 50x5 render.
+    columns = [list(zip(keys, column)) for column in zip(*per_table)] or [
+        [] for _ in range(len(TABLE_GAUGES) + len(TABLE_COUNTERS))]
+    yield from zip(TABLE_GAUGES, columns)
     yield OBSERVED_SPI, observed
-    yield from zip(TABLE_COUNTERS, counters)
+    yield from zip(TABLE_COUNTERS, columns[len(TABLE_GAUGES):])
+    worker: list[Row] = [((*key, st), snap.worker_time.ms(st) / 1000.0)
+                         for key, snap in state.tables.items() for st in TableWorkerTime.STATES]
     yield WORKER, worker
 
 
@@ -214,7 +213,8 @@ def render_published(state: Published) -> bytes:
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n")
         labels = by_names.get(family.labels)
         if labels is None:
-            labels = by_names[family.labels] = _Memo(_label_writer(family.labels, escaped))
+            writer = _label_writer(family.labels, escaped, by_names)
+            labels = by_names[family.labels] = _Memo(writer)
         # A zero is spelled by Python like Go, sign included; it skips the memo, where
         # 0.0 and -0.0 would share one entry (equal, one hash).
         out += [f"{name}{labels[values]} {numbers[value] if value else str(float(value))}\n"
@@ -242,15 +242,21 @@ class _Numbers(dict):  # type: ignore[type-arg]
         return text
 
 
-def _label_writer(names: tuple[str, ...], escaped: _Memo) -> Callable[[tuple[str, ...]], str]:
+def _label_writer(names: tuple[str, ...], escaped: _Memo,
+                  by_names: dict[tuple[str, ...], _Memo]) -> Callable[[tuple[str, ...]], str]:
     """`{a="..",b=".."}` for label values in `names`' order; the exposition sorts by name."""
     if not names:
         return lambda values: ""
     order = sorted(range(len(names)), key=names.__getitem__)
+    if len(names) > 1 and order[0] == len(names) - 1 and names[:-1] in by_names:
+        # One more label that sorts first (worker `state`, actor `call`): prepend it to the
+        # string the families without it already built, 1500 times per 50x5 render.
+        base, head = by_names[names[:-1]], "{" + names[-1] + '="'
+        return lambda values: f'{head}{escaped[values[-1]]}",{base[values[:-1]][1:]}'
     template = "{" + ",".join(f'{names[i]}="%s"' for i in order) + "}"
     if len(names) == 1:
         return lambda values: template % escaped[values[0]]
-    # itemgetter and map keep the per-miss work in C: ~2800 misses per 50x5 render.
+    # itemgetter and map keep the per-miss work in C.
     sort = itemgetter(*order)
     return lambda values: template % tuple(map(escaped.__getitem__, sort(values)))
 
