@@ -17,6 +17,7 @@ interleaved (so machine load hits both alike), the median thread CPU time of:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -29,38 +30,51 @@ from prometheus_client.registry import CollectorRegistry
 
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import ReplaywatchCollector, render, render_published
-from replaywatch.model import ProbeSnapshot
+from replaywatch.model import ActorSnapshot, ProbeSnapshot, TableSnapshot
+from replaywatch.probe import ActorProbe, TrainerProbe
+from replaywatch.sources.probe_http import actor_from_probe, snapshot_from_probe
+from replaywatch.sources.reverb import snapshots_from_response
 from replaywatch.state import Published, SourceStatus
-from tests.actor_builders import actor_snapshot
-from tests.builders import probe_snapshot, table_history
+
+RECORDED_100 = Path(__file__).resolve().parents[1] / "tests/fixtures/server_info_100tables.bin"
 
 
 def picture(targets: int, tables: int, actors: int = 2) -> Published:
-    """Each target: a Reverb server with `tables` tables, one trainer and `actors` actors."""
+    """Each target: a Reverb server with `tables` tables, one trainer and `actors` actors.
+
+    Made of what the sidecar itself reads, not of hand-filled fields: tables decoded from
+    a recorded ServerInfo answer (tables beyond its 100 repeat), the trainer's and actors'
+    documents from a real (never started) TrainerProbe and ActorProbe after some steps,
+    each parsed as the probe source parses a document.
+    """
+    recorded = snapshots_from_response(RECORDED_100.read_bytes(), "recorded", 0.0)
+    trainer = TrainerProbe(batch_size=256, num_parallel_calls=12)
+    for _ in range(3):
+        trainer.step()
+    actor = ActorProbe(table="replay_0")
+    for _ in range(40):
+        actor.step()
     sources: dict[str, SourceStatus] = {}
-    snaps = {}
+    snaps: dict[tuple[str, str], TableSnapshot] = {}
     probes: dict[str, ProbeSnapshot] = {}
-    actor_docs = {}
+    actor_docs: dict[str, ActorSnapshot] = {}
     for t in range(targets):
         target = f"reverb-{t}.ns.svc:8000"
         sources[target] = SourceStatus(target, "reverb", target, True, 2.0, 2.0, None, 0.003,
                                        0, 3 + t, 0, 0)
         for n in range(tables):
-            history = table_history([0.0, 1.0, 2.0], [10 * t, 20 * t + n, 30 * t + n],
-                                    [5, 15 + n, 25 * t], target=target, name=f"replay_{n}",
-                                    waiting_for_inserts_ms=[0, 1500, 2750 + t])
-            snaps[(target, f"replay_{n}")] = history
+            snap = recorded[(t * tables + n) % len(recorded)]
+            snaps[(target, f"replay_{n}")] = dataclasses.replace(
+                snap, target=target, name=f"replay_{n}", observed_at=2.0)
         urls = [f"http://learner-{t}:9090"] + [f"http://actor-{t}-{a}:9090" for a in range(actors)]
         for url in urls:
             sources[url] = SourceStatus(url, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3,
                                         0, 0)
-        probes[urls[0]] = probe_snapshot(2.0, 100 * t, url=urls[0], blocked_for=0.25 * t)
+        probes[urls[0]] = snapshot_from_probe(trainer.snapshot(), urls[0], 2.0)
         for url in urls[1:]:
-            actor_docs[url] = actor_snapshot(2.0, 40 * t, url=url, in_call="flush",
-                                             blocked_for=0.5)
-    return Published(at=2.0, cycle=3, sources=sources,
-                     tables={k: h[-1] for k, h in snaps.items()},
-                     derived={k: derive(list(h)) for k, h in snaps.items()}, probes=probes,
+            actor_docs[url] = actor_from_probe(actor.snapshot(), url, 2.0)
+    return Published(at=2.0, cycle=3, sources=sources, tables=snaps,
+                     derived={k: derive([v]) for k, v in snaps.items()}, probes=probes,
                      actors=actor_docs, cycle_duration_s=0.131)
 
 

@@ -20,7 +20,7 @@ from replaywatch.api.routes_health import METRICS_CACHE_KEY
 from replaywatch.config import WatchConfig, is_loopback
 from replaywatch.errors import ConfigError
 from replaywatch.gc_pacing import GcPacing
-from replaywatch.metrics import make_registry, render
+from replaywatch.metrics import make_registry, render_published
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
@@ -36,11 +36,9 @@ def build_app(sidecar: Sidecar) -> FastAPI:
                      extra_routers=(page.router,))
 
     # Render /metrics on the poller's thread before each publish, so a scrape is
-    # a cache hit: a fresh render of 50 targets x 5 tables took ~50 ms here, and
-    # ~200 ms at p99 when it raced the next poll cycle for the GIL.
+    # a cache hit and never renders (50 targets x 5 tables: ~9 ms of CPU, bench/render_cost.py).
     def warm(state: Published) -> None:
-        app.state.cache.get(METRICS_CACHE_KEY, state.cycle,
-                            lambda: render(make_registry(lambda: state)))
+        app.state.cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render_published(state))
 
     sidecar.poller.before_publish = warm
     return app

@@ -156,3 +156,18 @@ def test_check_and_the_cli_start_without_the_web_stack() -> None:
     top_level = set(graph["replaywatch.cli"]) - {"replaywatch.watch"}
     for name in top_level:
         assert "replaywatch.api" not in reaches(graph, name) | {name}, name
+
+
+def test_bench_harness_agents_and_tools_never_import_the_tests() -> None:
+    # Tests may use bench and harness; the other way round would ship test scaffolding
+    # into what `make bench` and the demo run (issue 10).
+    offenders = []
+    for folder in ("bench", "harness", "agents", "tools", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in _walk_runtime(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                         and not node.level else [])
+                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                              if n == "tests" or n.startswith("tests.")]
+    assert not offenders, offenders
