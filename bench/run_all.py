@@ -33,6 +33,7 @@ from bench import (
     induced_cost,
     load,
     probe_cost,
+    render_cost,
     scale,
     server_info_cost,
     trainer_cost,
@@ -102,7 +103,10 @@ def main() -> None:
     text, _, _ = timed("server_info cost", lambda: _capture(lambda: server_info_cost.main([])))
     sections.append("## One ServerInfo call, by table count\n\n" + text)
     text, _, took = timed("scale", lambda: _capture(lambda: scale.main(["--quick"])))
-    sections.append(f"## Sidecar scale ({took / 60:.1f} min)\n\n" + text)
+    render_text, _, _ = timed("render cost", lambda: _capture(
+        lambda: render_cost.main(["--runs", "20"])))
+    sections.append(f"## Sidecar scale ({took / 60:.1f} min)\n\n" + text
+                    + "\n```\n" + render_text + "```\n")
     text, _, _ = timed("load", lambda: _capture(lambda: _argv(load.main, ["--duration", "30"])))
     sections.append("## Load: 20 targets x 5 tables at 1 Hz, 100 concurrent clients, 30 s\n\n"
                     + text)
