@@ -216,6 +216,49 @@ def test_a_synchronous_loop_compiling_its_first_step_is_starting_not_sample_bloc
         "sample_blocked"]
 
 
+# The bench's healthy first_step_60s run (probe sidecar), in its numbers: the pipeline drew
+# 768 samples (12 batches of 64) before the first step; 846 inserts * spi 8 - 768 = 6000 =
+# max_diff, so the actors rest at max_diff; nothing moved for the whole first step.
+def resting_through_start_up() -> tuple[TableSnapshot, ...]:
+    return table_history(T20, 846, 768, spi=8.0, min_diff=2000.0, max_diff=6000.0,
+                         min_size=500, waiting_for_sampling_ms=waiting())
+
+
+def first_step_at(index: int) -> tuple[Any, ...]:
+    """A learner that took one batch at start and is seen through its first step from
+    the poll at T20[index] on (12 batches: it takes the ones it buffered)."""
+    return probe_history(T20, [1] * index + [12] * (20 - index),
+                         steps=[0] * index + [1] * (20 - index), started_at=995.0)
+
+
+def test_the_poll_that_first_shows_the_first_step_is_still_start_up_not_insert_blocked() -> None:
+    # It paged insert_blocked (critical) for one poll in `make bench` before this hand-off.
+    view = target_view([resting_through_start_up()], [first_step_at(19)])
+    found = diagnose(view, DEFAULT, 1019.0).findings
+    assert [(f.kind, f.severity) for f in found] == [("learner_starting", Severity.INFO)]
+    [finding] = found
+    assert finding.evidence["first_step_seen_at"] == 1019.0
+    assert finding.evidence["would_be"] == ["insert_blocked"]
+    assert finding.evidence["stall_clock_starts_in_s"] == DEFAULT.stall_window_s
+    assert "timed from the first step" in finding.summary
+
+
+def test_nothing_moving_for_a_stall_window_after_the_first_step_is_insert_blocked() -> None:
+    # First step seen at t=1009, 10 s (one stall window) before now, and still nothing moves
+    # (the learner's step counter neither: it is stalled too).
+    assert kinds_of(target_view([resting_through_start_up()], [first_step_at(9)])) == [
+        "learner_stalled", "insert_blocked"]
+    # 9 s after it: still the hand-off.
+    assert kinds_of(target_view([resting_through_start_up()], [first_step_at(10)])) == [
+        "learner_starting"]
+
+
+def test_a_learner_past_its_first_step_before_the_view_gets_no_hand_off() -> None:
+    always = probe_history(T20, 12, steps=1, started_at=995.0)
+    assert kinds_of(target_view([resting_through_start_up()], [always])) == [
+        "learner_stalled", "insert_blocked"]
+
+
 def test_actors_dead_before_the_first_sample_stay_sample_blocked() -> None:
     # Reverb alone: 10 of 100 items, inserts stopped, nothing ever sampled: the actors, not
     # the learner's start-up, hold the job.

@@ -25,7 +25,7 @@ from replaywatch.diagnosis.rules_learner import is_learner_stalled
 from replaywatch.diagnosis.rules_stalls import is_insert_blocked, is_sample_blocked
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
-from replaywatch.model import FLOAT_MAX, Finding, TableSnapshot
+from replaywatch.model import FLOAT_MAX, Finding, ProbeSnapshot, TableSnapshot
 
 # A fresh server's inserts stay within this factor of the old server's lifetime insert rate
 # times its own uptime; a restore shows counters far beyond (reverb#118: 100073 inserts on a
@@ -64,12 +64,27 @@ def is_warmup_impossible(case: TableCase, th: Thresholds) -> Finding | None:
 
 # -- learner_starting --------------------------------------------------------------------------
 
-def has_finished_first_step(p: Probe) -> bool:
+def _past_first_step(s: ProbeSnapshot) -> bool:
     """A learner stepped once, or came back for a second batch (so its first step ended).
 
     Either signal is enough: a trainer that never marks steps still asks for batches.
     """
-    return p[-1].learner_steps >= 1 or p[-1].batches_retrieved >= 2
+    return s.learner_steps >= 1 or s.batches_retrieved >= 2
+
+
+def has_finished_first_step(p: Probe) -> bool:
+    return _past_first_step(p[-1])
+
+
+def first_step_seen_at(case: TableCase) -> float | None:
+    """The poll that first showed a learner through its first step, if the view holds it.
+
+    The newest such change of any probe (a restarted trainer starts over); None when every
+    probe was already past it at the start of the view, or is not yet.
+    """
+    seen = [cur.observed_at for p in case.probes for prev, cur in zip(p, p[1:])
+            if _past_first_step(cur) and not _past_first_step(prev)]
+    return max(seen, default=None)
 
 
 def sampling_has_flowed(case: TableCase, th: Thresholds) -> bool:
@@ -120,12 +135,52 @@ def is_learner_starting(case: TableCase, th: Thresholds) -> Finding | None:
     not through its first step then is hung, and the usual critical finding opens.
     """
     began = startup_began(case, th)
-    if began is None or case.now - began[0] >= th.startup_grace_s:
+    if began is None:
+        return _first_step_just_ended(case, th)
+    if case.now - began[0] >= th.startup_grace_s:
         return None
-    held = [f.kind for f in (is_insert_blocked(case, th), _loop_in_first_step(case, th),
-                             *(is_learner_stalled(case, p, th) for p in case.probes))
-            if f is not None]
-    return _learner_starting(case, began, sorted(set(held)), th) if held else None
+    held = _held(case, th)
+    return _learner_starting(case, began, held, th) if held else None
+
+
+def _held(case: TableCase, th: Thresholds) -> list[str]:
+    """The stall findings start-up explains on this table now."""
+    return sorted({f.kind for f in (is_insert_blocked(case, th), _loop_in_first_step(case, th),
+                                    *(is_learner_stalled(case, p, th) for p in case.probes))
+                   if f is not None})
+
+
+def _first_step_just_ended(case: TableCase, th: Thresholds) -> Finding | None:
+    """Start-up's hand-off: stalls are timed from the end of the first step, not before it.
+
+    The stall rules time a stall from the last insert or sample, and nothing moves while a
+    first step runs (the pipeline's first fill waits in its buffer, actors rest at max_diff).
+    So the poll that first shows the step done finds every counter resting as long as
+    start-up lasted, while the learner is only now taking the batches it buffered: the
+    bench's healthy 60 s first step paged insert_blocked for that one poll. For one stall
+    window after the first step the same findings stay start-up; a learner that then still
+    moves nothing has had its full window.
+    """
+    ended = first_step_seen_at(case)
+    if ended is None or case.now - ended >= th.stall_window_s:
+        return None
+    held = _held(case, th)
+    if not held:
+        return None
+    t = case.latest
+    start = max(p[-1].started_at for p in case.probes)
+    evidence = {**limiter_evidence(t), "grace_started_at": start, "grace_basis": "probe started_at",
+                "first_step_seen_at": ended,
+                "stall_clock_starts_in_s": th.stall_window_s - (case.now - ended),
+                "would_be": held, "samples": t.rate_limiter.samples,
+                "learner_steps": [p[-1].learner_steps for p in case.probes],
+                "batches_retrieved": [p[-1].batches_retrieved for p in case.probes]}
+    summary = (f"The learner on table '{t.name}' has just finished its first step (seen "
+               f"{case.now - ended:.0f} s ago): the counters rested through start-up, so a "
+               "stall is timed from the first step, not before it.")
+    fix = (f"Wait: if nothing moves for {th.stall_window_s:g} s after the first step, this "
+           f"becomes {' / '.join(held)}.")
+    return case.finding(kinds.LEARNER_STARTING, summary, evidence, fix, since=start)
 
 
 def _loop_in_first_step(case: TableCase, th: Thresholds) -> Finding | None:
