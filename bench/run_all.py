@@ -36,7 +36,7 @@ from bench import (
     render_cost,
     scale,
     server_info_cost,
-    trainer_cost,
+    trainer_paired,
 )
 from bench.results_md import detection_section, healthy_section
 
@@ -93,9 +93,14 @@ def main() -> None:
                     "\n\nbench/induced_cost.py says how: the target's CPU clock read from "
                     "outside, before and after calls made the way the sidecar makes them.\n\n"
                     + text)
-    text, cost, took = timed("trainer cost", lambda: _capture(lambda: trainer_cost.main(
-        ["--reps", "3", "--window", "12", "--pin", "--setups", "none,watch_10hz"])))
-    sections.append(f"## Cost to the trainer ({took / 60:.1f} min)\n\n" + text)
+    text, cost, took = timed("trainer cost", lambda: _capture(lambda: trainer_paired.main(
+        ["--phases", "12", "--phase-s", "5", "--interval", "0.1"])))
+    sections.append(f"## Cost to the trainer, wall clock ({took / 60:.1f} min)\n\n"
+                    "bench/trainer_paired.py says how: one agent process throughout, the "
+                    "sidecar on the other core paused and resumed in alternating phases, each "
+                    "on-phase against the off-phases either side. (bench/trainer_cost.py's "
+                    "comparison of separate agent processes spread ±20-30% here: each process "
+                    "runs at its own speed.)\n\n" + text)
     step_ms = cost["learner_step_ms"]
     text, _, _ = timed("probe cost", lambda: _capture(lambda: _argv(
         probe_cost.main, ["--learner-step-ms", f"{step_ms:.3f}"])))

@@ -15,6 +15,7 @@ import pytest
 
 from bench.induced_cost import _probe, bounds, cpu_seconds, induced_per_call, induced_per_poll
 from bench.trainer_cost import ci95
+from bench.trainer_paired import paired_ratios
 from replaywatch.sources.probe_http import HttpProbeSource
 
 
@@ -75,3 +76,12 @@ def test_the_induced_cost_per_poll_takes_the_larger_of_the_10hz_run_and_the_rows
     assert widest == 100 and induced == pytest.approx(0.36 + 0.33 + 0.37)
     quiet = {"tables": 1, "reverb_ms": 0.01, "trainer_probe_ms": 0.01}
     assert induced_per_poll(rows, quiet)[0] == pytest.approx(0.40 + 0.13)
+
+
+def test_paired_ratios_cancel_a_linear_drift_and_see_a_real_slowdown() -> None:
+    # The agent speeds up 1 step/s per phase: an on-phase at the drift's own value is 1.0.
+    assert paired_ratios([10.0, 11.0, 12.0, 13.0, 14.0]) == [1.0, 1.0]
+    # A 2% slowdown in the on-phases, under the same drift.
+    assert paired_ratios([10.0, 11.0 * 0.98, 12.0]) == pytest.approx([0.98])
+    with pytest.raises(ValueError, match="off, on"):
+        paired_ratios([10.0, 11.0])
