@@ -24,13 +24,14 @@ DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose js
 
 venv: $(STAMP)
 
-# --no-compile: pip byte-compiles every file it installs (TensorFlow alone has thousands),
-# 27 s of a fresh install here; Python compiles the modules a run imports, once, instead.
+# Byte-compiled at install (pip's default), never: with PYTHONDONTWRITEBYTECODE
+# set (as on our CI machines) Python would then compile TensorFlow from source in every
+# test process (make test 8 -> 13 min on a fresh clone).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[agents,dev]'
-	$(PY) -m pip install -q --no-compile --no-deps -c constraints.txt dm-acme dm-env  # tests/test_acme_real.py
+	$(PY) -m pip install -q -c constraints.txt -e '.[agents,dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt dm-acme dm-env  # tests/test_acme_real.py
 	touch $(STAMP)
 
 system-deps:
