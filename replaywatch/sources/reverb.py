@@ -144,6 +144,13 @@ class ReverbSource:
                 raise SourceTimeout(
                     f"{self.name}: ServerInfo did not answer within {self._timeout_s:g}s"
                 ) from None
+            if code == grpc.StatusCode.UNAVAILABLE and _FROZEN in (_details(e) or ""):
+                # It accepted the connection and never spoke HTTP/2: alive but not answering
+                # (a frozen process), as a deadline on an open channel would say; gRPC reports
+                # it this way when the channel happened to be (re)connecting at the freeze.
+                raise SourceTimeout(
+                    f"{self.name}: ServerInfo did not answer within {self._timeout_s:g}s "
+                    "(connected, no answer)") from None
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise SourceUnreachable(f"{self.name}: unreachable ({_details(e)})") from None
             raise SourceProtocolError(
@@ -168,6 +175,9 @@ class ReverbSource:
         if self._channel is not None:
             self._channel.close()
         self._channel = self._call = None
+
+
+_FROZEN = "before receiving SETTINGS frame"
 
 
 def _details(error: grpc.RpcError) -> str:
