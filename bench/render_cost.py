@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.registry import CollectorRegistry
 
+from bench.from_git import module_at
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import ReplaywatchCollector, render, render_published
 from replaywatch.model import ActorSnapshot, ProbeSnapshot, TableSnapshot
@@ -80,26 +79,21 @@ def picture(targets: int, tables: int, actors: int = 2) -> Published:
 
 # metrics.py and metrics_actors.py at the commit before the declarations (issue 13, item 3).
 BEFORE = "cc884f7"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _old_render() -> Callable[[Published], bytes] | None:
     """The old `render(make_registry(...))`, or None where git or its history is missing."""
-    try:
-        sources = [subprocess.run(["git", "show", f"{BEFORE}:replaywatch/{name}.py"],
-                                  capture_output=True, text=True, timeout=10, check=True,
-                                  cwd=ROOT).stdout for name in ("metrics_actors", "metrics")]
-    except (OSError, subprocess.SubprocessError):
+    actors = module_at(f"{BEFORE}:replaywatch/metrics_actors.py", "old_metrics_actors")
+    if actors is None:
         return None
-    actors = types.ModuleType("old_metrics_actors")
-    exec(compile(sources[0], "old metrics_actors", "exec"), actors.__dict__)  # ours
-    old = types.ModuleType("old_metrics")
     current = sys.modules["replaywatch.metrics_actors"]
     sys.modules["replaywatch.metrics_actors"] = actors  # what the old metrics.py imports
     try:
-        exec(compile(sources[1], "old metrics", "exec"), old.__dict__)  # ours
+        old = module_at(f"{BEFORE}:replaywatch/metrics.py", "old_metrics")
     finally:
         sys.modules["replaywatch.metrics_actors"] = current
+    if old is None:
+        return None
     return lambda state: old.render(old.make_registry(lambda: state))  # type: ignore[no-any-return]
 
 

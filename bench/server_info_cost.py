@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
 import reverb
 
+from bench.from_git import module_at
 from replaywatch.sources.reverb import ReverbSource, snapshots_from_response
 from replaywatch.sources.reverb_wire import decode_server_info
 
@@ -51,14 +50,8 @@ HAND_DECODER = "8d6b376^:replaywatch/sources/reverb_wire.py"
 
 def _hand_decoder() -> Callable[[bytes], object] | None:
     """The old decoder's `decode_server_info`, or None where git or its history is missing."""
-    try:
-        source = subprocess.run(["git", "show", HAND_DECODER], capture_output=True, text=True,
-                                timeout=10, check=True, cwd=RECORDED_100.parent).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    module = types.ModuleType("hand_reverb_wire")
-    exec(compile(source, HAND_DECODER, "exec"), module.__dict__)  # stdlib-only, ours
-    return module.decode_server_info  # type: ignore[no-any-return]
+    module = module_at(HAND_DECODER, "hand_reverb_wire")
+    return None if module is None else module.decode_server_info  # type: ignore[no-any-return]
 
 
 def decode_cost(calls: int) -> dict[str, float]:
