@@ -15,7 +15,7 @@ import pytest
 from replaywatch.history import History
 from replaywatch.model import PollOutcome
 from replaywatch.poller import CycleFindings, Poller, SourceBinding, targets_of
-from replaywatch.state import SourceStatus, StateStore
+from replaywatch.state import Published, SourceStatus, StateStore
 from tests.builders import table_snapshot
 
 
@@ -203,3 +203,24 @@ def test_the_loop_counts_cycles_that_overran_the_interval(made: list[Poller]) ->
     assert waits == [0.0, 0.0, 0.0, pytest.approx(0.75), pytest.approx(1.5)]
     # Published with each picture.
     assert (store.current().cycle, store.current().late_cycles) == (5, 3)
+
+
+def test_hooks_run_around_the_swap_and_a_failing_one_never_costs_the_cycle(
+        made: list[Poller], clock: FakeClock) -> None:
+    seen: list[tuple[str, int, bool]] = []
+    store_box: list[StateStore] = []
+
+    def before(state: Published) -> None:  # the /metrics warm-up: before readers see it
+        seen.append(("before", state.cycle, store_box[0].current() is state))
+
+    def after(state: Published) -> None:  # the collector's pacing: once it is published
+        seen.append(("after", state.cycle, store_box[0].current() is state))
+        raise RuntimeError("a broken hook")
+
+    poller, store = poller_of(made, FakeSource("a:1", clock), clock=clock,
+                              before_publish=before, after_publish=after)
+    store_box.append(store)
+    first, second = poller.tick(), poller.tick()
+    assert seen == [("before", 1, False), ("after", 1, True),
+                    ("before", 2, False), ("after", 2, True)]
+    assert store.current() is second and second.cycle == first.cycle + 1
