@@ -14,6 +14,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
+from starlette.middleware.base import BaseHTTPMiddleware
 
 from replaywatch.api import create_app, routes_health
 from replaywatch.api.routes_health import METRICS_CACHE_KEY
@@ -71,3 +72,12 @@ def test_the_metrics_route_stays_on_the_event_loop() -> None:
     # A sync endpoint or a sync dependency would be run on the thread pool.
     assert inspect.iscoroutinefunction(route.endpoint)
     assert route.dependant.dependencies == []
+
+
+def test_no_middleware_adds_event_loop_turns() -> None:
+    # Starlette's BaseHTTPMiddleware (@app.middleware("http")) hands each request
+    # through a task group and memory streams: eight more loop turns a scrape, each
+    # one a wait for the GIL while the poller computes (bench/scale.py's tail).
+    client, _, _ = _app()
+    kinds = [m.cls for m in client.app.user_middleware]  # type: ignore[attr-defined]
+    assert kinds and BaseHTTPMiddleware not in kinds
