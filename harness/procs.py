@@ -1,7 +1,8 @@
 """Real processes: spawn in their own session, read the announce line, always clean up.
 
-Every HTTP call here has a timeout, and `Proc.terminate` ends the whole process group
-(TERM, then KILL), so neither a test nor a bench run can outlive a hung child.
+Every HTTP call here has a timeout, and `Proc.kill`/`Proc.terminate` end the child's
+whole tree (its process group and every descendant), so neither a test nor a bench run
+can outlive a hung child.
 """
 
 from __future__ import annotations
@@ -26,6 +27,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc's parent links.
+
+    Ray starts its GCS, raylet and workers in sessions of their own, out of reach of a
+    signal to the child's group; once the child dies they are reparented and can no
+    longer be found, so this is read before anything is signalled. Measured: a killed
+    distributed agent's learner and actors ran on for 4 s at 70% and 40% of a core each,
+    in the next test's time.
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # it exited while we read
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after the name, which may hold spaces
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class Proc:
@@ -85,21 +113,31 @@ class Proc:
     def returncode(self) -> int | None:
         return self.popen.poll()
 
-    def kill(self) -> None:
+    def kill(self, tree: list[int] | None = None) -> None:
+        """SIGKILL the group and every descendant (`tree`: read earlier, see terminate)."""
+        tree = descendants(self.pid) if tree is None else tree
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGKILL)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             self.popen.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
 
     def terminate(self, timeout_s: float = 10.0) -> int | None:
+        """TERM the group; what is left after the child exits (or `timeout_s`) is killed."""
+        tree = descendants(self.pid)
         self.signal(signal.SIGTERM)
         try:
-            return self.popen.wait(timeout=timeout_s)
+            code: int | None = self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.kill()
-            return None
+            code = None
+        self.kill(tree)
+        return code
 
 
 def get_json(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None
