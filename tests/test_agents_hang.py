@@ -62,8 +62,8 @@ def test_one_worker_keeps_delivering_batches() -> None:
         agent.start_line(timeout_s=120)
         agent.wait_for(lambda r: r["event"] == "progress" and r["learner_steps"] > 0, 90)
         seen = [agent.probe()]
-        for _ in range(5):
-            time.sleep(3)
+        for _ in range(4):  # 8 s: batches in every 2 s, never blocked for the 10 s timeout
+            time.sleep(2)
             seen.append(agent.probe())
     batches = [p["batches_retrieved"] for p in seen]
     assert all(later > earlier for earlier, later in zip(batches, batches[1:])), batches

@@ -64,9 +64,11 @@ def test_metrics_pass_promtool_check_metrics(
     _, address = reverb_workload("--tables", "2")
     _, base = sidecar("--reverb", address, "--reverb", "127.0.0.1:9", "--interval",
                       str(INTERVAL), "--db", str(tmp_path / "i.db"))
-    wait_until(lambda: "replaywatch_table_inserts_total" in get_text(f"{base}/metrics")[1], 15)
-    text = get_text(f"{base}/metrics")[1]
-    assert 'replaywatch_target_up{target="127.0.0.1:9"} 0.0' in text  # down still answers
+    down = 'replaywatch_target_up{target="127.0.0.1:9"}'
+    # Both targets' first polls done (the dead one's may finish a cycle after the live one's).
+    text = wait_until(lambda: (t := get_text(f"{base}/metrics")[1])
+                      and "replaywatch_table_inserts_total" in t and down in t and t, 15)
+    assert f"{down} 0.0" in text  # down still answers
     done = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
                           capture_output=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
