@@ -12,8 +12,10 @@ DEADLOCK ?= 0
 DEMO_PORT ?= 9321
 PYTEST_ARGS ?=
 # make test's xdist workers: the agent tests in one lane (tests/conftest.py's AGENT_LANE),
-# the rest beside them. TEST_WORKERS=0 runs everything in one process, as before.
-TEST_WORKERS ?= 2
+# the rest in two lanes beside it. With one, that lane (~300 s of tests, half of it waiting
+# on stall windows and real processes) outlasted the agent lane; the three average ~70% of
+# both cores. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 3
 
 # Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
 # Chromium for the status page, docker-compose to validate the compose file, jsonnet to
@@ -24,14 +26,18 @@ DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose js
 
 venv: $(STAMP)
 
-# Byte-compiled at install (pip's default), never: with PYTHONDONTWRITEBYTECODE
-# set (as on our CI machines) Python would then compile TensorFlow from source in every
-# test process (make test 8 -> 13 min on a fresh clone).
+# uv installs the pinned set (constraints.txt, uv itself pinned there) into the venv: 19 s
+# on a fresh machine where pip took 43 s, and set-up counts in make test's time. Always
+# byte-compiled at install (--compile-bytecode; pip does it by default): with
+# PYTHONDONTWRITEBYTECODE set (as on our CI machines) Python would otherwise compile
+# TensorFlow from source in every test process (make test 8 -> 13 min on a fresh clone).
+UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode -c constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[agents,dev]'
-	$(PY) -m pip install -q --no-deps -c constraints.txt dm-acme dm-env  # tests/test_acme_real.py
+	$(PY) -m pip install -q -c constraints.txt uv
+	$(UV_INSTALL) -e '.[agents,dev]'
+	$(UV_INSTALL) --no-deps dm-acme dm-env  # tests/test_acme_real.py (its deps: no cp311 wheels)
 	touch $(STAMP)
 
 system-deps:
@@ -49,7 +55,9 @@ system-deps:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-test: $(STAMP) system-deps
+# The venv and the Debian packages are installed side by side (-j2): neither needs the other.
+test:
+	@$(MAKE) --no-print-directory -j2 venv system-deps
 	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
 	$(PY) -m mypy replaywatch
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
@@ -66,7 +74,8 @@ typecheck: $(STAMP)
 demo: $(STAMP)
 	DEADLOCK=$(DEADLOCK) DEMO_PORT=$(DEMO_PORT) $(PY) tools/demo.py
 
-bench: $(STAMP) system-deps
+bench:
+	@$(MAKE) --no-print-directory -j2 venv system-deps
 	$(PY) -m bench.run_all
 
 clean:
