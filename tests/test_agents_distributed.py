@@ -37,10 +37,13 @@ def kinds(base: str) -> set[str]:
 def test_actors_held_by_the_policy_lag_bound_wait_on_a_hung_learner(
     sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
 ) -> None:
-    # A wide limiter window (tolerance 50) lets actors run far ahead of the learner, as in
-    # IMPALA-style jobs: the bound, not Reverb, is what stops them.
-    flags = [*SMALL, "--num-actors", "2", "--tolerance", "50", "--max-policy-lag", "20",
-             "--inject-stall", "learner-hang@15"]
+    # A limiter window too wide to reach (tolerance 1000: max_diff = 200 * 64 * 1001 samples,
+    # some 200k inserts ahead) lets actors run far ahead of the learner, as in IMPALA-style
+    # jobs: the bound, not Reverb, is what stops them. Tolerance 50 (max_diff 652,800) was
+    # reached before the hang once: two actors at 650 steps/s each against a learner at
+    # 150 steps/s blocked in insert at 13 s, and never waited on the learner.
+    flags = [*SMALL, "--num-actors", "2", "--tolerance", "1000", "--max-policy-lag", "20",
+             "--inject-stall", "learner-hang@12"]
     with AgentProcess(flags, log=tmp_path / "agent.log") as agent:
         start = agent.start_line(timeout_s=150)
         urls, reverb = start["actor_probes"], start["reverb"]
