@@ -1,7 +1,7 @@
 """agents/seed_hang.py: reading the warm-up race's outcome from the probe, and the retries.
 
 Scripted probe documents stand in for agents (the helper only sees our own interface:
-start, read the probe, stop); the real agent runs in test_agents_hang.py.
+start, read the probe, stop); the real agent runs in test_alerting_e2e.py.
 """
 
 from __future__ import annotations

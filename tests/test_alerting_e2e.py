@@ -5,7 +5,9 @@ incident's layout, `replaywatch watch`, Debian's Prometheus loaded with the repo
 prometheus.yml and alerts.yml, Debian's Alertmanager with the repo's alertmanager.yml, and a
 webhook receiver run by the test. Only intervals, `for:` and addresses are rewritten, in
 temporary copies. Then every PromQL expression of the dashboard is run against that
-Prometheus with the live target and table: no panel may be empty.
+Prometheus with the live target and table: no panel may be empty. Last, the trainer's side
+of the same hang from its probe: blocked in `next()` on 12 workers, no batch ever delivered.
+(One worker keeps delivering: tests/test_agents_hang.py.)
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ EVAL_S = 1
 # alerts.yml says `for: 1m` for critical findings (5m warnings, 2m fallbacks); this test
 # rewrites every `for:` in its temporary copy to FOR_S, and asserts against FOR_S.
 FOR_S = 5
+# Blocked in next() longer than this, the learner is not waiting on a slow batch.
+STRANDED_FOR_S = 10.0
 ALERT = "ReplaywatchWorkerStarvation"
 KIND = "worker_starvation"
 
@@ -208,6 +212,19 @@ def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_pa
     assert table in sent["annotations"]["summary"] and target in sent["annotations"]["summary"]
 
     assert_every_panel_has_data(prometheus, target, table, started_at)
+
+    # The trainer's side of the same hang, as its probe shows it from outside (one agent for
+    # both claims: a start-up is ~10 s of both cores): the learner has been blocked in
+    # next() for longer than any batch takes, with no batch ever delivered, on 12 workers.
+    probe_url = start["probe"]
+    probe = wait_until(lambda: (p := get_json(f"{probe_url}/probe")[1])["blocked_for_s"]
+                       > STRANDED_FOR_S and p, timeout_s=30)
+    assert probe["blocked_in_next"] and probe["ready"] is False, probe
+    assert probe["num_parallel_calls"] == 12 and probe["batches_retrieved"] == 0, probe
+    stacks = get_json(f"{probe_url}/stacks")[1]
+    main = next(t for t in stacks["threads"] if t["name"] == "MainThread")
+    assert any(frame["function"] == "__next__" for frame in main["frames"]), main
+    assert agent.returncode is None
 
 
 def assert_every_panel_has_data(prometheus: Prometheus, target: str, table: str,
