@@ -73,8 +73,24 @@ class ReplayProcess:
         return {"reverb": f"{host}:{self._server.port}", "port": self._server.port,
                 "node_id": _node_id()}
 
+    def address(self, loopback: bool) -> str:
+        """Where the learner and the actors reach Reverb: on a cluster, this node's IP (they may
+        be elsewhere); a local Ray runs everything here, and Reverb listens on loopback too."""
+        host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+        return f"{host}:{self._server.port}"
+
     def info(self) -> dict[str, Any]:
         return reporting.table_counts(self._table.info)
+
+
+def _replay_address(replay: Any, loopback: bool) -> str:
+    """The Reverb address, from inside a process that started beside the replay process.
+
+    The learner and the actors are created at once with the replay's handle and ask here
+    once their own start-up (TensorFlow, JAX, networks) is done: the three start-ups overlap
+    instead of running one after another (start line 13 -> 10 s here: local Ray, 2 actors).
+    """
+    return ray.get(replay.address.remote(loopback), timeout=_START_TIMEOUT_S)
 
 
 @ray.remote(num_cpus=0)
@@ -91,14 +107,16 @@ class LearnerProcess:
         td3: TD3Config,
         replay: ReplayConfig,
         spec: EnvironmentSpec,
-        server_address: str,
+        replay_process: Any,
+        loopback: bool,
         seed: int,
         probe_listen: str,
         first_step_delay_s: float = 0.0,
     ):
         networks = builder.make_networks(spec, td3)
         key = jax.random.PRNGKey(seed)
-        self._parts = builder.make_learner(networks, td3, replay, server_address, key,
+        self._parts = builder.make_learner(networks, td3, replay,
+                                           _replay_address(replay_process, loopback), key,
                                            probe_listen, first_step_delay_s)
         self._parts.probe.start()
         self._params = self._parts.learner.get_policy_params_numpy()
@@ -142,7 +160,7 @@ class ActorProcess:
         index: int,
         td3: TD3Config,
         replay: ReplayConfig,
-        server_address: str,
+        replay_process: Any,
         learner: Any,
         run: RunConfig,
         probe_listen: str,
@@ -156,8 +174,8 @@ class ActorProcess:
         probe = builder.make_actor_probe(replay.table, slot_name(slot), probe_listen,
                                          enabled=run.actor_probes)
         self._probe = probe
-        self._adder = builder.make_adder(probe.wrap_client(reverb.Client(server_address)),
-                                         td3, replay)
+        address = _replay_address(replay_process, loopback=not run.ray_address)
+        self._adder = builder.make_adder(probe.wrap_client(reverb.Client(address)), td3, replay)
 
         def fetch() -> PolicyParams:
             with probe.waiting("learner"):
@@ -227,23 +245,25 @@ def _started(ref: Any, role: str, resource: str | None) -> dict[str, Any]:
 def _drive(
     td3: TD3Config, replay: ReplayConfig, run: RunConfig, spec: EnvironmentSpec, emit: Emit
 ) -> None:
+    # All three roles are created at once and start up side by side; the learner and the
+    # actors take the Reverb address from the replay process's handle when they need it.
+    loopback = not run.ray_address
     replay_process = ReplayProcess.options(**placement.role_options(run.replay_resource)).remote(
         replay, spec, run.reverb_port)
-    replay_at = _started(replay_process.where.remote(), "replay", run.replay_resource)
-    # On a cluster, the replay node's IP (the learner and actors may be elsewhere); a local
-    # Ray runs everything here, and Reverb listens on loopback too.
-    address = replay_at["reverb"] if run.ray_address else f"127.0.0.1:{replay_at['port']}"
     learner = LearnerProcess.options(
         max_concurrency=run.num_actors + 4, **placement.role_options(run.learner_resource)
-    ).remote(td3, replay, spec, address, run.seed, run.probe_listen, run.first_step_delay_s)
-    learner_at = _started(learner.where.remote(), "learner", run.learner_resource)
+    ).remote(td3, replay, spec, replay_process, loopback, run.seed, run.probe_listen,
+             run.first_step_delay_s)
 
     def start_actor(slot: int, index: int, listen: str | None) -> Any:
         return ActorProcess.options(**placement.role_options(run.actor_resource)).remote(
-            slot, index, td3, replay, address, learner, run,
+            slot, index, td3, replay, replay_process, learner, run,
             listen or builder.any_port(run.probe_listen))
 
     actors = ActorSlots(start_actor, emit)
+    replay_at = _started(replay_process.where.remote(), "replay", run.replay_resource)
+    address = ray.get(replay_process.address.remote(loopback), timeout=_START_TIMEOUT_S)
+    learner_at = _started(learner.where.remote(), "learner", run.learner_resource)
     actors_at = actors.create(run.num_actors, _START_TIMEOUT_S)
     emit(builder.start_record(
         "distributed", address, learner_at["probe"], replay, td3,
