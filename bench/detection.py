@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 INTERVAL_S = 1.0
 STALL_WINDOW_S = 10.0
 # A start whose workers were fed (the race of agents/seed_hang.py went the healthy way) ends
-# as soon as the probe shows it, marked `fed`: left out of the latencies, counted apart.
+# as soon as the probe shows it, marked `fed`: left out of the latencies, counted apart, and
+# the run starts the agent again (a new --seed), as the tests do, up to seed_hang.ATTEMPTS.
 SEED = list(seed_hang.FLAGS)
 DISTRIBUTED = ["--mode", "distributed", "--num-actors", "4", "--batch-size", "64",
                "--samples-per-insert", "8", "--min-replay-size", "500", "--tolerance", "0.5"]
@@ -133,8 +135,9 @@ def _first_seen(base: str, seen: dict[str, float], alarms: set[str]) -> None:
             alarms.add(f["kind"])
 
 
-def run_once(scenario: Scenario, tmp: Path) -> dict[str, Any]:
-    agent = spawn_agent(scenario.flags, tmp / f"{scenario.name}-agent.log")
+def run_once(scenario: Scenario, tmp: Path, seed: int = 0) -> dict[str, Any]:
+    agent = spawn_agent([*scenario.flags, "--seed", str(seed)],
+                        tmp / f"{scenario.name}-{seed}-agent.log")
     procs: list[Proc] = []
     try:
         start = wait_until(lambda: agent.event(lambda r: r.get("reverb")), 180)[1]
@@ -222,16 +225,28 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_lanes(lanes: list[list[str]], runs: int, tmp: Path) -> list[dict[str, Any]]:
-    """Each lane's scenarios run `runs` times in order; the lanes run side by side."""
+def run_lanes(lanes: list[list[str]], runs: int, tmp: Path,
+              run: Callable[[Scenario, Path, int], dict[str, Any]] | None = None,
+              ) -> list[dict[str, Any]]:
+    """Each lane's scenarios run `runs` times in order; the lanes run side by side.
+
+    A run of seed_hang whose start was fed is started again with the next seed, up to
+    seed_hang.ATTEMPTS starts: each run is a hang measured (the fed starts are kept, counted
+    apart). Without the retries, a bench where every start was fed had no seed_hang rows.
+    """
+    run = run or run_once
     results: list[dict[str, Any]] = []
+    seeds = itertools.count(1)  # shared by the lanes: next() on a count is atomic in CPython
 
     def lane(names: list[str]) -> None:
         for _ in range(runs):
             for name in names:
-                r = run_once(SCENARIOS[name], tmp)
-                print(json.dumps(r), file=sys.stderr, flush=True)
-                results.append(r)
+                for _attempt in range(seed_hang.ATTEMPTS):
+                    r = run(SCENARIOS[name], tmp, next(seeds))
+                    print(json.dumps(r), file=sys.stderr, flush=True)
+                    results.append(r)
+                    if not r["fed"]:
+                        break
 
     threads = [threading.Thread(target=lane, args=(names,)) for names in lanes]
     for t in threads:

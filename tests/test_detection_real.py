@@ -126,3 +126,29 @@ def test_summary_rows_keep_scenarios_apart_that_expect_the_same_kind() -> None:
     assert rows[("seed_hang", "sample_blocked")]["p50_s"] == 11.0
     assert rows[("actor_exit", "sample_blocked")]["p50_s"] == 12.0
     assert rows[("actor_exit", "sample_blocked")]["false_alarms"] == ["probe_down"]
+
+
+def test_a_fed_seed_hang_start_is_started_again_with_a_new_seed_and_counted_apart(
+        tmp_path: Path) -> None:
+    from bench.detection import run_lanes
+
+    calls: list[tuple[str, int]] = []
+    fed_seeds = {1, 2, 5}  # run 1: two fed starts, then a hang; run 2: one fed, then a hang
+
+    def run(scenario: Any, tmp: Path, seed: int) -> dict[str, Any]:
+        calls.append((scenario.name, seed))
+        return {"scenario": scenario.name, "fed": scenario.name == "seed_hang"
+                and seed in fed_seeds}
+
+    results = run_lanes([["seed_hang", "warmup"]], 2, tmp_path, run=run)
+    assert calls == [("seed_hang", 1), ("seed_hang", 2), ("seed_hang", 3), ("warmup", 4),
+                     ("seed_hang", 5), ("seed_hang", 6), ("warmup", 7)]
+    assert [r["fed"] for r in results] == [True, True, False, False, True, False, False]
+
+
+def test_seed_hang_starts_stop_after_the_attempts_when_every_start_is_fed(tmp_path: Path) -> None:
+    from bench.detection import run_lanes
+
+    results = run_lanes([["seed_hang"]], 1, tmp_path,
+                        run=lambda scenario, tmp, seed: {"scenario": "seed_hang", "fed": True})
+    assert len(results) == seed_hang.ATTEMPTS and all(r["fed"] for r in results)
