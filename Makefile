@@ -32,7 +32,9 @@ venv: $(STAMP)
 # PYTHONDONTWRITEBYTECODE set (as on our CI machines) Python would otherwise compile
 # TensorFlow from source in every test process (make test 8 -> 13 min on a fresh clone).
 UV := $(VENV)/bin/uv
-UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode -c constraints.txt
+# --system-certs: the machine's CA store, which our machines' pip is configured to use too.
+UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode --system-certs \
+	-c constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt uv
