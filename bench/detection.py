@@ -102,7 +102,8 @@ def spawn_agent(flags: list[str], log: Path) -> AgentProcess:
 
 def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dict[str, str]]:
     """Two sidecars on a start line: "probe" (the learner's probe and every actor probe,
-    `--probe URL` each: the documents say their roles) and "reverb" (the address alone)."""
+    `--probe URL` each: the documents say their roles) and "reverb" (the address alone).
+    Both are started before either is waited on: their start-ups overlap."""
     probes = [start["probe"], *start.get("actor_probes", [])]
     procs, bases = [], {}
     try:
@@ -111,6 +112,8 @@ def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dic
             proc, bases[side] = _sidecar(["--reverb", start["reverb"], *extra], tmp,
                                          f"{name}-{next(_SIDECARS)}-{side}")
             procs.append(proc)
+        for base in bases.values():
+            wait_until(lambda base=base: get_json(f"{base}/healthz", 1)[0] == 200, 30)
     except BaseException:
         for proc in procs:
             proc.kill()
@@ -119,13 +122,12 @@ def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dic
 
 
 def _sidecar(flags: list[str], tmp: Path, name: str) -> tuple[Proc, str]:
+    """A sidecar started on a free port (not yet answering): its process and base URL."""
     port = free_port()
     proc = Proc([PYTHON, "-m", "replaywatch", "watch", *flags, "--listen", f"127.0.0.1:{port}",
                  "--interval", str(INTERVAL_S), "--stall-window-s", str(STALL_WINDOW_S),
                  "--db", str(tmp / f"{name}.sqlite3")], stdout_path=tmp / f"{name}.log")
-    base = f"http://127.0.0.1:{port}"
-    wait_until(lambda: get_json(f"{base}/healthz", 1)[0] == 200, 30)
-    return proc, base
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def _first_seen(base: str, seen: dict[str, float], alarms: set[str]) -> None:
