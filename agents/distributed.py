@@ -67,17 +67,12 @@ class ReplayProcess:
         self._table = builder.make_replay_table(replay, spec, insert_blocking=True)
         self._server = reverb.Server([self._table], port=port or None)
 
-    def where(self) -> dict[str, Any]:
-        """Its Reverb address as seen from other nodes, and its Ray node."""
-        host = ray.util.get_node_ip_address()
-        return {"reverb": f"{host}:{self._server.port}", "port": self._server.port,
-                "node_id": _node_id()}
-
-    def address(self, loopback: bool) -> str:
-        """Where the learner and the actors reach Reverb: on a cluster, this node's IP (they may
-        be elsewhere); a local Ray runs everything here, and Reverb listens on loopback too."""
+    def where(self, loopback: bool) -> dict[str, Any]:
+        """Its Reverb address and its Ray node. On a cluster the address has this node's IP
+        (the learner and actors may be elsewhere); a local Ray runs everything here, and
+        Reverb listens on loopback too."""
         host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-        return f"{host}:{self._server.port}"
+        return {"reverb": f"{host}:{self._server.port}", "node_id": _node_id()}
 
     def info(self) -> dict[str, Any]:
         return reporting.table_counts(self._table.info)
@@ -90,7 +85,7 @@ def _replay_address(replay: Any, loopback: bool) -> str:
     once their own start-up (TensorFlow, JAX, networks) is done: the three start-ups overlap
     instead of running one after another (start line 13 -> 10 s here: local Ray, 2 actors).
     """
-    return ray.get(replay.address.remote(loopback), timeout=_START_TIMEOUT_S)
+    return ray.get(replay.where.remote(loopback), timeout=_START_TIMEOUT_S)["reverb"]
 
 
 @ray.remote(num_cpus=0)
@@ -161,6 +156,7 @@ class ActorProcess:
         td3: TD3Config,
         replay: ReplayConfig,
         replay_process: Any,
+        loopback: bool,
         learner: Any,
         run: RunConfig,
         probe_listen: str,
@@ -174,7 +170,7 @@ class ActorProcess:
         probe = builder.make_actor_probe(replay.table, slot_name(slot), probe_listen,
                                          enabled=run.actor_probes)
         self._probe = probe
-        address = _replay_address(replay_process, loopback=not run.ray_address)
+        address = _replay_address(replay_process, loopback)
         self._adder = builder.make_adder(probe.wrap_client(reverb.Client(address)), td3, replay)
 
         def fetch() -> PolicyParams:
@@ -257,12 +253,12 @@ def _drive(
 
     def start_actor(slot: int, index: int, listen: str | None) -> Any:
         return ActorProcess.options(**placement.role_options(run.actor_resource)).remote(
-            slot, index, td3, replay, replay_process, learner, run,
+            slot, index, td3, replay, replay_process, loopback, learner, run,
             listen or builder.any_port(run.probe_listen))
 
     actors = ActorSlots(start_actor, emit)
-    replay_at = _started(replay_process.where.remote(), "replay", run.replay_resource)
-    address = ray.get(replay_process.address.remote(loopback), timeout=_START_TIMEOUT_S)
+    replay_at = _started(replay_process.where.remote(loopback), "replay", run.replay_resource)
+    address = replay_at["reverb"]
     learner_at = _started(learner.where.remote(), "learner", run.learner_resource)
     actors_at = actors.create(run.num_actors, _START_TIMEOUT_S)
     emit(builder.start_record(
