@@ -19,6 +19,7 @@ from replaywatch import config as cfg
 from replaywatch.check import run_check
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
+from replaywatch.model import LAYOUTS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +59,10 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="per-poll deadline (default 80%% of the interval, at most 5 s)")
     p.add_argument("--config", metavar="FILE", help="TOML file with a [thresholds] table")
+    p.add_argument("--layout", choices=LAYOUTS, default=None,
+                   help="the job's layout, for jobs whose probes cannot say it: sync (insert "
+                        "blocking disabled), sync-ratio (one loop, finite max_diff), async, "
+                        "async-lag (actors wait on the learner)")
     for name in Thresholds.field_names():
         kind = int if isinstance(getattr(Thresholds(), name), int) else _positive_float
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"th_{name}", type=kind,
@@ -122,7 +127,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,
         db_path=getattr(args, "db", None), trainer_pid=getattr(args, "trainer_pid", None),
-        targets_file=getattr(args, "targets_file", None),
+        targets_file=getattr(args, "targets_file", None), layout=args.layout,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
+from replaywatch.model import LAYOUTS
 
 
 def parse_address(address: str, what: str = "address") -> str:
@@ -138,8 +139,11 @@ class WatchConfig:
     db_path: str | None = None
     trainer_pid: int | None = None
     targets_file: str | None = None
+    layout: str | None = None  # sync, sync-ratio, async, async-lag: for jobs not wrapped
 
     def __post_init__(self) -> None:
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ConfigError(f"--layout {self.layout!r} must be one of {', '.join(LAYOUTS)}")
         if not self.targets and not self.targets_file:
             raise ConfigError("give at least one --reverb HOST:PORT (or --targets-file)")
         if len(set(self.targets)) != len(self.targets):

@@ -112,9 +112,11 @@ class FindingsKeeper:
         stack_fetcher: StackFetcher = fetch_stacks,
         stack_dumper: StackDumper = dump_trainer,
         dump_gap_s: float = DUMP_GAP_S,
+        layout: str | None = None,
     ):
         self._targets = targets
         self._th = thresholds
+        self._layout = layout  # the job's declared layout (--layout), for the budget model
         self._window_s = view_window_s(thresholds, interval_s)
         self._incidents = incidents
         self._trainer_pid = trainer_pid
@@ -155,7 +157,8 @@ class FindingsKeeper:
         targets = self._targets()
         for target, probes in targets.items():
             view = history.view(target, probes, start=now - self._window_s)
-            diagnosis = diagnose(view, self._th, now, stacks=self._stack_verdicts(target))
+            diagnosis = diagnose(view, self._th, now, stacks=self._stack_verdicts(target),
+                                 layout=self._layout)
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
         found_keys = {f.key for f in found}

@@ -16,6 +16,11 @@ from typing import Any
 # (Acme's synchronous `_disable_insert_blocking` rewrite, `MinSize` limiter).
 FLOAT_MAX = 1.7976931348623157e308
 
+# Who inserts and who waits (replaywatch.diagnosis.budget explains each): a synchronous loop
+# with insert blocking disabled, one with a finite max_diff, free-running actors, and actors
+# held by a policy-lag bound.
+LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyDistributionOptions:
@@ -120,6 +125,13 @@ class ProbeSnapshot:
     table: str | None = None
     os_threads: int | None = None  # every OS thread (tf.data, gRPC); null off Linux
     wrapped: str | None = None  # what the probe wraps: "iterator", "learner.step", or null
+    # The dataset's shape and items, as the trainer declares them (the budget model's input).
+    max_in_flight: int | None = None  # max_in_flight_samples_per_worker
+    iterators_per_worker: int | None = None
+    item_bytes: int | None = None
+    layout: str | None = None  # declared: sync, sync-ratio, async, async-lag
+    items_inserted: int = 0  # through the loop's own wrapped writer
+    inserts_on_next_thread: bool | None = None  # the inserting thread is the one in next()
 
 
 # The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a
@@ -172,6 +184,7 @@ class ActorSnapshot:
     calls: tuple[WriterCallStats, ...] = ()
     last_error: str | None = None  # "call: Type: message" of the last failed writer call
     last_error_at: float | None = None
+    max_policy_lag: int | None = None  # steps it takes without a learner step, then waits
 
     @property
     def waiting(self) -> bool:

@@ -164,7 +164,8 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sid
         return targets_of(poller.bindings)
 
     keeper = FindingsKeeper(current_targets, config.thresholds, config.poll.interval_s,
-                            incidents, trainer_pid=config.trainer_pid)
+                            incidents, trainer_pid=config.trainer_pid,
+                            layout=config.layout)
     poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
                     timeout_s=config.poll.effective_timeout_s, reload=plan.reload,
                     config_errors=plan.errors)

@@ -30,6 +30,7 @@ class TableCase:
     now: float
     actors: tuple[Actor, ...] = ()  # actor probes writing to it (none: no actor information)
     stacks: StackVerdict | None = None  # two py-spy dumps of the loop, when the keeper took them
+    declared_layout: str | None = None  # the sidecar's --layout setting (layout.resolve)
 
     @property
     def latest(self) -> TableSnapshot:

@@ -97,11 +97,13 @@ def actors_by_table(view: TargetView) -> dict[str, list[Actor]]:
 
 
 def diagnose(view: TargetView, thresholds: Thresholds, now: float,
-             stacks: Mapping[str, StackVerdict] | None = None) -> Diagnosis:
+             stacks: Mapping[str, StackVerdict] | None = None,
+             layout: str | None = None) -> Diagnosis:
     """Every rule on every table and probe of one target; worst first.
 
     `stacks`: by table, the verdict of two stack dumps of the trainer's loop that the
     findings keeper took when a sample_blocked opened (data with its time, like the view).
+    `layout`: the job's layout as its configuration declares it (`--layout`), if it does.
     """
     th = thresholds
     actors = actors_by_table(view)
@@ -114,7 +116,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
             continue
         probes = by_table.get(name, [])
         case = TableCase(view.target, history, tuple(probes), now,
-                         actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name))
+                         actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
+                         declared_layout=layout)
         if has_enough_history(history, th):
             found += rules.with_restore_evidence(_table_findings(case, probes, th),
                                                  view.tables[name])

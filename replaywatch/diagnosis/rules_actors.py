@@ -18,7 +18,7 @@ Reverb writer call while the limiter would let its items in, or the server is go
 from __future__ import annotations
 
 from replaywatch.diagnosis import actors as act
-from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import budget, kinds, rules_config
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence, worker_waited
@@ -27,7 +27,6 @@ from replaywatch.diagnosis.ratelimiter import (
     can_insert,
     can_sample,
     is_insert_blocking_disabled,
-    limiter_slack,
     sample_headroom,
 )
 from replaywatch.diagnosis.rules_liveness import failing_since
@@ -53,7 +52,7 @@ def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
         return None
     if sample_headroom(t) >= 1 and not worker_waited(case, "waiting_for_inserts", th):
         return None
-    synchronous = is_insert_blocking_disabled(t)
+    synchronous = loop_is_synchronous(case)
     for probe in case.probes:
         p = probe[-1]
         if (len(probe) < 2 or win.span(probe) < th.min_history_s or not p.blocked_in_next
@@ -69,11 +68,18 @@ def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
     return None
 
 
+def loop_is_synchronous(case: TableCase) -> bool:
+    """The loop that inserts is the learner: a known synchronous layout, or, the layout
+    unknown, inserts that never block (Acme's LocalLayout rewrite of max_diff)."""
+    known = rules_config.known_layout(case)
+    return known.synchronous or (not known.known and is_insert_blocking_disabled(case.latest))
+
+
 def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: float,
                        th: Thresholds) -> Finding:
     t, p = case.latest, probe[-1]
-    workers, batch, spi = p.num_parallel_calls, p.batch_size, t.rate_limiter.samples_per_insert
-    synchronous = is_insert_blocking_disabled(t)
+    workers, batch = p.num_parallel_calls, p.batch_size
+    synchronous = loop_is_synchronous(case)
     evidence = {**limiter_evidence(t), **stranded.evidence(), "workers": workers,
                 "batch_size": batch, "sample_headroom": sample_headroom(t),
                 "blocked_for_s": p.blocked_for_s, "probe": p.probe,
@@ -89,19 +95,30 @@ def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: 
     summary = (f"The learner '{p.name}' is blocked in next() while batching workers ({iterators}) "
                f"hold samples from '{t.name}' that no batch of {batch} completes, and {who}: "
                "parallel batching workers starve one another.")
-    if synchronous or workers is None or batch is None:
-        fix = (f"Set num_parallel_calls=1 in make_reverb_dataset (now {workers}): in a "
-               "synchronous loop the table only gains sample credit after a learner step.")
-    else:
-        need = lim.required_slack(workers, batch, spi)
-        more = lim.required_slack(stranded.sampling_iterators_up_to or workers, batch, spi)
-        fix = (f"Give the limiter at least {need:g} slack (max_diff - min_diff, now "
-               f"{limiter_slack(t):g}; error_buffer >= {lim.error_buffer_for(need)}, or "
-               f"{lim.error_buffer_for(more)} if tf.data runs ~3 iterators per worker), or set "
-               f"num_parallel_calls={lim.workers_within(limiter_slack(t), batch, spi)}; or let "
-               "the actors insert further ahead of the learner (their policy-lag bound).")
+    fix, proven = _starvation_fix(case, probe, synchronous)
+    evidence["fixes"] = proven
     return case.finding(kinds.WORKER_STARVATION, summary, evidence, fix,
                         since=t.observed_at - idle)
+
+
+def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
+                    ) -> tuple[str, list[dict[str, object]]]:
+    """The fixes the budget model proves for this configuration (never the current values);
+    the plain advice only when the probe does not declare the dataset."""
+    ds = rules_config.dataset_of(probe[-1])
+    known = rules_config.known_layout(case)
+    model = known.model() or (budget.Layout(budget.SYNC) if synchronous else None)
+    if ds is None or model is None:
+        return ("Set num_parallel_calls=1 in make_reverb_dataset, or give the limiter more "
+                "slack (declare batch_size and num_parallel_calls to the trainer probe for "
+                "the numbers)."), []
+    found = budget.fixes(rules_config.limiter_of(case.latest), ds, model)
+    if not found:
+        return ("The budget model calls this configuration safe, yet it starved: more "
+                "sampling iterators than declared may read the table (iterators_per_worker) "
+                "; lower num_parallel_calls and read the stored stacks."), []
+    return ("Any one of (each proven by the budget model): "
+            + "; ".join(f.text() for f in found) + "."), [f.document() for f in found]
 
 
 def _loop_seen_in_next(case: TableCase, th: Thresholds) -> bool:

@@ -1,102 +1,108 @@
-"""Configuration that will hang: batch_exceeds_headroom, deadlock_risk.
+"""Configuration that can hang: batch_exceeds_headroom (certain), deadlock_risk (possible).
 
-These judge settings (the limiter from Reverb, the batching layout from the trainer probe),
-which one snapshot proves; no stall has to be seen. Each rule is a predicate on the
-arithmetic, then its explanation (summary, evidence, fix).
+Both read one thing, the budget model (`replaywatch.diagnosis.budget`): the limiter from
+Reverb, the dataset from the trainer probe, the layout as `layout.resolve` knows it. One
+snapshot proves them, so they are named on the first poll, before any next() blocks.
+
+    will_hang, layout known      batch_exceeds_headroom (critical): no batch will complete
+    can_hang, layout known       deadlock_risk (warning), with the released and strandable
+                                 samples and the fixes the model proves
+    layout unknown               deadlock_risk when the synchronous reading is not safe, with
+                                 the asynchronous reading beside it and what settles it
 """
 
 from __future__ import annotations
 
-from replaywatch.diagnosis import actors as act
-from replaywatch.diagnosis import kinds
-from replaywatch.diagnosis import ratelimiter as lim
+from typing import Any
+
+from replaywatch.diagnosis import budget, kinds
+from replaywatch.diagnosis import layout as lay
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
-from replaywatch.diagnosis.ratelimiter import is_insert_blocking_disabled, limiter_slack
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import Finding
+from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+
+
+def limiter_of(t: TableSnapshot) -> budget.Limiter:
+    rl = t.rate_limiter
+    return budget.Limiter(rl.samples_per_insert, rl.min_size_to_sample, rl.min_diff,
+                          rl.max_diff)
+
+
+def dataset_of(p: ProbeSnapshot) -> budget.Dataset | None:
+    """The dataset as the probe declares it; None without a batch size or worker count."""
+    if not p.batch_size or not p.num_parallel_calls:
+        return None
+    return budget.Dataset(p.num_parallel_calls, p.batch_size, p.max_in_flight,
+                          p.prefetch_size or 0, p.iterators_per_worker or 1, p.item_bytes)
+
+
+def known_layout(case: TableCase) -> lay.KnownLayout:
+    return lay.resolve(case.latest, tuple(p[-1] for p in case.probes), case.actors,
+                       case.declared_layout)
+
+
+def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayout,
+                                                   budget.Layout] | None:
+    """The model's budget for this table and probe, under the known (or, unknown, the
+    synchronous) reading; None when the probe does not declare the dataset."""
+    ds = dataset_of(probe[-1])
+    if ds is None or not _sample_limited(case.latest):
+        return None
+    known = known_layout(case)
+    model = known.model() or budget.Layout(lay.candidates(case.latest)[0])
+    return budget.predict(limiter_of(case.latest), ds, model), known, model
 
 
 def is_batch_exceeds_headroom(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
-    """The limiter's slack cannot hold one batch: once warm-up credit is spent, batches stall.
-
-    Inserts stop once `cursor + spi > max_diff`, so the cursor may rest up to
-    `spi` below max_diff and only `slack - spi` samples are sure to be drawable
-    before an insert is needed: a batch needs `slack >= batch_size + spi`.
-    """
-    t, p = case.latest, probe[-1]
-    if p.batch_size is None or is_insert_blocking_disabled(t) or not lim.is_sample_limited(t):
+    """The layout is known and the model says no batch will complete once inserting stops."""
+    got = judged(case, probe)
+    if got is None or got[0].verdict != budget.WILL_HANG or not got[1].known:
         return None
-    if limiter_slack(t) >= p.batch_size + t.rate_limiter.samples_per_insert:
-        return None
-    return _batch_exceeds_headroom(case, probe, p.batch_size)
-
-
-def _batch_exceeds_headroom(case: TableCase, probe: Probe, batch: int) -> Finding:
-    t, p = case.latest, probe[-1]
-    spi, slack = t.rate_limiter.samples_per_insert, limiter_slack(t)
-    need = batch + spi
-    evidence = {**limiter_evidence(t), "slack": slack, "batch_size": batch,
-                "required_slack": need, "probe": p.probe}
-    summary = (f"The rate limiter of '{t.name}' allows {slack:g} samples of slack, less than "
-               f"a batch of {batch} plus {spi:g} samples per insert.")
-    fix = (f"Raise the slack (max_diff - min_diff) to at least {need:g}: error_buffer >= "
-           f"{lim.error_buffer_for(need)} for SampleToInsertRatio, or lower batch_size.")
-    return case.finding(kinds.BATCH_EXCEEDS_HEADROOM, summary, evidence, fix,
-                        since=max(case.history[0].observed_at, probe[0].observed_at))
+    return _finding(kinds.BATCH_EXCEEDS_HEADROOM, case, probe, *got)
 
 
 def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
-    """This layout can strand a batch across parallel workers and hang (predicted, not seen).
+    """The model says this configuration can hang (or will, under an unknown layout's
+    synchronous reading): predicted, not seen."""
+    got = judged(case, probe)
+    if got is None or got[0].verdict == budget.SAFE:
+        return None
+    if got[0].verdict == budget.WILL_HANG and got[1].known:
+        return None  # batch_exceeds_headroom names it
+    return _finding(kinds.DEADLOCK_RISK, case, probe, *got)
 
-    Synchronous (insert blocking disabled): the table gains sample credit only
-    after a learner step, and Acme calls next() once one batch is sampleable;
-    two or more workers can split that batch so none completes: risk when
-    `workers > 1`. Blocking: risk when `slack < workers * (batch_size - 1) + spi`
-    (see ratelimiter.required_slack) and actor probes show actors that wait on the
-    learner: only then does a stranded batch hang (dead-end actors that never wait
-    keep inserting and free the samples).
-    """
+
+def _sample_limited(t: TableSnapshot) -> bool:
+    """A finite min_diff: MinSize's -float max never holds samples back, nothing strands."""
+    return t.rate_limiter.min_diff > -1e300
+
+
+def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
+             known: lay.KnownLayout, model: budget.Layout) -> Finding:
     t, p = case.latest, probe[-1]
-    w, b, spi = p.num_parallel_calls, p.batch_size, t.rate_limiter.samples_per_insert
-    if w is None or b is None or not lim.is_sample_limited(t):
-        return None
-    if is_insert_blocking_disabled(t):
-        return _deadlock_risk_synchronous(case, probe, w, b) if w > 1 else None
-    if limiter_slack(t) >= lim.required_slack(w, b, spi) or not act.known_to_wait(case.actors):
-        return None
-    return _deadlock_risk_blocking(case, probe, w, b)
-
-
-def _deadlock_risk_synchronous(case: TableCase, probe: Probe, w: int, b: int) -> Finding:
-    t = case.latest
-    summary = (f"'{t.name}' uses a synchronous layout (inserts never block) and {w} parallel "
-               f"batching workers (up to ~{w * lim.ITERATORS_PER_WORKER_UP_TO} sampling iterators "
-               "behind Acme's interleave): they can split the samples of one batch and hang the "
-               "loop in next().")
-    fix = f"Set num_parallel_calls=1 in make_reverb_dataset (now {w})."
-    return _deadlock_risk(case, probe, w, b, summary, fix, {})
-
-
-def _deadlock_risk_blocking(case: TableCase, probe: Probe, w: int, b: int) -> Finding:
-    t = case.latest
-    spi = t.rate_limiter.samples_per_insert
-    need, slack = lim.required_slack(w, b, spi), limiter_slack(t)
-    summary = (f"The slack of '{t.name}' ({slack:g}) is less than {w} workers x "
-               f"({b} - 1) + {spi:g} and actors wait on the learner: parallel batching workers "
-               "can strand a batch.")
-    fix = (f"Raise error_buffer to at least {lim.error_buffer_for(need)} (slack {need:g}) "
-           f"or set num_parallel_calls={lim.workers_within(slack, b, spi)}.")
-    return _deadlock_risk(case, probe, w, b, summary, fix,
-                          {"slack": slack, "required_slack": need})
-
-
-def _deadlock_risk(case: TableCase, probe: Probe, w: int, b: int, summary: str, fix: str,
-                   extra: dict[str, float]) -> Finding:
-    # Acme's make_reverb_dataset (before acme dea9307) runs ~3 sampling iterators per
-    # requested worker, so up to 3x as many samples can be stranded.
-    up_to = w * lim.ITERATORS_PER_WORKER_UP_TO
-    evidence = {**limiter_evidence(case.latest), "workers": w, "batch_size": b,
-                "strandable_samples": w * (b - 1), "sampling_iterators_up_to": up_to,
-                "strandable_samples_up_to": up_to * (b - 1), "probe": probe[-1].probe, **extra}
-    return case.finding(kinds.DEADLOCK_RISK, summary, evidence, fix,
+    ds = dataset_of(p)
+    assert ds is not None
+    fixes = budget.fixes(limiter_of(t), ds, model)
+    evidence: dict[str, Any] = {
+        **limiter_evidence(t), **b.evidence(), **known.evidence(), "judged_as": model.kind,
+        "error_buffer": limiter_of(t).error_buffer, "workers": ds.workers,
+        "batch_size": ds.batch_size, "max_in_flight": ds.in_flight,
+        "iterators_per_worker": ds.iterators_per_worker, "probe": p.probe,
+        "fixes": [f.document() for f in fixes]}
+    words = {budget.WILL_HANG: "will hang", budget.CAN_HANG: "can hang"}[b.verdict]
+    summary = (f"'{t.name}' {words} in next(): once inserting stops the limiter releases "
+               f"{b.released:g} samples ({b.reason}) and {ds.workers} batching worker(s) of "
+               f"{ds.batch_size} can hold {b.strandable:g} without completing a batch.")
+    if not known.known:
+        summary = (f"If this is a synchronous loop ({model.kind}), {summary[0].lower()}"
+                   f"{summary[1:]} If actors insert from their own processes and never wait "
+                   "on the learner, it cannot hang.")
+    fix = ("Any one of: " + "; ".join(f.text() for f in fixes) + "."
+           if fixes else "No single change the model proves; see the evidence.")
+    if not known.known:
+        fix += (" To settle the layout: wrap the loop's writer with the trainer probe "
+                "(probe.wrap_writer / wrap_client / wrap_builder), declare it "
+                "(TrainerProbe(layout=...), ActorProbe(max_policy_lag=...)) or run the "
+                "sidecar with --layout.")
+    return case.finding(kind, summary, evidence, fix,
                         since=max(case.history[0].observed_at, probe[0].observed_at))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from replaywatch.diagnosis import actors as act
-from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import kinds, rules_config
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import TableCase, limiter_evidence, worker_waited
@@ -61,12 +61,15 @@ def samples_wanted(case: TableCase, th: Thresholds) -> bool:
 def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
     t = case.latest
     needed = lim.inserts_to_sample(t)
-    synchronous = is_insert_blocking_disabled(t)
+    known = rules_config.known_layout(case)
+    # Known, or (unknown) inserts that never block: Acme's LocalLayout rewrite of max_diff.
+    synchronous = known.synchronous or (not known.known and is_insert_blocking_disabled(t))
     evidence: dict[str, Any] = {
         **limiter_evidence(t), "sample_headroom": sample_headroom(t), "inserts_needed": needed,
-        "seconds_without_progress": idle,
-        "layout": "synchronous" if synchronous else "asynchronous",
+        "seconds_without_progress": idle, **known.evidence(),
         "trainer_probes": [h[-1].probe for h in case.probes] or None}
+    if not known.known:
+        evidence["layout"] = "synchronous (max_diff at float max)" if synchronous else "unknown"
     stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
     if stranded is not None:
         evidence.update(stranded.evidence())
@@ -74,8 +77,10 @@ def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
         evidence.update(act.evidence(case.actors, th, case.now))
     if synchronous:
         summary, fix = _loop_text(case, needed)
-    else:
+    elif known.known:
         summary, fix = _actors_text(case, needed, stranded)
+    else:
+        summary, fix = _unknown_layout_text(case, needed, stranded)
     return case.finding(kinds.SAMPLE_BLOCKED, summary, evidence, fix, since=t.observed_at - idle)
 
 
@@ -84,8 +89,8 @@ def _loop_text(case: TableCase, needed: int) -> tuple[str, str]:
     t = case.latest
     blocked = [h[-1] for h in case.probes if h[-1].blocked_in_next]
     summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
-               "stopped. The layout is synchronous (insert blocking disabled): the loop that "
-               "inserts is the loop that samples, so it is not inserting.")
+               "stopped. The layout is synchronous: the loop that inserts is the loop that "
+               "samples, so it is not inserting.")
     if blocked:
         summary += (f" The loop is blocked in next() ('{blocked[0].name}') with less than a "
                     "batch stranded by its batching workers.")
@@ -97,9 +102,9 @@ def _loop_text(case: TableCase, needed: int) -> tuple[str, str]:
     if not case.probes:
         summary += (" From Reverb alone this is also how worker starvation looks; attach the "
                     "trainer probe (or give --trainer-pid) to tell them apart.")
-    fix = ("Most likely the loop is blocked in the iterator's next() while parallel batching "
-           "workers hold the samples it needs (worker starvation: set num_parallel_calls=1); "
-           "otherwise the loop crashed or hangs elsewhere (its logs)"
+    fix = ("Either the loop is blocked in the iterator's next() while parallel batching "
+           "workers hold the samples it needs (worker starvation: fewer num_parallel_calls or "
+           "a wider limiter), or the loop crashed or hangs elsewhere (its logs)"
            + ("" if case.probes else ", or, in a job that started minutes ago, its first "
               "learner step is still compiling")
            + f". {needed} more insert(s) would let the next sample through. To settle it: ")
@@ -111,8 +116,7 @@ def _loop_text(case: TableCase, needed: int) -> tuple[str, str]:
 
 def _actors_text(case: TableCase, needed: int, stranded: lim.Stranded | None
                  ) -> tuple[str, str]:
-    """Asynchronous layout: the actors insert; dead ones first, then ones waiting on the
-    learner while batching workers strand samples."""
+    """Asynchronous layout (known from actor probes or declared): the actors insert."""
     # The summary holds stable facts only (an open finding is not rewritten every poll): each
     # actor's state and the stranded count are in the evidence.
     t = case.latest
@@ -121,10 +125,10 @@ def _actors_text(case: TableCase, needed: int, stranded: lim.Stranded | None
     if stranded is not None and stranded.samples > 0:
         summary += (" Samples were drawn and never delivered to the learner (evidence: "
                     "stranded_samples).")
-    fix = (f"Most likely the actors died or are stuck: restart or unblock them and check their "
-           f"logs ({needed} more insert(s) would let the next sample through). Less likely, "
-           "live actors wait on the learner (a policy-lag bound, a parameter hand-off) while "
-           "parallel batching workers strand the samples it needs (worker starvation). ")
+    fix = (f"Restart or unblock the actors and check their logs ({needed} more insert(s) "
+           "would let the next sample through); if live actors wait on the learner (a "
+           "policy-lag bound, a parameter hand-off), parallel batching workers strand the "
+           "samples it needs (worker starvation). ")
     if not case.actors:
         fix += ("To settle it, attach replaywatch's ActorProbe to the actors (mark the wait with "
                 "probe.waiting(\"learner\")): live actors waiting on the learner mean worker "
@@ -132,6 +136,26 @@ def _actors_text(case: TableCase, needed: int, stranded: lim.Stranded | None
     else:
         fix += ("The actor probes show who is down or silent; an actor that waits on the "
                 "learner without probe.waiting(...) looks silent: read its stacks (GET /stacks).")
+    return summary, fix
+
+
+def _unknown_layout_text(case: TableCase, needed: int, stranded: lim.Stranded | None
+                         ) -> tuple[str, str]:
+    """Layout unknown, max_diff finite: a synchronous loop and dead actors look the same."""
+    t = case.latest
+    summary = (f"Sampling from table '{t.name}' is blocked by the rate limiter and inserts have "
+               "stopped. Two readings fit these numbers equally: a synchronous loop (it "
+               "inserts and samples, and waits in next()), or actors that died, hang or wait "
+               "on the learner.")
+    if stranded is not None and stranded.samples > 0:
+        summary += " Samples were drawn and never delivered (evidence: stranded_samples)."
+    fix = (f"{needed} more insert(s) would let the next sample through. If it is a "
+           "synchronous loop: parallel batching workers hold the samples it waits for "
+           "(replaywatch predict gives the fix); if actors insert: restart or unblock them. "
+           "To settle it: wrap the loop's writer with the trainer probe "
+           "(probe.wrap_writer / wrap_client / wrap_builder) or give --layout; attach "
+           "ActorProbe to the actors; or give --trainer-pid (its stacks show whether the "
+           "thread in next() is the one that inserts).")
     return summary, fix
 
 

@@ -153,7 +153,11 @@ class ActorProbe(Served):
         listen: str = "127.0.0.1:0",
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        max_policy_lag: int | None = None,
     ):
+        if max_policy_lag is not None and (not isinstance(max_policy_lag, int)
+                                           or max_policy_lag < 1):
+            raise ValueError(f"max_policy_lag ({max_policy_lag!r}) must be an int >= 1")
         if table is not None and (not isinstance(table, str) or not table):
             raise ValueError(f"table ({table!r}) must be a non-empty string or None")
         if not isinstance(name, str) or not name:
@@ -161,7 +165,11 @@ class ActorProbe(Served):
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
         self._monotonic = monotonic
-        self._static = {"role": "actor", "pid": os.getpid(), "name": name, "table": table}
+        # The policy-lag bound (steps an actor takes without a learner step before it waits
+        # on the learner) makes an asynchronous job's prediction possible on the first poll,
+        # before any wait is seen.
+        self._static = {"role": "actor", "pid": os.getpid(), "name": name, "table": table,
+                        "max_policy_lag": max_policy_lag}
         self._started = monotonic()
         self._steps: tuple[int, float | None] = (0, None)  # (steps, last step at)
         self._call: tuple[str, float] | None = None  # (writer call, entered at)
@@ -239,7 +247,8 @@ class ActorProbe(Served):
         items_created_total, appends_total, pending_items (an upper bound, see
         __init__), calls[call] = {count, errors, seconds_total, last_at}, last_error.
         waiting, waiting_on, waiting_since, waiting_for_s, waits_total,
-        waiting_seconds_total: `waiting(on)` blocks, current and past.
+        waiting_seconds_total: `waiting(on)` blocks, current and past. max_policy_lag: the bound
+        declared at construction (null: none declared).
         """
         # Read each field once: the actor's thread may replace it meanwhile.
         wall, now = self._clocks()

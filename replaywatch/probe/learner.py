@@ -65,14 +65,18 @@ def wrap_learner(probe: TrainerProbe, learner: Any, iterator_attr: str | None = 
 
 
 def wrap_builder(probe: TrainerProbe, builder: Any) -> Any:
-    """Patches `builder.make_learner` so the learner it returns is probe-wrapped.
+    """Patches `builder.make_learner` so the learner it returns is probe-wrapped, and
+    `builder.make_adder` so the adder it makes inserts through the probe's client.
 
-    Returns the same builder object: Acme checks builders' types in places, so
-    a proxy would not do.
+    The adder's writers tell the probe which thread inserts: in a LocalLayout that is
+    the thread that waits in next(), which proves a synchronous loop whatever the
+    limiter's max_diff. Returns the same builder object: Acme checks builders' types
+    in places, so a proxy would not do.
     """
     make_learner = builder.make_learner
     if getattr(make_learner, "_replaywatch_probe", None) is probe:
         return builder
+    _wrap_make_adder(probe, builder)
 
     @functools.wraps(make_learner)
     def make_probed_learner(*args: Any, **kwargs: Any) -> Any:
@@ -81,3 +85,22 @@ def wrap_builder(probe: TrainerProbe, builder: Any) -> Any:
     make_probed_learner._replaywatch_probe = probe  # type: ignore[attr-defined]
     builder.make_learner = make_probed_learner
     return builder
+
+
+def _wrap_make_adder(probe: TrainerProbe, builder: Any) -> None:
+    """`make_adder(replay_client, environment_spec, policy)`: its client goes through
+    `probe.wrap_client`. A builder without one (or with a renamed argument) is left alone."""
+    make_adder = getattr(builder, "make_adder", None)
+    if not callable(make_adder):
+        return
+
+    @functools.wraps(make_adder)
+    def make_probed_adder(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (probe.wrap_client(args[0]), *args[1:])
+        elif kwargs.get("replay_client") is not None:
+            kwargs["replay_client"] = probe.wrap_client(kwargs["replay_client"])
+        return make_adder(*args, **kwargs)
+
+    make_probed_adder._replaywatch_probe = probe  # type: ignore[attr-defined]
+    builder.make_adder = make_probed_adder

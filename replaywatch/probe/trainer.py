@@ -11,6 +11,7 @@ trainer's own thread is stuck.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,7 @@ class _ProbedIterator:
         # Inlined rather than calling probe methods: this runs once per batch on
         # the learner's thread, and each Python call costs ~0.3 us here.
         probe = self._probe
+        probe._next_thread = threading.get_ident()
         since = probe._blocked_since = probe._clock()
         try:
             item = next(self._inner)
@@ -54,6 +56,62 @@ class _ProbedIterator:
         return getattr(self._inner, name)
 
 
+class _LoopWriter:
+    """A Reverb writer proxy for a loop that inserts itself: counts its items and remembers
+    the thread that inserts, so the probe can say whether it is the thread in next()."""
+
+    def __init__(self, inner: Any, probe: TrainerProbe):
+        self._inner = inner
+        self._probe = probe
+
+    def create_item(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._inner.create_item(*args, **kwargs)
+        probe = self._probe
+        probe._inserts = (probe._inserts[0] + 1, threading.get_ident())
+        return result
+
+    def __enter__(self) -> _LoopWriter:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._inner.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class _LoopClient:
+    """A reverb.Client proxy whose writers are the loop's (`_LoopWriter`)."""
+
+    def __init__(self, inner: Any, probe: TrainerProbe):
+        self._inner = inner
+        self._probe = probe
+
+    def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._probe.wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
+
+    def writer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._probe.wrap_writer(self._inner.writer(*args, **kwargs))
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._inner.insert(*args, **kwargs)
+        self._probe._inserts = (self._probe._inserts[0] + 1, threading.get_ident())
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+# What a trainer may declare about its loop (replaywatch predict's --layout): a job that
+# cannot wrap its writer says so here, or with the sidecar's --layout.
+LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
+
+
 class TrainerProbe(Served):
     """Counts the learner's batches and blocked time; serves them as JSON."""
 
@@ -66,14 +124,23 @@ class TrainerProbe(Served):
         prefetch_size: int | None = None,
         table: str | None = None,
         clock: Callable[[], float] = time.time,
+        max_in_flight: int | None = None,
+        iterators_per_worker: int | None = None,
+        item_bytes: int | None = None,
+        layout: str | None = None,
     ):
         for label, value in (
             ("batch_size", batch_size),
             ("num_parallel_calls", num_parallel_calls),
             ("prefetch_size", prefetch_size),
+            ("max_in_flight", max_in_flight),
+            ("iterators_per_worker", iterators_per_worker),
+            ("item_bytes", item_bytes),
         ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{label} ({value!r}) must be a non-negative int")
+        if layout is not None and layout not in LAYOUTS:
+            raise ValueError(f"layout ({layout!r}) must be one of {', '.join(LAYOUTS)}")
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
         self._static = {
@@ -84,6 +151,12 @@ class TrainerProbe(Served):
             "num_parallel_calls": num_parallel_calls,
             "prefetch_size": prefetch_size,
             "table": table,
+            # The dataset's shape and the items' size, for the budget model (replaywatch
+            # predict takes the same numbers): Acme's default in-flight is 2 x batch_size.
+            "max_in_flight": max_in_flight,
+            "iterators_per_worker": iterators_per_worker,
+            "item_bytes": item_bytes,
+            "layout": layout,
         }
         self._started_at = clock()
         self._blocked_since: float | None = None
@@ -93,6 +166,9 @@ class TrainerProbe(Served):
         self._steps_state: tuple[int, float | None] = (0, None)
         self._iterator: _ProbedIterator | None = None
         self._wrapped: str | None = None
+        self._next_thread: int | None = None  # the thread last seen calling next()
+        self._inserts: tuple[int, int | None] = (0, None)  # (items inserted, by which thread)
+        self._writers = 0
 
     # -- the trainer's side -------------------------------------------------
     def wrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
@@ -116,6 +192,27 @@ class TrainerProbe(Served):
     def wrap_builder(self, builder: Any) -> Any:
         """Makes an Acme builder's `make_learner` return learners wrapped by this probe."""
         return _wrap_builder(self, builder)
+
+    def wrap_writer(self, writer: Any) -> Any:
+        """Returns a proxy of the Reverb writer this trainer's own loop inserts with.
+
+        A loop that inserts and calls next() on the same thread is a synchronous layout,
+        whatever the limiter's max_diff: when next() blocks, nothing will insert. The
+        probe reports it (`inserts_on_next_thread`), so the sidecar knows the layout.
+        """
+        if isinstance(writer, _LoopWriter) and writer._probe is self:
+            return writer
+        if not callable(getattr(writer, "create_item", None)):
+            raise ValueError(f"{type(writer).__name__} has no create_item(): not a Reverb writer")
+        self._writers += 1
+        return _LoopWriter(writer, self)
+
+    def wrap_client(self, client: Any) -> Any:
+        """Returns a proxy of a reverb.Client whose writers (and `insert`) are counted as
+        this loop's: for Acme's adders (`builder.make_adder(probe.wrap_client(client))`)."""
+        if isinstance(client, _LoopClient) and client._probe is self:
+            return client
+        return _LoopClient(client, self)
 
     def step(self) -> None:
         """Heartbeat for one learner step (call after each update)."""
@@ -141,11 +238,15 @@ class TrainerProbe(Served):
         learner_steps, last_step_at: `step()` or a wrapped learner's steps.
         ready: the wrapped iterator's `ready()` (null without one). wrapped:
         "iterator", "learner.<attr>" or null, i.e. where the probe sits.
+        writers_wrapped, items_inserted: the loop's own writers (`wrap_writer`);
+        inserts_on_next_thread: the thread that inserted last is the one that called
+        next() last (null until both happened): a synchronous loop.
         """
         now = self._clock()
         blocked_since = self._blocked_since
         batches, total, last_batch_at = self._batch_state
         steps, last_step_at = self._steps_state
+        (inserted, inserter), next_thread = self._inserts, self._next_thread
         blocked_for = 0.0 if blocked_since is None else max(0.0, now - blocked_since)
         doc = dict(self._static)
         doc.update(
@@ -159,6 +260,10 @@ class TrainerProbe(Served):
             last_step_at=last_step_at,
             ready=self._ready(),
             wrapped=self._wrapped,
+            writers_wrapped=self._writers,
+            items_inserted=inserted,
+            inserts_on_next_thread=(None if inserter is None or next_thread is None
+                                    else inserter == next_thread),
             started_at=self._started_at,
             now=now,
         )

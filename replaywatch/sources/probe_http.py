@@ -23,6 +23,7 @@ from typing import Any
 
 from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
 from replaywatch.model import (
+    LAYOUTS,
     WRITER_CALLS,
     ActorSnapshot,
     PollOutcome,
@@ -75,9 +76,28 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             table=_opt_text(doc, "table"),
             os_threads=_opt_int(doc, "os_threads"),
             wrapped=_opt_text(doc, "wrapped"),
+            max_in_flight=_opt_int(doc, "max_in_flight"),
+            iterators_per_worker=_opt_int(doc, "iterators_per_worker"),
+            item_bytes=_opt_int(doc, "item_bytes"),
+            layout=_layout(doc),
+            items_inserted=int(doc.get("items_inserted", 0)),
+            inserts_on_next_thread=_opt_bool(doc, "inserts_on_next_thread"),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
+
+
+def _opt_bool(doc: dict[str, Any], key: str) -> bool | None:
+    value = doc.get(key)
+    return None if value is None else bool(value)
+
+
+def _layout(doc: dict[str, Any]) -> str | None:
+    """A declared layout, checked: it picks the budget model's arithmetic."""
+    value = doc.get("layout")
+    if value is not None and value not in LAYOUTS:
+        raise ValueError(f"layout {str(value)[:50]!r} is not one of {LAYOUTS}")
+    return value
 
 
 def _opt_text(doc: dict[str, Any], key: str) -> str | None:
@@ -147,6 +167,7 @@ def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> Act
             calls=_calls(doc),
             last_error=error,
             last_error_at=error_at,
+            max_policy_lag=_opt_int(doc, "max_policy_lag"),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(

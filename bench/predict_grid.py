@@ -1,0 +1,260 @@
+"""The prediction grid: the budget model against real runs, cell by cell, fixes included.
+
+Each cell is one configuration (layout, workers, batch, samples per insert, error_buffer,
+min_size, dataset shape, item size). For each run the cell's workload
+(harness/loop_workload.py: a real Reverb server and Acme's dataset shape in one process)
+starts, and a sidecar (build_sidecar, polling every 0.5 s) is attached from the start line,
+before the first insert. The truth is the workload's own: the learner inside one next() for
+8 s. Recorded per run: the outcome, when the hang began, the sidecar's verdict and when it
+first said it. A cell the model calls `safe` agrees when no run hangs, `will_hang` when every
+run hangs, `can_hang` when at least one of up to `CAN_HANG_RUNS` runs hangs (a race: the
+runs stop at the first hang). Every fix the model proves for a cell is then applied and run
+once: a fix holds when that run does not hang.
+
+    python -m bench.predict_grid --results bench/RESULTS.md      # make bench-grid
+    python -m bench.predict_grid --cells 3 --runs 1              # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.results_md import replace_sections
+from harness.procs import PYTHON, ROOT, Proc
+from replaywatch import config as cfg
+from replaywatch.diagnosis import budget
+from replaywatch.wiring import build_sidecar
+
+HEADING = "## Prediction grid"
+CAN_HANG_RUNS = 4
+CELLS_JSON = ROOT / "bench" / "predict_grid_cells.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    layout: str
+    workers: int
+    batch_size: int
+    spi: float
+    error_buffer: float
+    min_size: int = 1000
+    lag: int | None = None
+    shape: str = "per-worker"  # or "repeat" (Acme at the seed's commit)
+    item: str = "small"  # or "frames" (84x84x9 uint8)
+
+    @property
+    def name(self) -> str:
+        lag = f" L{self.lag}" if self.lag else ""
+        extra = "".join(f" {x}" for x in (self.shape, self.item)
+                        if x not in ("per-worker", "small"))
+        return (f"{self.layout}{lag} P{self.workers} B{self.batch_size} spi{self.spi:g} "
+                f"e{self.error_buffer:g} min{self.min_size}{extra}")
+
+    def model(self) -> tuple[budget.Limiter, budget.Dataset, budget.Layout]:
+        lim = budget.Limiter.ratio(self.spi, self.min_size, self.error_buffer,
+                                   insert_blocking=self.layout != budget.SYNC)
+        ds = budget.Dataset(self.workers, self.batch_size,
+                            iterators_per_worker=3 if self.shape == "repeat" else 1)
+        return lim, ds, budget.Layout(self.layout, self.lag)
+
+    def predict(self) -> budget.Budget:
+        return budget.predict(*self.model())
+
+    def fixed(self, fix: budget.Fix) -> Cell:
+        changes: dict[str, Any] = {}
+        for knob, value in ((fix.knob, fix.value), *fix.also):
+            key = {"num_parallel_calls": "workers", "max_policy_lag": "lag"}.get(knob, knob)
+            changes[key] = value
+        return dataclasses.replace(self, **changes)
+
+    def args(self) -> list[str]:
+        out = ["--layout", self.layout, "--workers", str(self.workers), "--batch-size",
+               str(self.batch_size), "--samples-per-insert", f"{self.spi:g}",
+               "--error-buffer", f"{self.error_buffer:g}", "--min-size", str(self.min_size),
+               "--shape", self.shape, "--item", self.item]
+        return out + (["--max-policy-lag", str(self.lag)] if self.lag else [])
+
+
+def default_cells() -> list[Cell]:
+    """Around each configuration's boundaries: below a batch, inside the band, above what
+    the iterators can strand (bench/predict_grid_cells.json is this list, for the tests)."""
+    return [Cell(**c) for c in json.loads(CELLS_JSON.read_text())]
+
+
+def run_once(cell: Cell, workdir: Path) -> dict[str, Any]:
+    """One run of the workload with a sidecar attached from its start line."""
+    log = workdir / "workload.log"
+    proc = Proc([PYTHON, "harness/loop_workload.py", *cell.args(), "--start-delay", "1.5",
+                 "--train-s", "5", "--hang-after", "8"], stdout_path=log)
+    try:
+        start = proc.announce(timeout_s=90)
+        config = cfg.WatchConfig(
+            targets=(cfg.parse_address(start["reverb"].replace("localhost", "127.0.0.1")),),
+            probes=tuple(cfg.parse_probe(u) for u in (start["probe"], start["actor_probe"])
+                         if u),
+            poll=cfg.PollConfig(interval_s=0.5, timeout_s=0.4, history_s=120.0))
+        live: str | None = None
+        live_at: float | None = None
+        with build_sidecar(config, incidents_path=":memory:") as sidecar:
+            while proc.returncode is None:
+                state = sidecar.poller.tick()
+                verdict = live_verdict(state.findings)
+                if verdict != budget.SAFE and live is None:
+                    live, live_at = verdict, time.time()
+                time.sleep(0.5)
+        end = _last_json(log)
+        return {**end, "live": live or budget.SAFE, "live_at": live_at}
+    finally:
+        proc.kill()
+
+
+def live_verdict(findings: Any) -> str:
+    """The sidecar's prediction: batch_exceeds_headroom is will_hang, deadlock_risk says its
+    own verdict, neither is safe."""
+    for f in findings:
+        if f.kind == "batch_exceeds_headroom":
+            return budget.WILL_HANG
+        if f.kind == "deadlock_risk":
+            return str(f.evidence.get("verdict", budget.CAN_HANG))
+    return budget.SAFE
+
+
+def _last_json(log: Path) -> dict[str, Any]:
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith('{"outcome"'):
+            return json.JSONDecoder().raw_decode(line)[0]
+    return {"outcome": "error", "log": log.read_text(errors="replace")[-500:]}
+
+
+def run_cell(cell: Cell, runs: int, workdir: Path, fixes: bool = True) -> dict[str, Any]:
+    predicted = cell.predict()
+    limit = CAN_HANG_RUNS if predicted.verdict == budget.CAN_HANG else runs
+    results: list[dict[str, Any]] = []
+    while len(results) < max(runs, 1):
+        results.append(run_once(cell, workdir))
+    while (predicted.verdict == budget.CAN_HANG and len(results) < limit
+           and not any(r["outcome"] == "hang" for r in results)):
+        results.append(run_once(cell, workdir))
+    row: dict[str, Any] = {"cell": cell.name, "spec": dataclasses.asdict(cell),
+                           "predicted": predicted.verdict, "released": predicted.released,
+                           "strandable": predicted.strandable, "runs": results}
+    hangs = sum(r["outcome"] == "hang" for r in results)
+    row["hangs"] = hangs
+    row["agrees"] = agrees(predicted.verdict, hangs, len(results))
+    row["live_equals_offline"] = all(r["live"] == predicted.verdict for r in results)
+    row["predicted_before_hang"] = all(
+        r["outcome"] != "hang" or (r["live_at"] is not None and r["live_at"] < r["hang_since"])
+        for r in results)
+    row["fixes"] = []
+    if fixes:
+        for fix in budget.fixes(*cell.model()):
+            fixed = cell.fixed(fix)
+            run = run_once(fixed, workdir)
+            row["fixes"].append({"fix": fix.text(), "cell": fixed.name,
+                                 "model": fixed.predict().verdict, "outcome": run["outcome"],
+                                 "held": run["outcome"] == "ran"})
+    return row
+
+
+def agrees(verdict: str, hangs: int, runs: int) -> bool:
+    if verdict == budget.SAFE:
+        return hangs == 0
+    if verdict == budget.WILL_HANG:
+        return hangs == runs
+    return hangs > 0
+
+
+def render(rows: list[dict[str, Any]], took_s: float) -> str:
+    n = len(rows)
+    agree = sum(r["agrees"] for r in rows)
+    safe_hung = sum(1 for r in rows if r["predicted"] == budget.SAFE and r["hangs"])
+    hung_runs = [(r, x) for r in rows for x in r["runs"] if x["outcome"] == "hang"]
+    before = sum(1 for r, x in hung_runs if x["live_at"] is not None
+                 and x["live_at"] < x["hang_since"])
+    fixes = [f for r in rows for f in r["fixes"]]
+    held = sum(f["held"] for f in fixes)
+    live_eq = sum(r["live_equals_offline"] for r in rows)
+    lines = [
+        f"{HEADING} ({n} cells, {sum(len(r['runs']) for r in rows)} runs + {len(fixes)} fix "
+        f"runs, {took_s / 60:.1f} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        "`make bench-grid` (bench/predict_grid.py). Truth in the workload's own process "
+        "(harness/loop_workload.py): the learner inside one next() for 8 s. A sidecar polls "
+        "every 0.5 s from the start line, 1.5 s before the first insert. `can_hang` agrees "
+        f"when one of up to {CAN_HANG_RUNS} runs hangs, `safe` when none does, `will_hang` "
+        "when all do. Each fix the model proves is applied and run once.",
+        "",
+        f"- agreement: **{agree}/{n}** cells ({100 * agree / max(n, 1):.0f}%)",
+        f"- cells the model calls safe that hung: **{safe_hung}**",
+        f"- hung runs predicted before the hang began: **{before}/{len(hung_runs)}**",
+        f"- live verdict equal to `replaywatch predict`'s in every run: **{live_eq}/{n}** cells",
+        f"- fixes that held: **{held}/{len(fixes)}**",
+        "",
+        "| cell | model | released | strandable | runs | hangs | live | agrees | fixes held |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        live = sorted({x["live"] for x in r["runs"]})
+        fx = r["fixes"]
+        lines.append(
+            f"| {r['cell']} | {r['predicted']} | {_n(r['released'])} | {_n(r['strandable'])} | "
+            f"{len(r['runs'])} | {r['hangs']} | {'/'.join(live)} | "
+            f"{'yes' if r['agrees'] else '**no**'} | "
+            f"{_held(fx)} |")
+    bad = [f for f in fixes if not f["held"]]
+    if bad:
+        lines += ["", "Fixes that did not hold:", ""]
+        lines += [f"- {f['cell']}: {f['fix']} -> {f['outcome']}" for f in bad]
+    return "\n".join(lines) + "\n"
+
+
+def _held(fixes: list[dict[str, Any]]) -> str:
+    return f"{sum(f['held'] for f in fixes)}/{len(fixes)}" if fixes else "-"
+
+
+def _n(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--cells", type=int, default=None, help="only the first N cells")
+    p.add_argument("--only", default=None, help="only cells whose name contains this")
+    p.add_argument("--no-fixes", action="store_true")
+    p.add_argument("--results", type=Path, default=None, help="replace the section here")
+    p.add_argument("--json", type=Path, default=None, help="write every row here")
+    args = p.parse_args(argv)
+    cells = default_cells()
+    if args.only:
+        cells = [c for c in cells if args.only in c.name]
+    cells = cells[: args.cells] if args.cells else cells
+    started = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, cell in enumerate(cells, 1):
+            row = run_cell(cell, args.runs, Path(tmp), fixes=not args.no_fixes)
+            rows.append(row)
+            print(f"[{i}/{len(cells)}] {row['cell']}: model {row['predicted']}, "
+                  f"{row['hangs']}/{len(row['runs'])} hung, live "
+                  f"{sorted({x['live'] for x in row['runs']})}, agrees {row['agrees']}, "
+                  f"fixes {[(f['fix'].split(' ')[0], f['outcome']) for f in row['fixes']]}",
+                  flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
+    text = render(rows, time.time() - started)
+    print(text)
+    if args.results:
+        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""One training loop on a real Reverb table, in one of the four layouts the budget model knows.
+
+The prediction grid (bench/predict_grid.py) runs this once per cell and run: a Reverb server
+in this process, a table with a SampleToInsertRatio limiter, a tf.data pipeline shaped like
+Acme's `make_reverb_dataset` (parallel TrajectoryDatasets, each batching on its own,
+interleaved), and a loop that inserts and steps a learner as the layout says:
+
+    sync        insert blocking disabled (max_diff at float max, Acme's LocalLayout); after
+                each insert the loop steps the learner while its prefetching iterator is
+                ready() or the table can_sample(batch_size): `_has_data_for_training` at the
+                seed's commit
+    sync-ratio  the table's own finite max_diff; the loop inserts and, from min_size on,
+                steps the learner once per batch_size / samples_per_insert inserts (Acme's
+                classic `agent.Agent` with `observations_per_step`)
+    async       an actor thread inserts as fast as the limiter lets it; the learner thread
+                calls next() in a loop
+    async-lag   as async, but the actor waits on the learner after `--max-policy-lag`
+                inserts without a learner step (after warm-up), as a parameter hand-off does
+
+The truth is taken here, in the workload's own process: the learner inside one next() for
+`--hang-after` seconds is a hang. Otherwise the run trains for `--train-s` seconds after its
+first batch. One JSON line at the start ({"reverb", "probe", "actor_probe", "pid"}) and one
+at the end ({"outcome": "hang"|"ran", ...}) go to stdout.
+
+    python harness/loop_workload.py --layout sync --workers 12 --batch-size 256 \
+        --samples-per-insert 128 --min-size 2000 --error-buffer 2560
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import reverb
+import tensorflow as tf
+
+from replaywatch.probe import ActorProbe, TrainerProbe
+
+FRAME_SHAPE = (84, 84, 9)  # the seed's DrQ-v2 observation: 63,504 bytes of uint8
+SMALL_SHAPE = (4,)
+FLOAT_MAX = sys.float_info.max
+TABLE = "replay"
+
+
+def make_table(args: argparse.Namespace, shape: tuple[int, ...], dtype: Any) -> reverb.Table:
+    offset = args.samples_per_insert * args.min_size
+    min_diff, max_diff = offset - args.error_buffer, offset + args.error_buffer
+    if args.layout == "sync":
+        max_diff = FLOAT_MAX  # Acme's _disable_insert_blocking
+    limiter = reverb.rate_limiters.RateLimiter(
+        samples_per_insert=args.samples_per_insert, min_size_to_sample=args.min_size,
+        min_diff=min_diff, max_diff=max_diff)
+    return reverb.Table(
+        name=TABLE, sampler=reverb.selectors.Uniform(), remover=reverb.selectors.Fifo(),
+        max_size=args.max_size, rate_limiter=limiter,
+        signature={"x": tf.TensorSpec(shape, dtype)})
+
+
+def make_dataset(address: str, args: argparse.Namespace) -> tf.data.Dataset:
+    """Acme's make_reverb_dataset: `per-worker` as today, `repeat` as at the seed's commit
+    (an infinite `from_tensors(0).repeat()` interleaved, before acme dea9307)."""
+    in_flight = args.max_in_flight or 2 * args.batch_size
+
+    def one(_: Any) -> tf.data.Dataset:
+        ds = reverb.TrajectoryDataset.from_table_signature(
+            server_address=address, table=TABLE, max_in_flight_samples_per_worker=in_flight)
+        return ds.batch(args.batch_size, drop_remainder=True)
+
+    source = (tf.data.Dataset.range(args.workers) if args.shape == "per-worker"
+              else tf.data.Dataset.from_tensors(0).repeat())
+    ds = source.interleave(one, cycle_length=args.workers, num_parallel_calls=args.workers,
+                           deterministic=False)
+    return ds.prefetch(args.prefetch) if args.prefetch else ds
+
+
+class Prefetching:
+    """Acme's `utils.prefetch` in small: a thread keeps `size` batches ready; `ready()` says
+    whether next() would return at once."""
+
+    def __init__(self, iterator: Any, size: int = 1):
+        self._queue: queue.Queue = queue.Queue(maxsize=size)
+        self._inner = iterator
+        threading.Thread(target=self._fill, daemon=True).start()
+
+    def _fill(self) -> None:
+        for item in self._inner:
+            self._queue.put(item)
+
+    def ready(self) -> bool:
+        return not self._queue.empty()
+
+    def __iter__(self) -> Prefetching:
+        return self
+
+    def __next__(self) -> Any:
+        return self._queue.get()
+
+
+class Loop:
+    """The layouts' loops, sharing one table, one writer and one probed iterator."""
+
+    def __init__(self, args: argparse.Namespace, table: reverb.Table, client: reverb.Client,
+                 iterator: Any, trainer: TrainerProbe, actor: ActorProbe | None):
+        self.args, self.table, self.iterator = args, table, iterator
+        self.trainer, self.actor = trainer, actor
+        # The loop's own writer is the trainer probe's in synchronous layouts: the thread
+        # that inserts is the thread that waits in next(), which is what proves the layout.
+        writer = client.trajectory_writer(num_keep_alive_refs=1)
+        self.writer = (trainer.wrap_writer(writer) if args.layout.startswith("sync")
+                       else actor.wrap_writer(writer) if actor else writer)
+        self.item = np.zeros(FRAME_SHAPE if args.item == "frames" else SMALL_SHAPE,
+                             np.uint8 if args.item == "frames" else np.float32)
+        self.inserts = 0
+        self.batches = 0
+        self.learner_steps = 0
+        self.stop = threading.Event()
+
+    def insert(self) -> None:
+        self.writer.append({"x": self.item})
+        self.writer.create_item(TABLE, priority=1.0, trajectory={"x": self.writer.history["x"][-1]})
+        self.writer.flush()
+        self.inserts += 1
+
+    def learn(self) -> None:
+        next(self.iterator)
+        self.batches += 1
+        self.learner_steps += 1
+        self.trainer.step()
+
+    def run_sync(self) -> None:
+        b = self.args.batch_size
+        while not self.stop.is_set():
+            self.insert()
+            while not self.stop.is_set() and (self.iterator.ready() or self.table.can_sample(b)):
+                self.learn()
+
+    def run_sync_ratio(self) -> None:
+        owed, per_batch = 0.0, self.args.batch_size / self.args.samples_per_insert
+        while not self.stop.is_set():
+            self.insert()
+            if self.inserts < self.args.min_size:
+                continue
+            if self.inserts == self.args.min_size:
+                owed = per_batch  # Acme's Agent steps once min_observations are in
+            else:
+                owed += 1.0
+            while owed >= per_batch and not self.stop.is_set():
+                self.learn()
+                owed -= per_batch
+
+    def run_actor(self) -> None:
+        lag, seen, since = self.args.max_policy_lag, self.learner_steps, 0
+        while not self.stop.is_set():
+            self.insert()
+            if self.actor is not None:
+                self.actor.step()
+            if lag is None or self.inserts < self.args.min_size:
+                continue
+            since = 0 if self.learner_steps != seen else since + 1
+            seen = self.learner_steps
+            if since >= lag:
+                assert self.actor is not None
+                with self.actor.waiting("learner"):
+                    while self.learner_steps == seen and not self.stop.is_set():
+                        time.sleep(0.0005)
+                seen, since = self.learner_steps, 0
+
+    def run_learner(self) -> None:
+        while not self.stop.is_set():
+            self.learn()
+
+
+def watch(loop: Loop, args: argparse.Namespace, started: float) -> dict[str, Any]:
+    """Waits for the outcome: a hang (one next() over --hang-after s) or --train-s of training
+    after the first batch, or --timeout-s overall."""
+    first_batch_at = None
+    while True:
+        time.sleep(0.05)
+        now = time.time()
+        doc = loop.trainer.snapshot()
+        if first_batch_at is None and doc["batches_retrieved"] > 0:
+            first_batch_at = now
+        if doc["blocked_in_next"] and doc["blocked_for_s"] >= args.hang_after:
+            return {"outcome": "hang", "hang_since": doc["blocked_since"],
+                    "hang_at_s": doc["blocked_since"] - started}
+        # A loop inside next() at the end is not done: it is a hang or a slow batch, and the
+        # hang check above tells which.
+        if (first_batch_at is not None and now - first_batch_at >= args.train_s
+                and not doc["blocked_in_next"]):
+            return {"outcome": "ran"}
+        if now - started > args.timeout_s:
+            return {"outcome": "timeout"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layout", choices=("sync", "sync-ratio", "async", "async-lag"),
+                   required=True)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--samples-per-insert", type=float, default=128.0)
+    p.add_argument("--min-size", type=int, default=1000)
+    p.add_argument("--error-buffer", type=float, required=True)
+    p.add_argument("--max-size", type=int, default=100_000)
+    p.add_argument("--max-in-flight", type=int, default=None, help="default 2 x batch")
+    p.add_argument("--prefetch", type=int, default=0, help="tf.data prefetch after interleave")
+    p.add_argument("--max-policy-lag", type=int, default=None)
+    p.add_argument("--shape", choices=("per-worker", "repeat"), default="per-worker")
+    p.add_argument("--item", choices=("small", "frames"), default="small")
+    p.add_argument("--hang-after", type=float, default=8.0)
+    p.add_argument("--train-s", type=float, default=10.0)
+    p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--start-delay", type=float, default=0.0,
+                   help="seconds between the start line and the first insert (a sidecar "
+                        "attached from the start sees the configuration first)")
+    args = p.parse_args()
+    if args.layout == "async-lag" and not args.max_policy_lag:
+        p.error("--layout async-lag needs --max-policy-lag")
+
+    item = (FRAME_SHAPE, tf.uint8) if args.item == "frames" else (SMALL_SHAPE, tf.float32)
+    table = make_table(args, *item)
+    server = reverb.Server(tables=[table], port=None)
+    address = f"localhost:{server.port}"
+    client = reverb.Client(address)
+    item_bytes = int(np.prod(item[0])) * (1 if args.item == "frames" else 4)
+    trainer = TrainerProbe(
+        batch_size=args.batch_size, num_parallel_calls=args.workers,
+        prefetch_size=args.prefetch or None, table=TABLE, name="learner",
+        max_in_flight=args.max_in_flight or 2 * args.batch_size,
+        iterators_per_worker=3 if args.shape == "repeat" else 1, item_bytes=item_bytes)
+    actor = (ActorProbe(table=TABLE, name="actor", max_policy_lag=args.max_policy_lag)
+             if args.layout.startswith("async") else None)
+    iterator = make_dataset(address, args).as_numpy_iterator()
+    if args.layout == "sync":
+        iterator = Prefetching(iterator)
+    loop = Loop(args, table, client, trainer.wrap(iterator), trainer, actor)
+    probe_port = trainer.start()
+    actor_port = actor.start() if actor else None
+    print(json.dumps({"reverb": address, "pid": os.getpid(),
+                      "probe": f"http://127.0.0.1:{probe_port}",
+                      "actor_probe": f"http://127.0.0.1:{actor_port}" if actor_port else None}),
+          flush=True)
+    time.sleep(args.start_delay)
+    started = time.time()
+    targets = {"sync": [loop.run_sync], "sync-ratio": [loop.run_sync_ratio],
+               "async": [loop.run_actor, loop.run_learner],
+               "async-lag": [loop.run_actor, loop.run_learner]}[args.layout]
+    for target in targets:
+        threading.Thread(target=target, daemon=True).start()
+    result = watch(loop, args, started)
+    info = table.info.rate_limiter_info
+    drawn = info.sample_stats.completed
+    result.update(inserts=info.insert_stats.completed, drawn=drawn, batches=loop.batches,
+                  undelivered=drawn - loop.batches * args.batch_size,
+                  seconds=time.time() - started)
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # a hung tf.data pipeline would hold a normal exit
+
+
+if __name__ == "__main__":
+    main()

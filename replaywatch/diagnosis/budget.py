@@ -1,0 +1,304 @@
+"""The budget model: can this limiter, dataset and layout hang the learner in next()?
+
+One question decides every prediction: once the inserting side stops, does the learner get
+a batch out of what the limiter still releases? Reverb's limiter commits a sample while
+`size >= min_size_to_sample` and `diff - 1 >= min_diff`, an insert while
+`(inserts + 1) * spi - samples <= max_diff` (reverb/cc/rate_limiter.cc); a half-filled
+sample request gets what the limiter allows (reverb/cc/table.cc), so samples are stranded
+only in the client's iterators. With `error_buffer` e, SampleToInsertRatio sets
+`min_diff = spi * min_size - e` and `max_diff = spi * min_size + e`: when the table reaches
+min_size the limiter releases e samples at once, and from then on each insert releases spi.
+
+**Strandable.** tf.data's `batch(B, drop_remainder=True)` runs per sampling iterator, so
+an iterator the learner reads holds at most `B - 1` samples without completing a batch.
+Acme's make_reverb_dataset at the seed's commit interleaves an infinite
+`from_tensors(0).repeat()`, and tf.data then opens more iterators than it reads (about
+three per requested worker): an unread iterator absorbs its whole bound, its sampler queue
+(`max_in_flight`, reverb/cc/sampler.cc) plus the batches its interleave element buffers
+(3, parallel_interleave_dataset_op.cc) plus a partial one. So
+
+    strandable = workers * (B - 1) + workers * (iterators_per_worker - 1) * (M + 4B - 1)
+
+and a learner blocked in next() with more than that drawn and undelivered has a batch.
+
+**Released**, the samples drawn and undelivered when the inserting side stops, per layout:
+
+    sync        insert blocking disabled (Acme's LocalLayout): the loop waits in next() only
+                when `can_sample(B)` says a batch is there. That is the warm-up burst, e,
+                when e >= B; when e < B, one insert's spi when spi >= B (e + spi); when
+                both are below a batch, the loop only ever takes ready batches: it cannot hang.
+    sync-ratio  one loop inserts and steps the learner (one step per B / spi inserts from
+                min_size on) with a finite max_diff: at every step the workers hold e.
+    async       actors insert on their own: held at max_diff they resume as soon as the
+                learner draws; nothing is released once and for all. It cannot hang.
+    async-lag   actors take at most L steps without a learner step, then wait on it: after
+                warm-up they insert L, so e + spi * L; each learner step then takes B and
+                lets them insert L more, so when `spi * L < B` the held samples shrink by
+                `B - spi * L` a step until no batch completes.
+
+**Verdict.** `safe` when released > strandable (pigeonhole: some iterator completes a batch)
+or the layout cannot stop; `will_hang` when released < B (no batch can complete) or, with a
+lag bound, `spi * L < B`; otherwise `can_hang`: whether a run hangs depends on how the
+released samples split across the iterators' requests, a race, so the grid measures it
+(bench/predict_grid.py). Nothing else in the core computes a boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from replaywatch.model import FLOAT_MAX, LAYOUTS
+
+SAFE, CAN_HANG, WILL_HANG = "safe", "can_hang", "will_hang"
+SYNC, SYNC_RATIO, ASYNC, ASYNC_LAG = "sync", "sync-ratio", "async", "async-lag"
+# Buffers of one interleave element (tf.data's parallel interleave keeps 3 results each).
+INTERLEAVE_BUFFER_BATCHES = 3
+# Fixes are searched up to these values; past them a knob is no fix worth printing.
+MAX_ERROR_BUFFER = 10**9
+MAX_POLICY_LAG = 10**6
+
+
+@dataclasses.dataclass(frozen=True)
+class Limiter:
+    """The rate limiter as ServerInfo reports it (or as `replaywatch predict` is told)."""
+
+    samples_per_insert: float
+    min_size_to_sample: int
+    min_diff: float
+    max_diff: float
+
+    @classmethod
+    def ratio(cls, samples_per_insert: float, min_size_to_sample: int, error_buffer: float,
+              insert_blocking: bool = True) -> Limiter:
+        """SampleToInsertRatio; `insert_blocking=False` is Acme's max_diff rewrite."""
+        offset = samples_per_insert * min_size_to_sample
+        return cls(samples_per_insert, min_size_to_sample, offset - error_buffer,
+                   offset + error_buffer if insert_blocking else float("inf"))
+
+    @property
+    def error_buffer(self) -> float:
+        """The credit released when the table reaches min_size: `spi * min_size - min_diff`."""
+        return self.samples_per_insert * self.min_size_to_sample - self.min_diff
+
+    @property
+    def insert_blocking_disabled(self) -> bool:
+        return self.max_diff >= FLOAT_MAX * 0.5
+
+    def with_error_buffer(self, error_buffer: float) -> Limiter:
+        return Limiter.ratio(self.samples_per_insert, self.min_size_to_sample, error_buffer,
+                             insert_blocking=not self.insert_blocking_disabled)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """The learner's pipeline: Acme's make_reverb_dataset and what it is built with."""
+
+    workers: int  # num_parallel_calls
+    batch_size: int
+    max_in_flight: int | None = None  # max_in_flight_samples_per_worker; Acme: 2 x batch
+    prefetch: int = 0
+    iterators_per_worker: int = 1  # 3 for the repeat-interleave at the seed's commit
+    item_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for label, value, least in (("workers", self.workers, 1),
+                                    ("batch_size", self.batch_size, 1),
+                                    ("iterators_per_worker", self.iterators_per_worker, 1),
+                                    ("prefetch", self.prefetch, 0)):
+            if value < least:
+                raise ValueError(f"{label} ({value}) must be >= {least}")
+
+    @property
+    def in_flight(self) -> int:
+        return self.max_in_flight if self.max_in_flight else 2 * self.batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Who inserts and who waits; `max_policy_lag` only for async-lag."""
+
+    kind: str
+    max_policy_lag: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYOUTS:
+            raise ValueError(f"layout ({self.kind!r}) must be one of {', '.join(LAYOUTS)}")
+        if self.kind == ASYNC_LAG and (self.max_policy_lag is None or self.max_policy_lag < 1):
+            raise ValueError(f"async-lag needs max_policy_lag >= 1 (got {self.max_policy_lag})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What the model says, with the numbers that prove it."""
+
+    verdict: str
+    released: float | None  # drawn and undelivered when inserting stops; None: never stops
+    strandable: float  # the most the iterators can hold with no batch complete
+    reason: str
+
+    @property
+    def needed(self) -> float:
+        """Released must exceed strandable: at least this much."""
+        return self.strandable + 1
+
+    def evidence(self) -> dict[str, float | str | None]:
+        return {"verdict": self.verdict, "released_samples": self.released,
+                "strandable_samples": self.strandable, "safe_from_samples": self.needed,
+                "budget_reason": self.reason}
+
+
+def strandable(ds: Dataset) -> float:
+    """Samples the iterators can hold while none completes a batch (module docstring)."""
+    read = ds.workers * (ds.batch_size - 1)
+    unread = ds.workers * (ds.iterators_per_worker - 1)
+    return float(read + unread * (ds.in_flight + (INTERLEAVE_BUFFER_BATCHES + 1)
+                                  * ds.batch_size - 1))
+
+
+def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
+    """The verdict for this configuration (module docstring)."""
+    b, e, spi, s = ds.batch_size, lim.error_buffer, lim.samples_per_insert, strandable(ds)
+    if layout.kind == ASYNC:
+        return Budget(SAFE, None, s, "actors never wait on the learner: blocked at max_diff, "
+                      "they resume as soon as it draws")
+    if layout.kind == ASYNC_LAG:
+        lag = layout.max_policy_lag or 0
+        released = e + spi * lag
+        if spi * lag < b:
+            return Budget(WILL_HANG, released, s, f"each learner step takes {b} samples and "
+                          f"lets the actors insert only {lag} x {spi:g} = {spi * lag:g}")
+        return _judge(released, s, b, f"error_buffer {e:g} + {lag} x {spi:g} inserted "
+                      "before the actors wait on the learner")
+    if layout.kind == SYNC_RATIO:
+        return _judge(e, s, b, f"error_buffer {e:g}: the credit the workers hold at each "
+                      "learner step")
+    if e >= b:
+        return _judge(e, s, b, f"the warm-up burst (error_buffer {e:g}) lets can_sample({b}) "
+                      "send the loop into next()")
+    if spi >= b:
+        return _judge(e + spi, s, b, f"one insert releases {spi:g} >= a batch, on top of "
+                      f"error_buffer {e:g}")
+    return Budget(SAFE, None, s, f"error_buffer {e:g} and samples_per_insert {spi:g} are "
+                  f"each below a batch of {b}: the loop only takes ready batches")
+
+
+def _judge(released: float, strand: float, batch: int, why: str) -> Budget:
+    if released > strand:
+        return Budget(SAFE, released, strand, why)
+    if released < batch:
+        return Budget(WILL_HANG, released, strand, why)
+    return Budget(CAN_HANG, released, strand, why)
+
+
+# -- fixes the model proves ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One change (or a pair) the model calls safe, and what it costs."""
+
+    knob: str  # num_parallel_calls, error_buffer, batch_size, max_policy_lag
+    value: int
+    was: float | int | None
+    cost: str
+    also: tuple[tuple[str, int], ...] = ()  # a second knob, when one alone does not do
+
+    def document(self) -> dict[str, object]:
+        doc: dict[str, object] = {"knob": self.knob, "value": self.value, "was": self.was,
+                                  "cost": self.cost}
+        if self.also:
+            doc["with"] = {k: v for k, v in self.also}
+        return doc
+
+    def text(self) -> str:
+        pair = "".join(f" and {k}={v}" for k, v in self.also)
+        return f"{self.knob}={self.value}{pair} (now {_num(self.was)}; {self.cost})"
+
+
+def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
+    """For each knob, the smallest change the model calls safe (never the current value);
+    a pair when no single knob suffices. Empty when the configuration is safe already."""
+    if predict(lim, ds, layout).verdict == SAFE:
+        return ()
+    found = [f for f in (_fewer_workers(lim, ds, layout), _more_buffer(lim, ds, layout),
+                         _smaller_batch(lim, ds, layout), _longer_lag(lim, ds, layout))
+             if f is not None]
+    if found:
+        return tuple(found)
+    return tuple(f for f in (_pair_workers_buffer(lim, ds, layout),) if f is not None)
+
+
+def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
+    return predict(lim, ds, layout).verdict == SAFE
+
+
+def _fewer_workers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    for w in range(ds.workers - 1, 0, -1):
+        if _safe(lim, dataclasses.replace(ds, workers=w), layout):
+            return Fix("num_parallel_calls", w, ds.workers,
+                       f"{w} sampling worker(s) instead of {ds.workers}: less sampling "
+                       "throughput")
+    return None
+
+
+def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    e = lim.error_buffer
+    value = _least(lambda v: _safe(lim.with_error_buffer(v), ds, layout), math.floor(e) + 1,
+                   MAX_ERROR_BUFFER)
+    if value is None:
+        return None
+    offset = lim.samples_per_insert * lim.min_size_to_sample
+    rate = f", Acme's tolerance rate {value / offset:.3g}" if offset > 0 else ""
+    return Fix("error_buffer", value, e,
+               f"samples and inserts may drift {value} samples apart{rate}")
+
+
+def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    for b in range(ds.batch_size - 1, 0, -1):
+        if _safe(lim, dataclasses.replace(ds, batch_size=b, max_in_flight=ds.max_in_flight),
+                 layout):
+            return Fix("batch_size", b, ds.batch_size,
+                       f"batches of {b}: a different learning step (rescale the learning "
+                       "rate)")
+    return None
+
+
+def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    if layout.kind != ASYNC_LAG or layout.max_policy_lag is None:
+        return None
+    value = _least(lambda v: _safe(lim, ds, Layout(ASYNC_LAG, v)), layout.max_policy_lag + 1,
+                   MAX_POLICY_LAG)
+    if value is None:
+        return None
+    return Fix("max_policy_lag", value, layout.max_policy_lag,
+               f"actors may act up to {value} steps on a policy that old")
+
+
+def _pair_workers_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    one = dataclasses.replace(ds, workers=1)
+    value = _least(lambda v: _safe(lim.with_error_buffer(v), one, layout),
+                   math.floor(lim.error_buffer) + 1, MAX_ERROR_BUFFER)
+    if value is None:
+        return None
+    return Fix("num_parallel_calls", 1, ds.workers, "one sampling worker and a wider "
+               "limiter", also=(("error_buffer", value),))
+
+
+def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:
+    """The least integer in [low, high] for which `ok` holds, `ok` being monotone there."""
+    if low > high or not ok(high):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _num(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
