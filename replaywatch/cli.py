@@ -2,7 +2,8 @@
 
 `replaywatch watch` serves the API and metrics while polling in the background;
 `replaywatch check` polls for a few seconds and prints what it saw. Both build
-their parts in replaywatch.wiring. Bad input is one line on stderr and exit
+their parts in replaywatch.wiring. `replaywatch predict` runs the budget model on a
+configuration before the job starts. Bad input is one line on stderr and exit
 code 2, never a traceback.
 """
 
@@ -20,6 +21,8 @@ from replaywatch.check import run_check
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
 from replaywatch.model import LAYOUTS
+from replaywatch.predict import add_arguments as add_predict_arguments
+from replaywatch.predict import run_predict
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_flags(check)
     check.add_argument("--duration", type=_positive_float, default=10.0, metavar="SECONDS")
     check.add_argument("--json", action="store_true", help="print one JSON document")
+    predict = sub.add_parser("predict", help="will this configuration hang? (before it starts)")
+    add_predict_arguments(predict)
     return parser
 
 
@@ -139,6 +144,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        if args.command == "predict":
+            return run_predict(args, sys.stdout)
         config = config_from_args(args, dict(os.environ if environ is None else environ))
         if args.command == "watch":
             # The one function-level import, on purpose: the web stack (fastapi,

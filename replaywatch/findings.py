@@ -261,7 +261,7 @@ class FindingsKeeper:
     def _wants_loop_dumps(self, finding: Finding) -> bool:
         """A sample_blocked on a synchronous layout that no trainer probe reads, and a pid."""
         return (self._trainer_pid is not None and finding.kind == kinds.SAMPLE_BLOCKED.name
-                and finding.evidence.get("layout") == "synchronous"
+                and str(finding.evidence.get("layout", "")).startswith("sync")
                 and not finding.evidence.get("trainer_probes"))
 
     def _dump_loop_stacks(self, transitions: list[Transition]) -> None:

@@ -108,6 +108,7 @@ def probe_snapshot(
     started_at: float = 0.0,
     pid: int = 4242,
     name: str = "learner",
+    **declared: Any,
 ) -> ProbeSnapshot:
     """One `/probe` document; blocked_for > 0 means blocked in next() since t - blocked_for."""
     blocked = blocked_for > 0
@@ -118,6 +119,7 @@ def probe_snapshot(
         blocked_for_s=float(blocked_for), blocked_seconds_total=float(blocked_for),
         last_batch_at=None, ready=ready, learner_steps=batches if steps is None else steps,
         last_step_at=None, thread_count=threads, started_at=started_at, table=table,
+        **declared,  # iterators_per_worker, layout, items_inserted, inserts_on_next_thread...
     )
 
 

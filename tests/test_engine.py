@@ -38,7 +38,7 @@ def alarms(view, now: float = 1019.0) -> list[str]:
 
 def test_seed_hang_is_worker_starvation_not_sample_blocked() -> None:
     # The more specific cause wins on the same table; the predictive warning stays.
-    view = target_view([seed_hung_table()], [seed_hung_probe()])
+    view = target_view([seed_hung_table()], [seed_hung_probe(iterators_per_worker=3)])
     assert kinds(view) == ["worker_starvation", "deadlock_risk"]
 
 
@@ -54,8 +54,15 @@ def test_healthy_synchronous_loop_with_one_worker_gives_no_alarm() -> None:
     assert kinds(target_view([table], [probe])) == []
 
 
-def test_healthy_synchronous_loop_with_12_workers_only_warns_of_the_risk() -> None:
+def test_healthy_synchronous_loop_with_12_workers_and_a_wide_buffer_gives_no_warning() -> None:
+    # error_buffer 25600 released against 12 x 255 that one iterator per worker can hold.
     table, probe = seed_healthy(workers=12)
+    assert kinds(target_view([table], [probe])) == []
+
+
+def test_healthy_synchronous_loop_on_acme_interleave_only_warns_of_the_risk() -> None:
+    table, _ = seed_healthy(workers=12)
+    probe = probe_history(T20, [0] * 20, workers=12, iterators_per_worker=3)
     diagnosis = diagnose(target_view([table], [probe]), DEFAULT, 1019.0)
     assert [(f.kind, f.severity) for f in diagnosis.findings] == [
         ("deadlock_risk", Severity.WARNING)]
@@ -183,14 +190,14 @@ def test_a_probe_without_a_table_is_not_guessed_onto_one_of_two() -> None:
 
 def test_findings_come_out_worst_first() -> None:
     # A hung learner on a warming table next to a probe with 600 threads.
-    probe = seed_hung_probe(threads=600)
+    probe = seed_hung_probe(threads=600, iterators_per_worker=3)
     severities = [f.severity for f in diagnose(target_view([seed_hung_table()], [probe]),
                                                DEFAULT, 1019.0).findings]
     assert severities == sorted(severities, reverse=True) and len(severities) == 3
 
 
 def test_a_longer_stall_window_holds_the_verdict_back() -> None:
-    view = target_view([seed_hung_table()], [seed_hung_probe()])
+    view = target_view([seed_hung_table()], [seed_hung_probe(iterators_per_worker=3)])
     assert kinds(view, th=Thresholds(stall_window_s=30.0)) == ["deadlock_risk"]
 
 

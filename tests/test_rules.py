@@ -365,9 +365,11 @@ def test_async_dead_actors_with_partial_batches_are_sample_blocked_with_both_cau
     finding = rules.is_sample_blocked(table_case, DEFAULT)
     assert finding is not None and finding.evidence["stranded_samples"] == 1536
     assert finding.evidence["actors"] == {"actor-0": "down"}
-    assert finding.evidence["layout"] == "asynchronous"
-    died, waits = finding.fix.index("died"), finding.fix.index("wait on the learner")
-    assert died < waits  # the more likely cause first
+    # The actor probe makes the layout known: actors insert from their own processes.
+    assert finding.evidence["layout"] == "async"
+    assert finding.evidence["layout_basis"] == "actor probes"
+    assert "restart or unblock the actors" in finding.fix.lower()
+    assert "most likely" not in finding.fix.lower()
     assert "num_parallel_calls=1" not in finding.fix + finding.summary
 
 
@@ -375,7 +377,10 @@ def test_async_sample_blocked_without_actor_probes_says_what_settles_it() -> Non
     finding = rules.is_sample_blocked(case(async_hung_table(), seed_hung_probe(workers=4)),
                                       DEFAULT)
     assert finding is not None and finding.evidence["stranded_samples"] == 1536
-    assert "attach replaywatch's ActorProbe" in finding.fix
+    # No actor probe and a finite max_diff: the layout is unknown, both readings stand.
+    assert finding.evidence["layout"] == "unknown"
+    assert "Two readings" in finding.summary and "most likely" not in finding.fix.lower()
+    assert "ActorProbe" in finding.fix and "--layout" in finding.fix
     assert "TrainerProbe" not in finding.fix  # it is attached
 
 
@@ -386,7 +391,8 @@ def test_sync_sample_blocked_speaks_of_the_loop_not_of_actors() -> None:
     assert with_trainer is not None and alone is not None
     for finding in (with_trainer, alone):
         assert "actor" not in (finding.summary + finding.fix).lower()
-        assert "the loop" in finding.summary and finding.evidence["layout"] == "synchronous"
+        assert "the loop" in finding.summary
+        assert finding.evidence["layout"].startswith("synchronous")
     assert "TrainerProbe" not in with_trainer.fix  # attached: never suggest it again
     assert "TrainerProbe" in alone.fix and "--trainer-pid" in alone.fix
 
@@ -398,7 +404,11 @@ def test_worker_starvation_evidence_says_how_many_iterators_can_sample() -> None
     assert finding.evidence["stranded_samples"] == 1536 + 400 * 256
     assert finding.evidence["stranded_beyond_requested_workers"] is True
     assert finding.evidence["sampling_iterators_up_to"] == 36
-    assert "num_parallel_calls=1" in finding.fix
+    # The declared dataset (one iterator per worker) cannot strand this much, so the fixes
+    # are judged with Acme's three: 7 x 255 + 14 x (512 + 4 x 256 - 1) = 23275 < 25600.
+    assert "num_parallel_calls=7" in finding.fix and "error_buffer=39901" in finding.fix
+    assert {f["knob"] for f in finding.evidence["fixes"]} >= {"num_parallel_calls",
+                                                               "error_buffer"}
 
 
 STALLED_READY = probe_history(T20, 300, ready=True)
@@ -424,8 +434,11 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
                                                           steps=list(range(20)))), None),
     # Slack 200 (max_diff 100, min_diff -100) < batch 256 + spi 1.
     ("batch_exceeds_headroom_when_slack_is_below_a_batch", rules.is_batch_exceeds_headroom,
-     lambda: with_probe(table_history(T20, 100, 50), probe_history(T20, 0)),
+     lambda: with_probe(table_history(T20, 100, 50), probe_history(T20, 0, layout="sync-ratio")),
      "batch_exceeds_headroom"),
+    # The same below an unknown layout: deadlock_risk names the synchronous reading instead.
+    ("no_batch_exceeds_headroom_while_the_layout_is_unknown", rules.is_batch_exceeds_headroom,
+     lambda: with_probe(table_history(T20, 100, 50), probe_history(T20, 0)), None),
     # Slack 2000 holds a batch of 256 plus 1.
     ("no_batch_exceeds_headroom_with_enough_slack", rules.is_batch_exceeds_headroom,
      lambda: with_probe(table_history(T20, 100, 50, min_diff=-1000.0, max_diff=1000.0),
@@ -434,8 +447,14 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
     ("no_batch_exceeds_headroom_when_inserts_never_block", rules.is_batch_exceeds_headroom,
      lambda: with_probe(seed_hung_table(), probe_history(T20, 0)), None),
     # The seed: synchronous, 12 workers.
+    # The seed's numbers on Acme's repeat-interleave (3 iterators per worker): can hang.
     ("deadlock_risk_on_the_seed_configuration", rules.is_deadlock_risk,
-     lambda: with_probe(*seed_healthy(workers=12)), "deadlock_risk"),
+     lambda: with_probe(seed_healthy(workers=12)[0],
+                        probe_history(T20, 0, workers=12, iterators_per_worker=3)),
+     "deadlock_risk"),
+    # The same numbers with one iterator per worker: 25600 released > 3060 strandable.
+    ("no_deadlock_risk_on_the_seed_with_one_iterator_per_worker", rules.is_deadlock_risk,
+     lambda: with_probe(*seed_healthy(workers=12)), None),
     # The seed's fix: one worker.
     ("no_deadlock_risk_on_the_seed_with_one_worker", rules.is_deadlock_risk,
      lambda: with_probe(*seed_healthy(workers=1)), None),
@@ -448,11 +467,13 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
      lambda: with_waiting_actor(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
                                               max_diff=1000.0), probe_history(T20, 0, workers=12)),
      "deadlock_risk"),
-    # The same slack with actors that never wait on the learner: they keep inserting, and
-    # inserts free what the workers hold. Asynchronous risk needs the wait.
+    # The same slack with actor probes that never waited and declare no lag bound: the
+    # layout is async, and free-running actors free what the workers hold.
     ("no_deadlock_risk_when_blocking_and_no_actor_waits_on_the_learner", rules.is_deadlock_risk,
-     lambda: with_probe(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
-                                      max_diff=1000.0), probe_history(T20, 0, workers=12)),
+     lambda: (case(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0),
+                   probe_history(T20, 0, workers=12),
+                   actors=(Actor(ACTOR, tuple(actor_snapshot(t, 500) for t in T20), polls(T20)),)),
+              probe_history(T20, 0, workers=12)),
      None),
     # MinSize limiter: sampling is never held back, nothing can strand.
     ("no_deadlock_risk_with_a_min_size_limiter", rules.is_deadlock_risk,
@@ -481,7 +502,7 @@ def test_worker_starvation_evidence_shows_the_stranded_arithmetic() -> None:
     assert finding.evidence["stranded_samples"] == 1536
     assert finding.evidence["prefetched"] == 0
     assert finding.evidence["workers"] == 12 and finding.evidence["batch_size"] == 256
-    assert "num_parallel_calls=1" in finding.fix
+    assert "num_parallel_calls=7" in finding.fix and "now 12" in finding.fix
     assert finding.since == 1000.0
 
 
@@ -498,24 +519,33 @@ def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_i
     assert finding.evidence["stranded_samples"] == 480
 
 
-def test_deadlock_risk_fix_computes_error_buffer_and_workers_for_a_blocking_layout() -> None:
-    # slack 2000, need 12 * 255 + 128 = 3188 -> error_buffer >= 1594; (2000 - 128) // 255 = 7.
+def test_deadlock_risk_under_an_unknown_layout_gives_both_readings_and_proven_fixes() -> None:
+    # spi 128, min_size 1, min_diff -1000: error_buffer 1128 is released at each step of a
+    # synchronous loop; 12 workers of 256 can hold 12 x 255 = 3060 without a batch. An actor
+    # that has waited on the learner, with no declared lag bound, leaves the layout unknown.
     table_case, probe = with_waiting_actor(
         table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0),
         probe_history(T20, 0, workers=12))
     finding = rules.is_deadlock_risk(table_case, probe, DEFAULT)
     assert finding is not None
-    assert finding.evidence["required_slack"] == 3188
-    assert "error_buffer to at least 1594" in finding.fix
-    assert "num_parallel_calls=7" in finding.fix
+    assert finding.evidence["layout"] == "unknown" and finding.evidence["judged_as"] == "sync-ratio"
+    assert finding.evidence["released_samples"] == 1128
+    assert finding.evidence["strandable_samples"] == 3060
+    assert "If this is a synchronous loop" in finding.summary and "--layout" in finding.fix
+    # 4 x 255 = 1020 < 1128; error_buffer 3061 > 3060; 12 x (94 - 1) = 1116 < 1128.
+    assert "num_parallel_calls=4 " in finding.fix and "error_buffer=3061 " in finding.fix
+    assert "batch_size=94 " in finding.fix
 
 
-def test_deadlock_risk_on_the_seed_says_set_one_worker() -> None:
-    table_case, probe = with_probe(*seed_healthy(workers=12))
-    finding = rules.is_deadlock_risk(table_case, probe, DEFAULT)
+def test_deadlock_risk_on_the_seed_with_acme_interleave_gives_the_models_fixes() -> None:
+    table, _ = seed_healthy(workers=12)
+    probe = probe_history(T20, 0, workers=12, iterators_per_worker=3, layout="sync")
+    finding = rules.is_deadlock_risk(*with_probe(table, probe), DEFAULT)
     assert finding is not None and finding.severity is Severity.WARNING
-    assert finding.evidence["strandable_samples"] == 12 * 255
-    assert finding.fix == "Set num_parallel_calls=1 in make_reverb_dataset (now 12)."
+    assert finding.evidence["verdict"] == "can_hang" and finding.evidence["layout"] == "sync"
+    # 12 x 255 + 24 x (512 + 4 x 256 - 1) = 39900 can be held, 25600 is released.
+    assert finding.evidence["strandable_samples"] == 39900
+    assert "num_parallel_calls=7 " in finding.fix and "error_buffer=39901 " in finding.fix
 
 
 # -- reachability and threads ---------------------------------------------------------------------

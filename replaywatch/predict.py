@@ -1,0 +1,223 @@
+"""`replaywatch predict`: the budget model from the command line, before a job starts.
+
+    replaywatch predict --samples-per-insert 128 --min-size-to-sample 2000 \
+        --error-buffer 25600 --batch-size 256 --num-parallel-calls 12 --layout sync
+    replaywatch predict --reverb HOST:PORT --table replay --batch-size 256 \
+        --num-parallel-calls 12 --layout sync
+
+The limiter comes from flags (`--error-buffer`, or `--min-diff`/`--max-diff` for other
+limiters), a TOML file (`--config`, a [predict] table with the same names), or a running
+server's ServerInfo (`--reverb`). Exit 0 safe, 1 can_hang or will_hang, 2 bad input. No
+server is started and no TensorFlow is imported: it answers in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import tomllib
+from typing import IO, Any
+
+from replaywatch.diagnosis import budget
+from replaywatch.errors import ConfigError, SourceError
+from replaywatch.model import LAYOUTS
+
+INT_KEYS = ("min_size_to_sample", "batch_size", "num_parallel_calls", "max_in_flight",
+            "prefetch", "max_policy_lag", "iterators_per_worker", "item_bytes")
+FLOAT_KEYS = ("samples_per_insert", "error_buffer", "min_diff", "max_diff")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--samples-per-insert", type=float, metavar="SPI")
+    p.add_argument("--min-size-to-sample", type=int, metavar="N")
+    p.add_argument("--error-buffer", type=float, metavar="N",
+                   help="SampleToInsertRatio's error_buffer (or give --min-diff/--max-diff)")
+    p.add_argument("--min-diff", type=float, metavar="N")
+    p.add_argument("--max-diff", type=float, metavar="N")
+    p.add_argument("--batch-size", type=int, metavar="B")
+    p.add_argument("--num-parallel-calls", type=int, metavar="P")
+    p.add_argument("--layout", choices=LAYOUTS,
+                   help="sync (insert blocking disabled, Acme's LocalLayout), sync-ratio (one "
+                        "loop, finite max_diff), async, async-lag (actors wait on the learner)")
+    p.add_argument("--max-in-flight", type=int, metavar="M",
+                   help="max_in_flight_samples_per_worker (default 2 x batch size)")
+    p.add_argument("--prefetch", type=int, metavar="N")
+    p.add_argument("--max-policy-lag", type=int, metavar="L",
+                   help="async-lag: steps an actor takes without a learner step")
+    p.add_argument("--iterators-per-worker", type=int, metavar="N",
+                   help="3 for Acme's make_reverb_dataset before acme dea9307 (default 1)")
+    p.add_argument("--item-bytes", type=int, metavar="N")
+    p.add_argument("--reverb", metavar="HOST:PORT", help="read the limiter from this server")
+    p.add_argument("--table", metavar="NAME", help="with --reverb: the table (default: its "
+                   "only table)")
+    p.add_argument("--config", metavar="FILE", help="TOML file with a [predict] table")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags over the config file's [predict] table."""
+    found: dict[str, Any] = _config_file(args.config) if args.config else {}
+    for key in (*INT_KEYS, *FLOAT_KEYS, "layout"):
+        value = getattr(args, key)
+        if value is not None:
+            found[key] = value
+    return found
+
+
+def _config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
+    section = doc.get("predict")
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: needs a [predict] table")
+    known = set(INT_KEYS) | set(FLOAT_KEYS) | {"layout"}
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"config file {path}: unknown key {key!r} in [predict]")
+        kind = int if name in INT_KEYS else float if name in FLOAT_KEYS else str
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+                kind is int and not isinstance(value, int)):
+            raise ConfigError(f"config file {path}: {key} ({value!r}) must be a "
+                              f"{kind.__name__}")
+        out[name] = kind(value)
+    return out
+
+
+def limiter_from(s: dict[str, Any], server: budget.Limiter | None) -> budget.Limiter:
+    if server is not None:
+        return server
+    for key in ("samples_per_insert", "min_size_to_sample"):
+        if key not in s:
+            raise ConfigError(f"--{key.replace('_', '-')} is required (or --reverb)")
+    spi, min_size = s["samples_per_insert"], s["min_size_to_sample"]
+    if not spi > 0:
+        raise ConfigError(f"--samples-per-insert ({spi:g}) must be > 0")
+    if min_size < 1:
+        raise ConfigError(f"--min-size-to-sample ({min_size}) must be >= 1")
+    if "error_buffer" in s:
+        if "min_diff" in s or "max_diff" in s:
+            raise ConfigError("give --error-buffer or --min-diff/--max-diff, not both")
+        if not s["error_buffer"] >= 0:
+            raise ConfigError(f"--error-buffer ({s['error_buffer']:g}) must be >= 0")
+        return budget.Limiter.ratio(spi, min_size, s["error_buffer"],
+                                    insert_blocking=s.get("layout") != budget.SYNC)
+    if "min_diff" not in s or "max_diff" not in s:
+        raise ConfigError("give --error-buffer, or both --min-diff and --max-diff")
+    if s["max_diff"] < s["min_diff"]:
+        raise ConfigError(f"--max-diff ({s['max_diff']:g}) must be >= --min-diff "
+                          f"({s['min_diff']:g})")
+    return budget.Limiter(spi, min_size, s["min_diff"], s["max_diff"])
+
+
+def dataset_from(s: dict[str, Any]) -> budget.Dataset:
+    for key in ("batch_size", "num_parallel_calls"):
+        if key not in s:
+            raise ConfigError(f"--{key.replace('_', '-')} is required")
+    for key in INT_KEYS:
+        if key in s and s[key] < (0 if key == "prefetch" else 1):
+            raise ConfigError(f"--{key.replace('_', '-')} ({s[key]}) must be "
+                              f"{'>= 0' if key == 'prefetch' else '>= 1'}")
+    return budget.Dataset(s["num_parallel_calls"], s["batch_size"], s.get("max_in_flight"),
+                          s.get("prefetch", 0), s.get("iterators_per_worker", 1),
+                          s.get("item_bytes"))
+
+
+def layout_from(s: dict[str, Any]) -> budget.Layout:
+    kind = s.get("layout")
+    if kind is None:
+        raise ConfigError(f"--layout is required: one of {', '.join(LAYOUTS)}")
+    if kind == budget.ASYNC_LAG and "max_policy_lag" not in s:
+        raise ConfigError("--layout async-lag needs --max-policy-lag")
+    if kind != budget.ASYNC_LAG and "max_policy_lag" in s:
+        raise ConfigError(f"--max-policy-lag is for --layout async-lag, not {kind}")
+    return budget.Layout(kind, s.get("max_policy_lag"))
+
+
+def server_limiter(address: str, table: str | None, timeout_s: float = 2.0
+                   ) -> budget.Limiter:
+    """The named (or only) table's limiter from a running server's ServerInfo."""
+    # Imported here: grpc costs a few hundred ms that the offline form never pays.
+    from replaywatch.config import parse_address
+    from replaywatch.sources.reverb import ReverbSource, snapshots_from_response
+
+    source = ReverbSource(parse_address(address, "--reverb"), timeout_s)
+    try:
+        tables = snapshots_from_response(source.fetch(), source.name, time.time())
+    except SourceError as e:
+        raise ConfigError(str(e)) from None
+    finally:
+        source.close()
+    names = [t.name for t in tables]
+    if table is None and len(tables) != 1:
+        raise ConfigError(f"--reverb {address} has tables {names}: name one with --table")
+    chosen = next((t for t in tables if table is None or t.name == table), None)
+    if chosen is None:
+        raise ConfigError(f"--reverb {address} has no table {table!r} (tables: {names})")
+    rl = chosen.rate_limiter
+    return budget.Limiter(rl.samples_per_insert, rl.min_size_to_sample, rl.min_diff,
+                          rl.max_diff)
+
+
+def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
+             ) -> dict[str, Any]:
+    """The `--json` document: verdict, budget, strandable, fixes (and what they rest on)."""
+    b = budget.predict(lim, ds, layout)
+    return {"verdict": b.verdict, "budget": b.released, "strandable": b.strandable,
+            "safe_from": b.needed, "reason": b.reason,
+            "fixes": [f.document() for f in budget.fixes(lim, ds, layout)],
+            "limiter": {"samples_per_insert": lim.samples_per_insert,
+                        "min_size_to_sample": lim.min_size_to_sample,
+                        "min_diff": lim.min_diff,
+                        "max_diff": None if lim.max_diff == float("inf") else lim.max_diff,
+                        "error_buffer": lim.error_buffer,
+                        "insert_blocking_disabled": lim.insert_blocking_disabled},
+            "dataset": {"num_parallel_calls": ds.workers, "batch_size": ds.batch_size,
+                        "max_in_flight": ds.in_flight, "prefetch": ds.prefetch,
+                        "iterators_per_worker": ds.iterators_per_worker,
+                        "item_bytes": ds.item_bytes},
+            "layout": layout.kind, "max_policy_lag": layout.max_policy_lag}
+
+
+def render_text(doc: dict[str, Any], out: IO[str]) -> None:
+    words = {"safe": "safe", "can_hang": "CAN HANG", "will_hang": "WILL HANG"}
+    released = "never stops" if doc["budget"] is None else f"{doc['budget']:g}"
+    print(f"verdict: {words[doc['verdict']]} ({doc['layout']})", file=out)
+    print(f"  released when inserting stops: {released} samples ({doc['reason']})", file=out)
+    print(f"  strandable without a complete batch: {doc['strandable']:g} samples (safe from "
+          f"{doc['safe_from']:g} released)", file=out)
+    if doc["fixes"]:
+        print("fixes the model proves (any one):", file=out)
+        for f in doc["fixes"]:
+            pair = "".join(f" and {k}={v}" for k, v in f.get("with", {}).items())
+            print(f"  {f['knob']}={f['value']}{pair} (now {f['was']}): {f['cost']}", file=out)
+    elif doc["verdict"] != "safe":
+        print("no single change the model proves; see replaywatch's README", file=out)
+
+
+def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
+    s = settings(args)
+    server = server_limiter(args.reverb, args.table) if args.reverb else None
+    if server is not None and any(k in s for k in ("samples_per_insert", "error_buffer",
+                                                   "min_diff", "max_diff",
+                                                   "min_size_to_sample")):
+        raise ConfigError("--reverb reads the limiter; leave out the limiter's flags")
+    if args.table and not args.reverb:
+        raise ConfigError("--table goes with --reverb")
+    try:
+        doc = document(limiter_from(s, server), dataset_from(s), layout_from(s))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.json:
+        json.dump(doc, out)
+        print(file=out)
+    else:
+        render_text(doc, out)
+    return 0 if doc["verdict"] == budget.SAFE else 1
