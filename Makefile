@@ -22,7 +22,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench system-deps venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid system-deps venv clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,12 @@ demo: $(STAMP)
 bench:
 	@$(MAKE) --no-print-directory -j2 venv system-deps
 	$(PY) -m bench.run_all
+
+# The prediction grid (bench/predict_grid.py): the budget model against real runs, every fix
+# it prints applied and run again; 40 cells one at a time, about 50 minutes on 2 cores, so
+# apart from make bench. Its table replaces the "Prediction grid" section of bench/RESULTS.md.
+bench-grid: $(STAMP)
+	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -69,9 +69,8 @@ class Cell:
 
     def fixed(self, fix: budget.Fix) -> Cell:
         changes: dict[str, Any] = {}
-        for knob, value in ((fix.knob, fix.value), *fix.also):
-            key = {"num_parallel_calls": "workers", "max_policy_lag": "lag"}.get(knob, knob)
-            changes[key] = value
+        key = {"num_parallel_calls": "workers", "max_policy_lag": "lag"}.get(fix.knob, fix.knob)
+        changes[key] = fix.value
         return dataclasses.replace(self, **changes)
 
     def args(self) -> list[str]:

@@ -196,10 +196,8 @@ def render_text(doc: dict[str, Any], out: IO[str]) -> None:
     if doc["fixes"]:
         print("fixes the model proves (any one):", file=out)
         for f in doc["fixes"]:
-            pair = "".join(f" and {k}={v}" for k, v in f.get("with", {}).items())
-            print(f"  {f['knob']}={f['value']}{pair} (now {f['was']}): {f['cost']}", file=out)
-    elif doc["verdict"] != "safe":
-        print("no single change the model proves; see replaywatch's README", file=out)
+            was = f"{f['was']:g}" if isinstance(f["was"], float) else f["was"]
+            print(f"  {f['knob']}={f['value']} (now {was}): {f['cost']}", file=out)
 
 
 def run_predict(args: argparse.Namespace, out: IO[str]) -> int:

@@ -196,37 +196,33 @@ def _judge(released: float, strand: float, batch: int, why: str) -> Budget:
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """One change (or a pair) the model calls safe, and what it costs."""
+    """One change the model calls safe, and what it costs."""
 
     knob: str  # num_parallel_calls, error_buffer, batch_size, max_policy_lag
     value: int
     was: float | int | None
     cost: str
-    also: tuple[tuple[str, int], ...] = ()  # a second knob, when one alone does not do
 
     def document(self) -> dict[str, object]:
-        doc: dict[str, object] = {"knob": self.knob, "value": self.value, "was": self.was,
-                                  "cost": self.cost}
-        if self.also:
-            doc["with"] = {k: v for k, v in self.also}
-        return doc
+        return {"knob": self.knob, "value": self.value, "was": self.was, "cost": self.cost}
 
     def text(self) -> str:
-        pair = "".join(f" and {k}={v}" for k, v in self.also)
-        return f"{self.knob}={self.value}{pair} (now {_num(self.was)}; {self.cost})"
+        return f"{self.knob}={self.value} (now {_num(self.was)}; {self.cost})"
 
 
 def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
-    """For each knob, the smallest change the model calls safe (never the current value);
-    a pair when no single knob suffices. Empty when the configuration is safe already."""
+    """For each knob, the smallest change the model calls safe (never the current value).
+    Empty when the configuration is safe already.
+
+    One knob always suffices, so no pair is ever needed: error_buffer raises what is
+    released without bound in the synchronous layouts and under a lag bound that frees a
+    batch a step; where the bound frees less (`spi * L < B`), a longer lag does.
+    """
     if predict(lim, ds, layout).verdict == SAFE:
         return ()
-    found = [f for f in (_fewer_workers(lim, ds, layout), _more_buffer(lim, ds, layout),
-                         _smaller_batch(lim, ds, layout), _longer_lag(lim, ds, layout))
-             if f is not None]
-    if found:
-        return tuple(found)
-    return tuple(f for f in (_pair_workers_buffer(lim, ds, layout),) if f is not None)
+    return tuple(f for f in (_fewer_workers(lim, ds, layout), _more_buffer(lim, ds, layout),
+                             _smaller_batch(lim, ds, layout), _longer_lag(lim, ds, layout))
+                 if f is not None)
 
 
 def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
@@ -273,16 +269,6 @@ def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
         return None
     return Fix("max_policy_lag", value, layout.max_policy_lag,
                f"actors may act up to {value} steps on a policy that old")
-
-
-def _pair_workers_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    one = dataclasses.replace(ds, workers=1)
-    value = _least(lambda v: _safe(lim.with_error_buffer(v), one, layout),
-                   math.floor(lim.error_buffer) + 1, MAX_ERROR_BUFFER)
-    if value is None:
-        return None
-    return Fix("num_parallel_calls", 1, ds.workers, "one sampling worker and a wider "
-               "limiter", also=(("error_buffer", value),))
 
 
 def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:

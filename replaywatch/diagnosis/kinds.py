@@ -72,8 +72,9 @@ SAMPLE_BLOCKED = Kind(
     "sample_blocked", Severity.CRITICAL, needs_probe=False,
     meaning="Sampling is blocked by the rate limiter and inserts stopped, and no circular wait "
             "is proven: actors dead, stuck or too slow (asynchronous), or a synchronous loop "
-            "that no longer inserts. The fix names the possibilities, most likely first, and "
-            "what settles it (ActorProbe, TrainerProbe or `--trainer-pid` stacks).",
+            "that no longer inserts. Where the layout is unknown the two readings stand side "
+            "by side with what settles them (the loop's writer wrapped by the TrainerProbe, "
+            "`--layout`, ActorProbe, `--trainer-pid` stacks).",
     fix="Restart or unblock the actors (synchronous: the loop); check their logs.")
 INSERT_BLOCKED = Kind(
     "insert_blocked", Severity.CRITICAL, needs_probe=False,
@@ -92,9 +93,11 @@ WRITER_STALLED = Kind(
     supersedes=("sample_blocked",))
 BATCH_EXCEEDS_HEADROOM = Kind(
     "batch_exceeds_headroom", Severity.CRITICAL, needs_probe=True,
-    meaning="`max_diff - min_diff` is smaller than one batch plus `samples_per_insert`: once "
-            "warm-up credit is spent no full batch can be sampled.",
-    fix="Raise `error_buffer` (value given) or lower the batch size.",
+    meaning="The budget model's `will_hang`, with the layout known (probe, loop writer or "
+            "`--layout`): once inserting stops the limiter releases fewer samples than one "
+            "batch (or a lag bound frees less than a batch a step), so the learner will block "
+            "in `next()` for good. Judged on the first poll, before the first `next()`.",
+    fix="Apply one of the fixes the finding lists (each proven by the model).",
     # A batch that never fits is the certain form of the predicted risk.
     supersedes=("deadlock_risk",))
 WARMUP_IMPOSSIBLE = Kind(
@@ -117,10 +120,12 @@ PROBE_DOWN = Kind(
         "probe is often a dead actor.)")
 DEADLOCK_RISK = Kind(
     "deadlock_risk", Severity.WARNING, needs_probe=True,
-    meaning="Predicted from the configuration before any hang: a synchronous layout with more "
-            "than one batching worker, or, when actors are known to wait on the learner, a "
-            "limiter slack smaller than `workers x (batch_size - 1) + samples_per_insert`.",
-    fix="Set `num_parallel_calls=1` or raise `error_buffer` (value given), before it hangs.")
+    meaning="The budget model's `can_hang`, predicted from the configuration before any hang: "
+            "the samples the limiter releases once inserting stops fit in what the batching "
+            "workers can hold without completing a batch. With the layout unknown, its "
+            "synchronous reading, shown beside the asynchronous one.",
+    fix="Apply one of the fixes the finding lists (each proven by the model), before it "
+        "hangs; `replaywatch predict` gives the same before the job starts.")
 SPI_DRIFT = Kind(
     "spi_drift", Severity.WARNING, needs_probe=False,
     meaning="Observed samples per insert stays off the configured ratio by more than the "

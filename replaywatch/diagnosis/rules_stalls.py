@@ -41,7 +41,8 @@ def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     Which of the inserting side's failures it is (dead actors, actors waiting on
     the learner, a synchronous loop blocked in next()) is worker_starvation's or
     writer_stalled's to prove; when neither can, this finding names the
-    possibilities, most likely first, and what would settle it.
+    possibilities the known layout leaves (layout.resolve), as equals when the
+    layout is unknown, and what would settle them.
     """
     t = case.latest
     if t.rate_limiter.inserts == 0:

@@ -1,0 +1,131 @@
+"""The budget model as a table: each row a grid cell whose verdict real runs measured.
+
+The rows are bench/predict_grid_cells.json's boundaries with what `make bench-grid` saw
+(bench/RESULTS.md, "Prediction grid"): `safe` rows never hung, `will_hang` rows hung every
+run, `can_hang` rows hung in at least one run. The arithmetic is in
+replaywatch/diagnosis/budget.py's docstring.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from replaywatch.diagnosis import budget
+from replaywatch.diagnosis.budget import CAN_HANG, SAFE, WILL_HANG, Dataset, Layout, Limiter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cell(layout: str, workers: int, batch: int, spi: float, e: float, min_size: int = 1000,
+         lag: int | None = None, iterators: int = 1
+         ) -> tuple[Limiter, Dataset, Layout]:
+    lim = Limiter.ratio(spi, min_size, e, insert_blocking=layout != budget.SYNC)
+    return lim, Dataset(workers, batch, iterators_per_worker=iterators), Layout(layout, lag)
+
+
+# (name, configuration, verdict, released, strandable): measured on the grid.
+ROWS = [
+    # One loop, finite max_diff: error_buffer is what the workers hold at each step.
+    ("sync_ratio_buffer_below_a_batch_hangs_at_the_first_step",
+     cell("sync-ratio", 2, 16, 4, 12), WILL_HANG, 12, 30),
+    ("sync_ratio_buffer_inside_the_band_can_hang", cell("sync-ratio", 2, 16, 4, 20),
+     CAN_HANG, 20, 30),
+    ("sync_ratio_buffer_above_what_two_workers_hold_is_safe", cell("sync-ratio", 2, 16, 4, 40),
+     SAFE, 40, 30),
+    ("sync_ratio_12_workers_of_64_hang_inside_the_band", cell("sync-ratio", 12, 64, 8, 300),
+     CAN_HANG, 300, 756),
+    ("sync_ratio_12_workers_of_64_are_safe_above_756", cell("sync-ratio", 12, 64, 8, 800),
+     SAFE, 800, 756),
+    ("sync_ratio_one_worker_below_a_batch_will_hang", cell("sync-ratio", 1, 256, 128, 100),
+     WILL_HANG, 100, 255),
+    ("sync_ratio_acme_interleave_strands_more", cell("sync-ratio", 2, 16, 4, 260, iterators=3),
+     CAN_HANG, 260, 410),
+    # Insert blocking disabled, the seed's loop: the warm-up burst, only when it is a batch.
+    ("sync_seed_numbers_one_iterator_per_worker_are_safe",
+     cell("sync", 12, 256, 128, 25600, 2000), SAFE, 25600, 3060),
+    ("sync_seed_with_a_tenth_of_the_buffer_can_hang", cell("sync", 12, 256, 128, 2560, 2000),
+     CAN_HANG, 2560, 3060),
+    ("sync_seed_on_acme_interleave_can_hang",
+     cell("sync", 12, 256, 128, 25600, 2000, iterators=3), CAN_HANG, 25600, 39900),
+    ("sync_burst_and_inserts_below_a_batch_only_take_ready_batches",
+     cell("sync", 12, 256, 128, 100, 2000), SAFE, None, 3060),
+    ("sync_one_insert_above_a_batch_releases_it_on_top", cell("sync", 4, 32, 64, 10),
+     CAN_HANG, 74, 124),
+    # Asynchronous.
+    ("async_free_running_actors_never_hang", cell("async", 4, 16, 4, 10), SAFE, None, 60),
+    ("async_lag_below_a_batch_per_step_will_hang", cell("async-lag", 4, 16, 4, 32, lag=3),
+     WILL_HANG, 44, 60),
+    ("async_lag_a_batch_per_step_can_hang_inside_the_band",
+     cell("async-lag", 4, 16, 4, 32, lag=4), CAN_HANG, 48, 60),
+    ("async_lag_a_batch_per_step_is_safe_above_it", cell("async-lag", 4, 16, 4, 64, lag=4),
+     SAFE, 80, 60),
+]
+
+
+@pytest.mark.parametrize("name,config,verdict,released,strand", ROWS, ids=[r[0] for r in ROWS])
+def test_budget_table(name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
+                      released: float | None, strand: float) -> None:
+    b = budget.predict(*config)
+    assert (b.verdict, b.released, b.strandable) == (verdict, released, strand)
+
+
+def test_every_grid_cell_is_a_row_or_judged_by_the_same_arithmetic() -> None:
+    # The grid's cells file is what the bench and the live-equals-offline test both read.
+    cells = json.loads((ROOT / "bench" / "predict_grid_cells.json").read_text())
+    assert len(cells) >= 40
+    assert {c["layout"] for c in cells} == {"sync", "sync-ratio", "async", "async-lag"}
+    assert {c["workers"] for c in cells} >= {1, 2, 4, 12}
+    assert {c["shape"] for c in cells} == {"per-worker", "repeat"}
+    assert {c["item"] for c in cells} == {"small", "frames"}
+
+
+@pytest.mark.parametrize("name,config,verdict,released,strand", ROWS, ids=[r[0] for r in ROWS])
+def test_every_fix_is_proven_safe_and_changes_the_value(
+        name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
+        released: float | None, strand: float) -> None:
+    lim, ds, layout = config
+    fixes = budget.fixes(lim, ds, layout)
+    assert bool(fixes) == (verdict != SAFE)
+    for fix in fixes:
+        assert fix.value != fix.was
+        changed = {"num_parallel_calls": lambda v: (lim, Dataset(v, ds.batch_size), layout),
+                   "error_buffer": lambda v: (lim.with_error_buffer(v), ds, layout),
+                   "batch_size": lambda v: (lim, Dataset(ds.workers, v), layout),
+                   "max_policy_lag": lambda v: (lim, ds, Layout(layout.kind, v))}[fix.knob]
+        assert budget.predict(*changed(fix.value)).verdict == SAFE, fix.text()
+
+
+def test_fixes_are_the_smallest_change_the_model_calls_safe() -> None:
+    lim, ds, layout = cell("sync-ratio", 12, 64, 8, 300)
+    by_knob = {f.knob: f.value for f in budget.fixes(lim, ds, layout)}
+    # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300.
+    assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25}
+
+
+def test_a_lag_bound_below_a_batch_per_step_is_fixed_by_the_lag_not_the_buffer() -> None:
+    # 4 workers, batch 16, spi 4, lag 3: each step frees 12 < 16, so no error_buffer helps
+    # (the old fix suggested 32, which still hung); a lag of 8 lets 32 + 32 = 64 > 60 out.
+    lim, ds, layout = cell("async-lag", 4, 16, 4, 32, lag=3)
+    by_knob = {f.knob: f.value for f in budget.fixes(lim, ds, layout)}
+    assert "error_buffer" not in by_knob and "num_parallel_calls" not in by_knob
+    assert by_knob["max_policy_lag"] == 8
+
+
+def test_every_unsafe_grid_cell_has_a_single_knob_fix() -> None:
+    for c in json.loads((ROOT / "bench" / "predict_grid_cells.json").read_text()):
+        config = cell(c["layout"], c["workers"], c["batch_size"], c["spi"], c["error_buffer"],
+                      c["min_size"], c["lag"], 3 if c["shape"] == "repeat" else 1)
+        if budget.predict(*config).verdict != SAFE:
+            assert budget.fixes(*config), c
+
+
+def test_bad_model_input_is_refused_with_the_value() -> None:
+    with pytest.raises(ValueError, match=r"workers \(0\)"):
+        Dataset(0, 16)
+    with pytest.raises(ValueError, match="async-lag needs max_policy_lag"):
+        Layout("async-lag")
+    with pytest.raises(ValueError, match="layout"):
+        Layout("pipelined")

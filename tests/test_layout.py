@@ -1,0 +1,83 @@
+"""Which layout a table's job runs: declared, proven by the loop's writer or the actors'
+probes, or unknown; and the probe documents that carry it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from replaywatch.diagnosis import layout as lay
+from replaywatch.diagnosis.actors import Actor
+from replaywatch.errors import SourceProtocolError
+from replaywatch.model import FLOAT_MAX
+from replaywatch.probe import TrainerProbe
+from replaywatch.probe.trainer import LAYOUTS as PROBE_LAYOUTS
+from replaywatch.sources.probe_http import actor_from_probe, snapshot_from_probe
+from tests.actor_builders import ACTOR, actor_snapshot
+from tests.builders import polls, probe_snapshot, table_snapshot
+
+FINITE = table_snapshot(1000.0, 10, 5)
+DISABLED = table_snapshot(1000.0, 10, 5, max_diff=FLOAT_MAX)
+
+
+def actor(**kw: object) -> Actor:
+    return Actor(ACTOR, (dataclasses.replace(actor_snapshot(1000.0, 5), **kw),),
+                 polls([1000.0]))
+
+
+@pytest.mark.parametrize("name,table,probe,actors,declared,expected", [
+    ("nothing_known_is_unknown_whatever_max_diff", FINITE, {}, (), None, (None, None)),
+    ("max_diff_at_float_max_alone_is_still_unknown", DISABLED, {}, (), None, (None, None)),
+    ("a_probe_declares_it", FINITE, {"layout": "async"}, (), None, ("async", "declared")),
+    ("the_sidecar_setting_declares_it", FINITE, {}, (), "sync-ratio",
+     ("sync-ratio", "declared")),
+    ("a_loop_writer_with_a_finite_max_diff_is_sync_ratio", FINITE,
+     {"items_inserted": 3}, (), None, ("sync-ratio", "loop writer")),
+    ("a_loop_writer_with_blocking_disabled_is_sync", DISABLED,
+     {"items_inserted": 3, "inserts_on_next_thread": True}, (), None, ("sync", "loop writer")),
+    ("a_writer_on_another_thread_than_next_proves_nothing", FINITE,
+     {"items_inserted": 3, "inserts_on_next_thread": False}, (), None, (None, None)),
+    ("actors_with_a_lag_bound_are_async_lag", FINITE, {},
+     (actor(max_policy_lag=5), actor(max_policy_lag=3)), None, ("async-lag", "actor probes")),
+    ("actors_that_never_waited_are_async", FINITE, {}, (actor(),), None,
+     ("async", "actor probes")),
+    ("actors_that_waited_without_a_bound_are_unknown", FINITE, {}, (actor(waits_total=2),),
+     None, (None, None)),
+])
+def test_resolve(name: str, table: object, probe: dict, actors: tuple, declared: str | None,
+                 expected: tuple) -> None:
+    known = lay.resolve(table, (probe_snapshot(1000.0, 0, **probe),), actors, declared)
+    assert (known.kind, known.basis) == expected
+
+
+def test_a_declared_async_lag_takes_the_smallest_bound_the_actors_declare() -> None:
+    known = lay.resolve(FINITE, (), (actor(max_policy_lag=4), actor(max_policy_lag=2)),
+                        "async-lag")
+    assert known.max_policy_lag == 2 and known.model() is not None
+
+
+def test_the_probe_and_the_model_name_the_same_layouts() -> None:
+    from replaywatch.model import LAYOUTS
+    assert PROBE_LAYOUTS == LAYOUTS
+
+
+def test_the_trainer_document_carries_the_dataset_and_the_loop() -> None:
+    probe = TrainerProbe(batch_size=256, num_parallel_calls=12, max_in_flight=512,
+                         iterators_per_worker=3, item_bytes=63504, layout="sync")
+    snap = snapshot_from_probe(probe.snapshot(), "http://p", 1000.0)
+    assert (snap.max_in_flight, snap.iterators_per_worker, snap.item_bytes, snap.layout) == (
+        512, 3, 63504, "sync")
+    assert snap.items_inserted == 0 and snap.inserts_on_next_thread is None
+
+
+def test_a_document_with_an_unknown_layout_is_a_protocol_error() -> None:
+    doc = TrainerProbe(batch_size=4).snapshot() | {"layout": "pipelined"}
+    with pytest.raises(SourceProtocolError, match="pipelined"):
+        snapshot_from_probe(doc, "http://p", 1000.0)
+
+
+def test_the_actor_document_carries_its_lag_bound() -> None:
+    from replaywatch.probe import ActorProbe
+    snap = actor_from_probe(ActorProbe(max_policy_lag=3).snapshot(), "http://a", 1000.0)
+    assert snap.max_policy_lag == 3

@@ -1,0 +1,151 @@
+"""`replaywatch predict`: its flags (a contract), its exits, and the same verdict the sidecar
+gives live on the same configuration, over every cell of the prediction grid."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.predict_grid import Cell, default_cells, live_verdict
+from replaywatch.cli import main
+from replaywatch.diagnosis.actors import Actor
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.model import FLOAT_MAX
+from tests.actor_builders import ACTOR, actor_snapshot
+from tests.builders import DEFAULT, polls, probe_history, seconds, table_history, target_view
+
+SEED = ["--samples-per-insert", "128", "--min-size-to-sample", "2000", "--error-buffer",
+        "25600", "--batch-size", "256", "--num-parallel-calls", "12", "--layout", "sync"]
+
+
+def predict(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["predict", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_seed_numbers_with_one_iterator_per_worker_are_safe(capsys: Any) -> None:
+    code, out, _ = predict(SEED, capsys)
+    assert code == 0 and out.startswith("verdict: safe (sync)")
+    assert "25600 samples" in out and "3060 samples" in out
+
+
+def test_the_seed_on_acme_interleave_with_frames_can_hang_with_fixes_as_json(capsys: Any
+                                                                            ) -> None:
+    code, out, _ = predict([*SEED, "--max-in-flight", "512", "--prefetch", "1",
+                            "--iterators-per-worker", "3", "--item-bytes", "63504", "--json"],
+                           capsys)
+    doc = json.loads(out)
+    assert code == 1
+    assert doc["verdict"] == "can_hang" and doc["budget"] == 25600
+    assert doc["strandable"] == 39900
+    assert {f["knob"]: f["value"] for f in doc["fixes"]} == {
+        "num_parallel_calls": 7, "error_buffer": 39901, "batch_size": 123}  # M stays 512
+    assert all(f["value"] != f["was"] for f in doc["fixes"])
+
+
+def test_a_lag_bound_that_frees_less_than_a_batch_will_hang(capsys: Any) -> None:
+    code, out, _ = predict(["--samples-per-insert", "4", "--min-size-to-sample", "1000",
+                            "--error-buffer", "32", "--batch-size", "16",
+                            "--num-parallel-calls", "4", "--layout", "async-lag",
+                            "--max-policy-lag", "3", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 1 and doc["verdict"] == "will_hang"
+    assert {f["knob"] for f in doc["fixes"]} == {"batch_size", "max_policy_lag"}
+
+
+def test_min_and_max_diff_stand_for_other_limiters(capsys: Any) -> None:
+    code, out, _ = predict(["--samples-per-insert", "4", "--min-size-to-sample", "1000",
+                            "--min-diff", "3980", "--max-diff", "4020", "--batch-size", "16",
+                            "--num-parallel-calls", "2", "--layout", "sync-ratio", "--json"],
+                           capsys)
+    assert code == 1 and json.loads(out)["budget"] == 20  # 4 x 1000 - 3980
+
+
+def test_a_toml_file_gives_the_same_answer_as_the_flags(tmp_path: Path, capsys: Any) -> None:
+    f = tmp_path / "job.toml"
+    f.write_text("[predict]\nsamples_per_insert = 128\nmin_size_to_sample = 2000\n"
+                 "error_buffer = 2560\nbatch_size = 256\nnum_parallel_calls = 12\n"
+                 'layout = "sync"\n')
+    from_file = predict(["--config", str(f), "--json"], capsys)
+    flags = predict([*SEED[:5], "2560", *SEED[6:], "--json"], capsys)
+    assert from_file[0] == flags[0] == 1 and json.loads(from_file[1]) == json.loads(flags[1])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batch-size", "16"], "--samples-per-insert is required"),
+    ([*SEED[:-2]], "--layout is required"),
+    ([*SEED[:-1], "async-lag"], "needs --max-policy-lag"),
+    ([*SEED, "--max-policy-lag", "3"], "--max-policy-lag is for --layout async-lag"),
+    ([*SEED, "--min-diff", "1", "--max-diff", "2"], "not both"),
+    ([*SEED[:4], *SEED[6:]], "give --error-buffer, or both --min-diff and --max-diff"),
+    ([*SEED, "--num-parallel-calls", "0"], "--num-parallel-calls (0) must be >= 1"),
+    ([*SEED, "--table", "replay"], "--table goes with --reverb"),
+    (["--reverb", "127.0.0.1:1", *SEED[8:]], "127.0.0.1:1"),
+    ([*SEED, "--config", "/nonexistent.toml"], "config file /nonexistent.toml"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: Any) -> None:
+    code = main(["predict", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_key_in_the_file_is_named(tmp_path: Path, capsys: Any) -> None:
+    f = tmp_path / "job.toml"
+    f.write_text("[predict]\nbatchsize = 16\n")
+    code = main(["predict", "--config", str(f)])
+    assert code == 2 and "unknown key 'batchsize'" in capsys.readouterr().err
+
+
+def test_predict_imports_no_tensorflow_reverb_or_jax() -> None:
+    code = ("import sys; from replaywatch.cli import main; rc = main(['predict', *%r]); "
+            "bad = [m for m in ('tensorflow', 'reverb', 'jax') if m in sys.modules]; "
+            "print(rc, bad)" % (SEED,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60).stdout.split("\n")[-2]
+    assert out == "0 []"
+
+
+# -- the sidecar's live verdict equals predict's offline one, on every grid cell ---------------
+
+def live_view(cell: Cell) -> Any:
+    """What the sidecar sees at the start line: the limiter, the probe's declared dataset,
+    the loop's writer (synchronous layouts) or the actors' probes (asynchronous ones)."""
+    lim, ds, layout = cell.model()
+    times = seconds(5)
+    table = table_history(times, 0, 0, spi=cell.spi, min_size=cell.min_size,
+                          min_diff=lim.min_diff,
+                          max_diff=FLOAT_MAX if lim.insert_blocking_disabled else lim.max_diff)
+    synchronous = cell.layout.startswith("sync")
+    probe = probe_history(times, 0, workers=cell.workers, batch_size=cell.batch_size,
+                          iterators_per_worker=ds.iterators_per_worker, prefetch=None,
+                          items_inserted=5 if synchronous else 0)
+    actors = () if synchronous else (Actor(ACTOR, tuple(
+        dataclasses.replace(actor_snapshot(t, 5), max_policy_lag=cell.lag) for t in times),
+        polls(times)),)
+    view = target_view([table], [probe])
+    return dataclasses.replace(view, actors={ACTOR: a.history for a in actors},
+                               probe_polls={**view.probe_polls,
+                                            **{ACTOR: a.polls for a in actors}})
+
+
+@pytest.mark.parametrize("cell", default_cells(), ids=lambda c: c.name)
+def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None:
+    findings = diagnose(live_view(cell), DEFAULT, 1004.0).findings
+    argv = [a for a in cell.args() if a not in ("--shape", "--item", cell.shape, cell.item)]
+    flags = {"--workers": "--num-parallel-calls", "--min-size": "--min-size-to-sample"}
+    argv = [flags.get(a, a) for a in argv]
+    if cell.shape == "repeat":
+        argv += ["--iterators-per-worker", "3"]
+    out = io.StringIO()
+    from replaywatch.cli import build_parser
+    from replaywatch.predict import run_predict
+    run_predict(build_parser().parse_args(["predict", *argv, "--json"]), out)
+    assert live_verdict(findings) == json.loads(out.getvalue())["verdict"]
