@@ -58,8 +58,8 @@
       kind: 'batch_exceeds_headroom',
       severity: 'critical',
       'for': c.criticalFor,
-      summary: 'Rate-limiter slack below one batch: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'The rate limiter of table {{ $labels.table }} on {{ $labels.target }} allows less slack (max_diff - min_diff) than one batch plus samples_per_insert: this job will stall once its warm-up credit is spent. The required slack: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+      summary: 'Configuration will hang the learner in next(): {{ $labels.target }} table {{ $labels.table }}',
+      description: 'Once inserting stops, the rate limiter of table {{ $labels.table }} on {{ $labels.target }} releases fewer samples than one batch (or a policy-lag bound frees less than a batch a step): the learner will block in next() for good. The released samples and the fixes the budget model proves: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
     },
     {
       kind: 'warmup_impossible',
