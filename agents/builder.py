@@ -79,8 +79,8 @@ def any_port(listen: str) -> str:
     return f"{listen.rpartition(':')[0]}:0"
 
 
-def make_actor_probe(table: str, name: str, listen: str, enabled: bool = True
-                     ) -> ActorProbe | NoActorProbe:
+def make_actor_probe(table: str, name: str, listen: str, enabled: bool = True,
+                     max_policy_lag: int | None = None) -> ActorProbe | NoActorProbe:
     """An actor's probe, started: on `listen`, or any port of its host if that one is taken.
 
     A replacement actor asks for its predecessor's port, so the URL a sidecar was given
@@ -88,11 +88,13 @@ def make_actor_probe(table: str, name: str, listen: str, enabled: bool = True
     """
     if not enabled:
         return NoActorProbe()
-    probe = ActorProbe(table=table, name=name, listen=listen)
+    # The lag bound goes to the probe so the sidecar can predict from its first poll.
+    probe = ActorProbe(table=table, name=name, listen=listen, max_policy_lag=max_policy_lag)
     try:
         probe.start()
     except OSError:
-        probe = ActorProbe(table=table, name=name, listen=any_port(listen))
+        probe = ActorProbe(table=table, name=name, listen=any_port(listen),
+                           max_policy_lag=max_policy_lag)
         probe.start()
     return probe
 

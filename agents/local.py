@@ -107,7 +107,10 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
     emit(builder.start_record("sync", address, parts.probe.url, replay, td3,
                               actor_probes=[loop_probe.url] if loop_probe.url else []))
     learner = parts.learner
-    adder = builder.make_adder(loop_probe.wrap_client(client), td3, replay)
+    # The learner's probe wraps the loop's client too: the thread that inserts is the one
+    # that waits in next(), which tells the sidecar this is a synchronous loop.
+    adder = builder.make_adder(loop_probe.wrap_client(parts.probe.wrap_client(client)), td3,
+                               replay)
     actor = builder.make_actor(networks, td3, learner.get_policy_params, key_actor, adder)
     evaluator = builder.make_actor(networks, td3, learner.get_policy_params, key_eval)
     stall = StallTimer(run.stall, time.monotonic())

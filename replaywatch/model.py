@@ -130,6 +130,7 @@ class ProbeSnapshot:
     iterators_per_worker: int | None = None
     item_bytes: int | None = None
     layout: str | None = None  # declared: sync, sync-ratio, async, async-lag
+    writers_wrapped: int = 0  # the loop's own writers: the trainer inserts
     items_inserted: int = 0  # through the loop's own wrapped writer
     inserts_on_next_thread: bool | None = None  # the inserting thread is the one in next()
 

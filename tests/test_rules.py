@@ -462,10 +462,11 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
     ("no_deadlock_risk_when_blocking_slack_covers_the_workers", rules.is_deadlock_risk,
      lambda: with_probe(table_history(T20, 12_000, 1_305_600, **SEED_BLOCKING_LIMITER),
                         probe_history(T20, 0, workers=12)), None),
-    # Blocking, slack 2000 < 3188.
+    # A declared synchronous loop with a finite max_diff: 1128 released < 3060 strandable.
     ("deadlock_risk_when_blocking_slack_is_below_the_workers_need", rules.is_deadlock_risk,
-     lambda: with_waiting_actor(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
-                                              max_diff=1000.0), probe_history(T20, 0, workers=12)),
+     lambda: with_probe(table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0,
+                                      max_diff=1000.0),
+                        probe_history(T20, 0, workers=12, layout="sync-ratio")),
      "deadlock_risk"),
     # The same slack with actor probes that never waited and declare no lag bound: the
     # layout is async, and free-running actors free what the workers hold.
@@ -519,22 +520,39 @@ def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_i
     assert finding.evidence["stranded_samples"] == 480
 
 
-def test_deadlock_risk_under_an_unknown_layout_gives_both_readings_and_proven_fixes() -> None:
+def test_deadlock_risk_on_a_loop_with_a_finite_max_diff_gives_proven_fixes() -> None:
     # spi 128, min_size 1, min_diff -1000: error_buffer 1128 is released at each step of a
-    # synchronous loop; 12 workers of 256 can hold 12 x 255 = 3060 without a batch. An actor
-    # that has waited on the learner, with no declared lag bound, leaves the layout unknown.
-    table_case, probe = with_waiting_actor(
-        table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0),
-        probe_history(T20, 0, workers=12))
-    finding = rules.is_deadlock_risk(table_case, probe, DEFAULT)
+    # synchronous loop; 12 workers of 256 can hold 12 x 255 = 3060 without a batch. The
+    # loop's writer is wrapped by its trainer probe: the layout is known, whatever max_diff.
+    table = table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0)
+    probe = probe_history(T20, 0, workers=12, writers_wrapped=1)
+    finding = rules.is_deadlock_risk(*with_probe(table, probe), DEFAULT)
     assert finding is not None
-    assert finding.evidence["layout"] == "unknown" and finding.evidence["judged_as"] == "sync-ratio"
+    assert finding.evidence["layout"] == "sync-ratio"
+    assert finding.evidence["layout_basis"] == "loop writer"
     assert finding.evidence["released_samples"] == 1128
     assert finding.evidence["strandable_samples"] == 3060
-    assert "If this is a synchronous loop" in finding.summary and "--layout" in finding.fix
     # 4 x 255 = 1020 < 1128; error_buffer 3061 > 3060; 12 x (94 - 1) = 1116 < 1128.
     assert "num_parallel_calls=4 " in finding.fix and "error_buffer=3061 " in finding.fix
     assert "batch_size=94 " in finding.fix
+
+
+def test_no_prediction_while_the_layout_is_unknown_and_max_diff_finite() -> None:
+    # The same numbers with an actor that waited on the learner but declared no bound:
+    # asynchronous or synchronous, nobody can tell, so nothing is predicted.
+    table_case, probe = with_waiting_actor(
+        table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0),
+        probe_history(T20, 0, workers=12))
+    assert rules.is_deadlock_risk(table_case, probe, DEFAULT) is None
+
+
+def test_deadlock_risk_with_blocking_disabled_and_no_layout_gives_both_readings() -> None:
+    table, _ = seed_healthy(workers=12)
+    probe = probe_history(T20, 0, workers=12, iterators_per_worker=3)
+    finding = rules.is_deadlock_risk(*with_probe(table, probe), DEFAULT)
+    assert finding is not None and finding.evidence["layout"] == "unknown"
+    assert finding.evidence["judged_as"] == "sync"
+    assert "If this is a synchronous loop" in finding.summary and "--layout" in finding.fix
 
 
 def test_deadlock_risk_on_the_seed_with_acme_interleave_gives_the_models_fixes() -> None:

@@ -122,8 +122,8 @@ DEADLOCK_RISK = Kind(
     "deadlock_risk", Severity.WARNING, needs_probe=True,
     meaning="The budget model's `can_hang`, predicted from the configuration before any hang: "
             "the samples the limiter releases once inserting stops fit in what the batching "
-            "workers can hold without completing a batch. With the layout unknown, its "
-            "synchronous reading, shown beside the asynchronous one.",
+            "workers can hold without completing a batch. With the layout unknown (only where "
+            "insert blocking is disabled), its synchronous reading, beside the asynchronous one.",
     fix="Apply one of the fixes the finding lists (each proven by the model), before it "
         "hangs; `replaywatch predict` gives the same before the job starts.")
 SPI_DRIFT = Kind(

@@ -6,8 +6,8 @@ The budget model needs to know who inserts and who waits. In order of strength:
     loop writer     the trainer probe wraps its loop's writer (the trainer inserts) and no
                     other thread than the one that calls next() is seen inserting: a
                     synchronous loop, whatever max_diff is (`sync` with insert blocking
-                    disabled, `sync-ratio` with a finite max_diff), known from the first
-                    insert, before the first next()
+                    disabled, `sync-ratio` with a finite max_diff), known from the moment
+                    the writer is wrapped, before the first insert and the first next()
     actor probes    actors insert from their own probes: `async-lag` with the smallest
                     declared `max_policy_lag`, `async` when none declares one and none has
                     ever waited on the learner
@@ -73,7 +73,8 @@ def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tup
         if kind in budget.LAYOUTS:
             lag = lags[0] if kind == budget.ASYNC_LAG and lags else None
             return KnownLayout(kind, DECLARED, lag)
-    if any(p.items_inserted > 0 and p.inserts_on_next_thread is not False for p in probes):
+    if any((p.writers_wrapped or p.items_inserted) and p.inserts_on_next_thread is not False
+           for p in probes):
         return KnownLayout(budget.SYNC if blocking_disabled(table) else budget.SYNC_RATIO,
                            LOOP_WRITER)
     if lags:
@@ -84,6 +85,3 @@ def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tup
     return UNKNOWN
 
 
-def candidates(table: TableSnapshot) -> tuple[str, ...]:
-    """The synchronous reading an unknown layout must be judged under, by its limiter."""
-    return (budget.SYNC,) if blocking_disabled(table) else (budget.SYNC_RATIO,)

@@ -7,8 +7,13 @@ snapshot proves them, so they are named on the first poll, before any next() blo
     will_hang, layout known      batch_exceeds_headroom (critical): no batch will complete
     can_hang, layout known       deadlock_risk (warning), with the released and strandable
                                  samples and the fixes the model proves
-    layout unknown               deadlock_risk when the synchronous reading is not safe, with
-                                 the asynchronous reading beside it and what settles it
+    layout unknown, insert       deadlock_risk when the synchronous reading is not safe, with
+    blocking disabled            the asynchronous reading beside it and what settles it:
+                                 inserts that never block are what Acme's LocalLayout sets
+    layout unknown, finite       nothing: an asynchronous job (actors whose probes are not
+    max_diff                     attached, waits without a declared bound) cannot be told
+                                 from a synchronous loop, and a warning on every healthy
+                                 asynchronous job would teach users to ignore it
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayou
     if ds is None or not _sample_limited(case.latest):
         return None
     known = known_layout(case)
-    model = known.model() or budget.Layout(lay.candidates(case.latest)[0])
+    if not known.known and not lay.blocking_disabled(case.latest):
+        return None
+    model = known.model() or budget.Layout(budget.SYNC)
     return budget.predict(limiter_of(case.latest), ds, model), known, model
 
 

@@ -212,6 +212,7 @@ class TrainerProbe(Served):
         this loop's: for Acme's adders (`builder.make_adder(probe.wrap_client(client))`)."""
         if isinstance(client, _LoopClient) and client._probe is self:
             return client
+        self._writers += 1  # the loop inserts through this client: it declares as much
         return _LoopClient(client, self)
 
     def step(self) -> None:
@@ -238,7 +239,8 @@ class TrainerProbe(Served):
         learner_steps, last_step_at: `step()` or a wrapped learner's steps.
         ready: the wrapped iterator's `ready()` (null without one). wrapped:
         "iterator", "learner.<attr>" or null, i.e. where the probe sits.
-        writers_wrapped, items_inserted: the loop's own writers (`wrap_writer`);
+        writers_wrapped, items_inserted: the loop's own writers and clients
+        (`wrap_writer`, `wrap_client`) and the items created through them;
         inserts_on_next_thread: the thread that inserted last is the one that called
         next() last (null until both happened): a synchronous loop.
         """

@@ -80,6 +80,7 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             iterators_per_worker=_opt_int(doc, "iterators_per_worker"),
             item_bytes=_opt_int(doc, "item_bytes"),
             layout=_layout(doc),
+            writers_wrapped=int(doc.get("writers_wrapped", 0)),
             items_inserted=int(doc.get("items_inserted", 0)),
             inserts_on_next_thread=_opt_bool(doc, "inserts_on_next_thread"),
         )
