@@ -132,7 +132,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,
         db_path=getattr(args, "db", None), trainer_pid=getattr(args, "trainer_pid", None),
-        targets_file=getattr(args, "targets_file", None), layout=args.layout,
+        targets_file=getattr(args, "targets_file", None),
+        layout=args.layout or (cfg.layout_from_file(args.config) if args.config else None),
     )
 
 

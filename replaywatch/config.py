@@ -180,7 +180,23 @@ def thresholds_from(values: Mapping[str, Any], base: Thresholds = Thresholds()) 
 
 
 def load_config_file(path: str) -> dict[str, Any]:
-    """A TOML file with a `[thresholds]` table (and nothing else, for now)."""
+    """A TOML file with a `[thresholds]` table; its threshold overrides."""
+    section = _read_toml(path).get("thresholds", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: [thresholds] must be a table")
+    return section
+
+
+def layout_from_file(path: str) -> str | None:
+    """The file's top-level `layout = "..."` (the job's layout, as --layout), if any."""
+    value = _read_toml(path).get("layout")
+    if value is not None and value not in LAYOUTS:
+        raise ConfigError(f"config file {path}: layout {value!r} must be one of "
+                          f"{', '.join(LAYOUTS)}")
+    return value
+
+
+def _read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
@@ -188,13 +204,10 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
-    unknown = sorted(set(doc) - {"thresholds"})
+    unknown = sorted(set(doc) - {"thresholds", "layout"})
     if unknown:
         raise ConfigError(f"config file {path}: unknown section [{unknown[0]}]")
-    section = doc.get("thresholds", {})
-    if not isinstance(section, dict):
-        raise ConfigError(f"config file {path}: [thresholds] must be a table")
-    return section
+    return doc
 
 
 def read_token(environ: Mapping[str, str], token_file: str | None) -> str | None:

@@ -85,3 +85,37 @@ def test_the_actor_document_carries_its_lag_bound() -> None:
     from replaywatch.probe import ActorProbe
     snap = actor_from_probe(ActorProbe(max_policy_lag=3).snapshot(), "http://a", 1000.0)
     assert snap.max_policy_lag == 3
+
+
+def test_the_layout_setting_comes_from_the_flag_or_the_config_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from replaywatch.cli import build_parser, config_from_args
+    from replaywatch.errors import ConfigError
+
+    f = Path(str(tmp_path)) / "job.toml"
+    f.write_text('layout = "sync-ratio"\n[thresholds]\nstall_window_s = 20\n')
+    parse = build_parser().parse_args
+    from_file = config_from_args(parse(["check", "--reverb", "127.0.0.1:1", "--config",
+                                        str(f)]), {})
+    assert from_file.layout == "sync-ratio" and from_file.thresholds.stall_window_s == 20
+    flag = config_from_args(parse(["check", "--reverb", "127.0.0.1:1", "--config", str(f),
+                                   "--layout", "async"]), {})
+    assert flag.layout == "async"  # the flag wins over the file
+    f.write_text('layout = "pipelined"\n')
+    with pytest.raises(ConfigError, match="layout 'pipelined' must be one of"):
+        config_from_args(parse(["check", "--reverb", "127.0.0.1:1", "--config", str(f)]), {})
+
+
+def test_the_declared_setting_reaches_the_rules() -> None:
+    from replaywatch.diagnosis.engine import diagnose
+    from tests.builders import DEFAULT, probe_history, seconds, table_history, target_view
+
+    times = seconds(5)
+    # A finite max_diff and nothing declared: unknown, nothing predicted; declared sync-ratio:
+    # error_buffer 101 (spi 1, min_size 1, min_diff -100) is below a batch of 256.
+    view = target_view([table_history(times, 0, 0)], [probe_history(times, 0)])
+    assert [f.kind for f in diagnose(view, DEFAULT, 1004.0).findings] == []
+    declared = diagnose(view, DEFAULT, 1004.0, layout="sync-ratio").findings
+    assert [f.kind for f in declared] == ["batch_exceeds_headroom"]
+    assert declared[0].evidence["layout_basis"] == "declared"
