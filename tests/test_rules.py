@@ -733,3 +733,25 @@ def test_rules_name_kinds_by_their_declaration_not_by_string(path: Path) -> None
     named = [n.args[0] for n in calls if getattr(n.func, "attr", None) == "finding"
              and n.args and isinstance(n.args[0], ast.Constant)]
     assert named == []
+
+
+def test_async_starvation_under_a_lag_bound_is_fixed_by_the_lag_not_the_configured_values(
+) -> None:
+    # The cell: 4 workers of 16, spi 4, error_buffer 32, actors held at a lag of 3.
+    # Each learner step frees 12 < 16 samples, so neither error_buffer 32 nor 4 workers (the
+    # values configured, once suggested) is a fix; the model proves a longer lag or a
+    # smaller batch. 1000 inserts x 4 = 4000 credit, min_diff 3968: 32 + 12 x k released.
+    # The actor inserted 1003 items (4012 credit); the workers drew 4012 - 3968 = 44, the
+    # learner got 1 batch: 28 held by 4 workers of 16, none complete.
+    table = table_history(T20, 1003, 44, spi=4.0, min_diff=3968.0, max_diff=4032.0,
+                          min_size=1000, waiting_for_inserts_ms=waiting())
+    probe = probe_history(T20, 1, blocked_for=[1.0 + i for i in range(20)], workers=4,
+                          batch_size=16)
+    waited = actor(waiting_on="learner")
+    lagged = Actor(waited.url, tuple(dataclasses.replace(s, max_policy_lag=3, waits_total=5)
+                                     for s in waited.history), waited.polls)
+    finding = rules.is_worker_starvation(case(table, probe, actors=(lagged,)), DEFAULT)
+    assert finding is not None
+    knobs = {f["knob"]: f["value"] for f in finding.evidence["fixes"]}
+    assert "error_buffer" not in knobs and "num_parallel_calls" not in knobs
+    assert knobs["max_policy_lag"] == 8 and "max_policy_lag=8 (now 3" in finding.fix
