@@ -62,14 +62,6 @@ def test_the_seed_layout_is_synchronous_and_sample_limited() -> None:
     assert lim.error_buffer(t) == 25_600 and lim.spi_tolerance(t) == pytest.approx(0.1)
 
 
-def test_required_slack_rules_out_stranding_and_workers_within_inverts_it() -> None:
-    assert lim.required_slack(12, 256, 128.0) == 12 * 255 + 128
-    assert lim.error_buffer_for(3188.0) == 1594
-    assert lim.workers_within(3188.0, 256, 128.0) == 12
-    assert lim.workers_within(3187.0, 256, 128.0) == 11
-    assert lim.workers_within(0.0, 1, 1.0) == 1
-
-
 def test_stranded_samples_are_drawn_minus_delivered_minus_prefetched() -> None:
     times = seconds(3)
     table = table_history(times, [100] * 3, [40, 60, 76], **BLOCKING)

@@ -41,6 +41,11 @@ or the layout cannot stop; `will_hang` when released < B (no batch can complete)
 lag bound, `spi * L < B`; otherwise `can_hang`: whether a run hangs depends on how the
 released samples split across the iterators' requests, a race, so the grid measures it
 (bench/predict_grid.py). Nothing else in the core computes a boundary.
+
+What it takes and does not use: `prefetch` holds complete batches, which reach the learner,
+so it strands nothing; `item_bytes` changes how Reverb's sampler chunks its requests (and so
+how often a `can_hang` configuration hangs: the grid's frame-sized cells), never the two
+bounds, which hold whatever the split.
 """
 
 from __future__ import annotations

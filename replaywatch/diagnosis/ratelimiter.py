@@ -23,9 +23,10 @@ job: 2000 * 128 * 0.1 = 25600, min_diff = 256000 - 25600 = 230400. Acme's
 synchronous layout then rewrites `max_diff` to float max: inserts never wait,
 and sampling is still held at `min_diff`.
 
-Parallel batching workers each hold part of a batch; `workers * (batch_size - 1)`
-samples can be drawn and delivered to nobody, which is what `required_slack` and
-`stranded_samples` measure. `derive` gathers the values shown next to each table.
+Parallel batching workers each hold part of a batch; what they hold, drawn and delivered
+to nobody, is what `stranded_samples` measures after the fact. Whether a configuration can
+hang at all is the budget model's (`replaywatch.diagnosis.budget`): nothing here computes a
+boundary. `derive` gathers the values shown next to each table.
 """
 
 from __future__ import annotations
@@ -115,31 +116,6 @@ def spi_tolerance(table: TableSnapshot) -> float | None:
     if offset <= 0 or error_buffer(table) <= 0:
         return None
     return error_buffer(table) / offset
-
-
-def required_slack(workers: int, batch_size: int, samples_per_insert: float) -> float:
-    """`workers * (batch_size - 1) + samples_per_insert`: slack that rules out stranding.
-
-    Each of `workers` batching workers can hold `batch_size - 1` samples without
-    finishing a batch, so `workers * (batch_size - 1)` samples can be drawn and
-    delivered to nobody. One more sample completes some batch; to be sure it can
-    be drawn, the cursor must reach `min_diff + workers * (batch_size - 1) + 1`
-    while inserts are blocked, and inserts stop as soon as one more insert would
-    pass max_diff, i.e. up to `samples_per_insert` below it.
-    """
-    return workers * (batch_size - 1) + samples_per_insert
-
-
-def error_buffer_for(slack: float) -> int:
-    """The SampleToInsertRatio error_buffer giving at least this slack (slack = 2x)."""
-    return math.ceil(slack / 2)
-
-
-def workers_within(slack: float, batch_size: int, samples_per_insert: float) -> int:
-    """The most num_parallel_calls this slack keeps safe (at least 1)."""
-    if batch_size <= 1:
-        return 1
-    return max(1, math.floor((slack - samples_per_insert) / (batch_size - 1)))
 
 
 def inserts_to_sample(table: TableSnapshot, num_samples: int = 1) -> int:
