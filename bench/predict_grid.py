@@ -230,7 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fixes", action="store_true")
     p.add_argument("--results", type=Path, default=None, help="replace the section here")
     p.add_argument("--json", type=Path, default=None, help="write every row here")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="render the rows a run wrote with --json (no runs)")
+    p.add_argument("--took-min", type=float, default=None,
+                   help="with --from-json: how long that run took, for the heading")
     args = p.parse_args(argv)
+    if args.from_json:
+        text = render(json.loads(args.from_json.read_text()), 60 * (args.took_min or 0))
+        print(text)
+        if args.results:
+            args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        return 0
     cells = default_cells()
     if args.only:
         cells = [c for c in cells if args.only in c.name]

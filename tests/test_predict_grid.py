@@ -1,0 +1,46 @@
+"""The prediction grid's own arithmetic: what agreement means, how a fix becomes a cell, and
+the table it writes (no runs: the runs are `make bench-grid`'s)."""
+
+from __future__ import annotations
+
+from bench.predict_grid import Cell, agrees, default_cells, render
+from replaywatch.diagnosis import budget
+
+
+def test_agreement_is_strict_for_safe_and_will_hang_and_needs_a_hang_for_can_hang() -> None:
+    assert agrees("safe", 0, 2) and not agrees("safe", 1, 2)
+    assert agrees("will_hang", 2, 2) and not agrees("will_hang", 1, 2)
+    assert agrees("can_hang", 1, 4) and not agrees("can_hang", 0, 4)
+
+
+def test_a_fix_becomes_the_cell_it_names_and_the_workload_flags_follow() -> None:
+    cell = Cell("async-lag", 4, 16, 4.0, 32.0, lag=3)
+    fixed = cell.fixed(budget.Fix("max_policy_lag", 8, 3, "older policies"))
+    assert fixed.lag == 8 and fixed.predict().verdict == budget.SAFE
+    assert fixed.args()[-2:] == ["--max-policy-lag", "8"]
+    fewer = Cell("sync-ratio", 12, 64, 8.0, 300.0).fixed(
+        budget.Fix("num_parallel_calls", 4, 12, "fewer"))
+    assert fewer.workers == 4 and "--workers" in fewer.args()
+
+
+def test_the_cells_file_loads_into_cells_with_unique_names() -> None:
+    cells = default_cells()
+    assert len({c.name for c in cells}) == len(cells) >= 40
+
+
+def test_the_table_counts_what_it_claims() -> None:
+    run_ok = {"outcome": "ran", "live": "safe", "live_at": None}
+    run_hung = {"outcome": "hang", "hang_since": 10.0, "live": "can_hang", "live_at": 9.0}
+    rows = [
+        {"cell": "a", "predicted": "safe", "released": 40.0, "strandable": 30.0,
+         "runs": [run_ok, run_ok], "hangs": 0, "agrees": True, "live_equals_offline": True,
+         "fixes": []},
+        {"cell": "b", "predicted": "can_hang", "released": 20.0, "strandable": 30.0,
+         "runs": [run_hung], "hangs": 1, "agrees": True, "live_equals_offline": True,
+         "fixes": [{"fix": "error_buffer=31", "cell": "b'", "model": "safe",
+                    "outcome": "hang", "held": False}]},
+    ]
+    text = render(rows, 60.0)
+    assert "agreement: **2/2** cells (100%)" in text
+    assert "hung runs predicted before the hang began: **1/1**" in text
+    assert "fixes that held: **0/1**" in text and "- b': error_buffer=31 -> hang" in text
