@@ -89,12 +89,14 @@ def test_twelve_workers_hang_acmes_loop_named_worker_starvation_with_the_probe(
     assert 256 <= ev["stranded_samples"] < 12 * 256, ev
     assert ev["delivered"] == 256 * probe["batches_retrieved"], (ev, probe)
     assert "the loop inserts only after a learner step" in starved.summary
-    assert starved.fix.startswith("Set num_parallel_calls=1 in make_reverb_dataset (now 12)")
+    # The budget model's fixes: one worker cannot split a batch, nor hold 12 x 255.
+    assert "num_parallel_calls=1 (now 12" in starved.fix
+    assert {f["knob"] for f in ev["fixes"]} >= {"num_parallel_calls", "error_buffer"}
     # Reverb alone: the loop, not actors, and the same fix first, with how to settle it.
-    assert blocked.evidence["layout"] == "synchronous"
+    assert blocked.evidence["layout"].startswith("synchronous")
     assert "the loop that inserts is the loop that samples" in blocked.summary
     assert "actors" not in blocked.summary
-    assert "set num_parallel_calls=1" in blocked.fix
+    assert "fewer num_parallel_calls" in blocked.fix
     assert "TrainerProbe" in blocked.fix
     assert "worker_starvation" not in alone_kinds  # only stacks or the probe can prove it
 

@@ -110,7 +110,11 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
     ds = rules_config.dataset_of(probe[-1])
     known = rules_config.known_layout(case)
     model = known.model() or (budget.Layout(budget.SYNC) if synchronous else None)
-    if ds is None or model is None:
+    if model is None:
+        return ("Loosen the actors' policy-lag bound, widen the limiter (error_buffer) or "
+                "use fewer sampling workers; declare the bound (ActorProbe(max_policy_lag=...))"
+                " for the numbers the budget model proves."), []
+    if ds is None:
         return ("Set num_parallel_calls=1 in make_reverb_dataset, or give the limiter more "
                 "slack (declare batch_size and num_parallel_calls to the trainer probe for "
                 "the numbers)."), []
@@ -125,8 +129,11 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
                 "Acme's make_reverb_dataset before acme dea9307 runs: the declared dataset "
                 "could not have starved)")
     if not found:
-        return ("The budget model finds no change that makes this configuration safe; set "
-                "num_parallel_calls=1 and read the stored stacks."), []
+        return (f"The budget model calls this configuration safe for a {model.kind} loop, yet "
+                "the learner starved: its loop waits in next() where that layout would not "
+                "(declare the layout with --layout or TrainerProbe(layout=...) for proven "
+                "fixes). One sampling worker (num_parallel_calls=1) cannot split a batch "
+                "across workers; read the stored stacks."), []
     return (f"Any one of (each proven by the budget model{note}): "
             + "; ".join(f.text() for f in found) + "."), [f.document() for f in found]
 
