@@ -150,3 +150,24 @@ def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None
     from replaywatch.predict import run_predict
     run_predict(build_parser().parse_args(["predict", *argv, "--json"]), out)
     assert live_verdict(findings) == json.loads(out.getvalue())["verdict"]
+
+
+def test_predict_reads_the_limiter_of_a_running_server(reverb_workload: Any) -> None:
+    # harness/reverb_workload.py: SampleToInsertRatio spi 4, min_size 1000, error_buffer 20.
+    _, address = reverb_workload("--spi", "4", "--min-size", "1000", "--error-buffer", "20",
+                                 "--no-load", "--tables", "2")
+    argv = ["predict", "--reverb", address, "--batch-size", "16", "--num-parallel-calls", "2",
+            "--layout", "sync-ratio", "--json"]
+    one_table = subprocess.run([sys.executable, "-m", "replaywatch", *argv],
+                               capture_output=True, text=True, timeout=60)
+    assert one_table.returncode == 2 and "--table" in one_table.stderr  # two tables: name one
+    done = subprocess.run([sys.executable, "-m", "replaywatch", *argv, "--table", "table_1"],
+                          capture_output=True, text=True, timeout=60)
+    doc = json.loads(done.stdout)
+    assert done.returncode == 1 and doc["verdict"] == "can_hang"
+    assert doc["budget"] == 20 and doc["limiter"]["min_diff"] == 3980
+    flags = subprocess.run([sys.executable, "-m", "replaywatch", "predict",
+                            "--samples-per-insert", "4", "--min-size-to-sample", "1000",
+                            "--error-buffer", "20", *argv[3:]], capture_output=True, text=True,
+                           timeout=60)
+    assert json.loads(flags.stdout)["verdict"] == doc["verdict"]
