@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -170,7 +171,21 @@ def agrees(verdict: str, hangs: int, runs: int) -> bool:
     return hangs > 0
 
 
-def render(rows: list[dict[str, Any]], took_s: float) -> str:
+def predict_seconds(runs: int = 5) -> float:
+    """Median wall time of `replaywatch predict` on the seed's numbers, each in a fresh
+    process (interpreter start and imports included): what a user's script waits."""
+    argv = [PYTHON, "-m", "replaywatch", "predict", "--samples-per-insert", "128",
+            "--min-size-to-sample", "2000", "--error-buffer", "25600", "--batch-size", "256",
+            "--num-parallel-calls", "12", "--layout", "sync", "--json"]
+    took = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=60, check=True)
+        took.append(time.perf_counter() - t0)
+    return sorted(took)[len(took) // 2]
+
+
+def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = None) -> str:
     n = len(rows)
     agree = sum(r["agrees"] for r in rows)
     safe_hung = sum(1 for r in rows if r["predicted"] == budget.SAFE and r["hangs"])
@@ -195,6 +210,9 @@ def render(rows: list[dict[str, Any]], took_s: float) -> str:
         f"- hung runs predicted before the hang began: **{before}/{len(hung_runs)}**",
         f"- live verdict equal to `replaywatch predict`'s in every run: **{live_eq}/{n}** cells",
         f"- fixes that held: **{held}/{len(fixes)}**",
+        *([f"- `replaywatch predict` on the seed's numbers: {predict_s:.2f} s (median of 5 "
+           "fresh processes, interpreter start included; no server, no TensorFlow)"]
+          if predict_s is not None else []),
         "",
         "| cell | model | released | strandable | runs | hangs | live | agrees | fixes held |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -236,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --from-json: how long that run took, for the heading")
     args = p.parse_args(argv)
     if args.from_json:
-        text = render(json.loads(args.from_json.read_text()), 60 * (args.took_min or 0))
+        text = render(json.loads(args.from_json.read_text()), 60 * (args.took_min or 0),
+                      predict_seconds())
         print(text)
         if args.results:
             args.results.write_text(replace_sections(args.results.read_text(), [text]))
@@ -258,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
-    text = render(rows, time.time() - started)
+    text = render(rows, time.time() - started, predict_seconds())
     print(text)
     if args.results:
         args.results.write_text(replace_sections(args.results.read_text(), [text]))
