@@ -181,7 +181,7 @@ def thresholds_from(values: Mapping[str, Any], base: Thresholds = Thresholds()) 
 
 def load_config_file(path: str) -> dict[str, Any]:
     """A TOML file with a `[thresholds]` table; its threshold overrides."""
-    section = _read_toml(path).get("thresholds", {})
+    section = read_toml(path).get("thresholds", {})
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: [thresholds] must be a table")
     return section
@@ -189,14 +189,15 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 def layout_from_file(path: str) -> str | None:
     """The file's top-level `layout = "..."` (the job's layout, as --layout), if any."""
-    value = _read_toml(path).get("layout")
+    value = read_toml(path).get("layout")
     if value is not None and value not in LAYOUTS:
         raise ConfigError(f"config file {path}: layout {value!r} must be one of "
                           f"{', '.join(LAYOUTS)}")
     return value
 
 
-def _read_toml(path: str) -> dict[str, Any]:
+def read_toml(path: str, allowed: Sequence[str] = ("thresholds", "layout")) -> dict[str, Any]:
+    """A TOML file as a dict; an unreadable file or a key outside `allowed` is a ConfigError."""
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
@@ -204,7 +205,7 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
-    unknown = sorted(set(doc) - {"thresholds", "layout"})
+    unknown = sorted(set(doc) - set(allowed))
     if unknown:
         raise ConfigError(f"config file {path}: unknown section [{unknown[0]}]")
     return doc

@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import tomllib
 from typing import IO, Any
 
+from replaywatch.config import parse_address, read_toml
 from replaywatch.diagnosis import budget
 from replaywatch.errors import ConfigError, SourceError
 from replaywatch.model import LAYOUTS
@@ -66,14 +66,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _config_file(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as e:
-        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
-    section = doc.get("predict")
+    section = read_toml(path, allowed=("predict",)).get("predict")
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: needs a [predict] table")
     known = set(INT_KEYS) | set(FLOAT_KEYS) | {"layout"}
@@ -145,7 +138,6 @@ def server_limiter(address: str, table: str | None, timeout_s: float = 2.0
                    ) -> budget.Limiter:
     """The named (or only) table's limiter from a running server's ServerInfo."""
     # Imported here: grpc costs a few hundred ms that the offline form never pays.
-    from replaywatch.config import parse_address
     from replaywatch.sources.reverb import ReverbSource, snapshots_from_response
 
     source = ReverbSource(parse_address(address, "--reverb"), timeout_s)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from replaywatch.probe.clients import ProbedClient, wrapped_by
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 CALLS = ("append", "create_item", "flush", "end_episode", "close")
@@ -92,25 +93,6 @@ class _ProbedWriter:
 
     def __repr__(self) -> str:
         return f"ProbedWriter({self._inner!r})"
-
-
-class _ProbedClient:
-    """A reverb.Client proxy: `trajectory_writer()` and `writer()` return probed writers."""
-
-    def __init__(self, inner: Any, probe: ActorProbe):
-        self._inner = inner
-        self._probe = probe
-
-    def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
-        return self._probe.wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
-
-    def writer(self, *args: Any, **kwargs: Any) -> Any:
-        return self._probe.wrap_writer(self._inner.writer(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)  # sample, server_info, mutate_priorities, ...
 
 
 class _Waiting:
@@ -204,7 +186,9 @@ class ActorProbe(Served):
         For code that makes its own writers from a client, such as Acme's
         adders (`builder.make_adder(probe.wrap_client(replay_client), ...)`).
         """
-        return _ProbedClient(client, self)
+        if wrapped_by(client, self):
+            return client
+        return ProbedClient(client, self, self.wrap_writer)
 
     def waiting(self, on: str) -> _Waiting:
         """Context manager: the actor waits on `on` (e.g. "learner"), outside Reverb."""

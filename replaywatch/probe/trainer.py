@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from replaywatch.probe.clients import ProbedClient, wrapped_by
 from replaywatch.probe.learner import wrap_builder as _wrap_builder
 from replaywatch.probe.learner import wrap_learner as _wrap_learner
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
@@ -66,8 +67,7 @@ class _LoopWriter:
 
     def create_item(self, *args: Any, **kwargs: Any) -> Any:
         result = self._inner.create_item(*args, **kwargs)
-        probe = self._probe
-        probe._inserts = (probe._inserts[0] + 1, threading.get_ident())
+        self._probe._inserted()
         return result
 
     def __enter__(self) -> _LoopWriter:
@@ -76,30 +76,6 @@ class _LoopWriter:
 
     def __exit__(self, *exc: Any) -> Any:
         return self._inner.__exit__(*exc)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-
-class _LoopClient:
-    """A reverb.Client proxy whose writers are the loop's (`_LoopWriter`)."""
-
-    def __init__(self, inner: Any, probe: TrainerProbe):
-        self._inner = inner
-        self._probe = probe
-
-    def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
-        return self._probe.wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
-
-    def writer(self, *args: Any, **kwargs: Any) -> Any:
-        return self._probe.wrap_writer(self._inner.writer(*args, **kwargs))
-
-    def insert(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._inner.insert(*args, **kwargs)
-        self._probe._inserts = (self._probe._inserts[0] + 1, threading.get_ident())
-        return result
 
     def __getattr__(self, name: str) -> Any:
         if name == "_inner":
@@ -210,10 +186,13 @@ class TrainerProbe(Served):
     def wrap_client(self, client: Any) -> Any:
         """Returns a proxy of a reverb.Client whose writers (and `insert`) are counted as
         this loop's: for Acme's adders (`builder.make_adder(probe.wrap_client(client))`)."""
-        if isinstance(client, _LoopClient) and client._probe is self:
+        if wrapped_by(client, self):
             return client
         self._writers += 1  # the loop inserts through this client: it declares as much
-        return _LoopClient(client, self)
+        return ProbedClient(client, self, self.wrap_writer, self._inserted)
+
+    def _inserted(self) -> None:
+        self._inserts = (self._inserts[0] + 1, threading.get_ident())
 
     def step(self) -> None:
         """Heartbeat for one learner step (call after each update)."""

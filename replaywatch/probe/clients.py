@@ -1,0 +1,42 @@
+"""A reverb.Client proxy whose writers come wrapped by a probe: one for both probes.
+
+Code that makes its own writers from a client (Acme's adders) is given the proxy; every
+`trajectory_writer()` / `writer()` it makes goes through the owning probe's `wrap_writer`,
+and `insert()` (the client's own one-shot insert) is reported to `on_insert` when given.
+Everything else (sample, server_info, mutate_priorities, ...) passes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class ProbedClient:
+    def __init__(self, inner: Any, owner: Any, wrap_writer: Callable[[Any], Any],
+                 on_insert: Callable[[], None] | None = None):
+        self._inner = inner
+        self._owner = owner  # the probe: wrapping the same client twice returns it as is
+        self._wrap_writer = wrap_writer
+        self._on_insert = on_insert
+
+    def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
+
+    def writer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap_writer(self._inner.writer(*args, **kwargs))
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._inner.insert(*args, **kwargs)
+        if self._on_insert is not None:
+            self._on_insert()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set yet (copy, unpickling): no endless recursion
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def wrapped_by(client: Any, owner: Any) -> bool:
+    return isinstance(client, ProbedClient) and client._owner is owner
