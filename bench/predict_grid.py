@@ -34,7 +34,7 @@ from replaywatch.diagnosis import budget
 from replaywatch.wiring import build_sidecar
 
 HEADING = "## Prediction grid"
-CAN_HANG_RUNS = 4
+CAN_HANG_RUNS = 8  # a race may need several runs to be seen
 CELLS_JSON = ROOT / "bench" / "predict_grid_cells.json"
 
 
@@ -62,7 +62,8 @@ class Cell:
         lim = budget.Limiter.ratio(self.spi, self.min_size, self.error_buffer,
                                    insert_blocking=self.layout != budget.SYNC)
         ds = budget.Dataset(self.workers, self.batch_size,
-                            iterators_per_worker=3 if self.shape == "repeat" else 1)
+                            iterators_per_worker=3 if self.shape == "repeat" else 1,
+                            item_bytes=84 * 84 * 9 if self.item == "frames" else 16)
         return lim, ds, budget.Layout(self.layout, self.lag)
 
     def predict(self) -> budget.Budget:

@@ -43,11 +43,18 @@ ROWS = [
      WILL_HANG, 100, 255),
     ("sync_ratio_acme_interleave_strands_more", cell("sync-ratio", 2, 16, 4, 260, iterators=3),
      CAN_HANG, 260, 410),
-    # Insert blocking disabled, the seed's loop: the warm-up burst, only when it is a batch.
+    # Insert blocking disabled, the seed's loop: the warm-up burst, only when it is a batch,
+    # dealt round robin in requests of 16, 32, 64, 128 (240 each) before one reaches 256.
     ("sync_seed_numbers_one_iterator_per_worker_are_safe",
-     cell("sync", 12, 256, 128, 25600, 2000), SAFE, 25600, 3060),
+     cell("sync", 12, 256, 128, 25600, 2000), SAFE, 25600, 2895),
     ("sync_seed_with_a_tenth_of_the_buffer_can_hang", cell("sync", 12, 256, 128, 2560, 2000),
-     CAN_HANG, 2560, 3060),
+     CAN_HANG, 2560, 2895),
+    # Two workers of 16: the first request of 16 is a whole batch, so 20 cannot strand
+    # (0 of 4 grid runs hung, where two workers x 15 would have said it could).
+    ("sync_a_first_request_of_a_whole_batch_cannot_strand", cell("sync", 2, 16, 4, 20),
+     SAFE, 20, 15),
+    ("sync_four_workers_of_32_hold_16_each_then_complete", cell("sync", 4, 32, 4, 100),
+     SAFE, 100, 79),
     ("sync_seed_on_acme_interleave_can_hang",
      cell("sync", 12, 256, 128, 25600, 2000, iterators=3), CAN_HANG, 25600, 39900),
     ("sync_burst_and_inserts_below_a_batch_only_take_ready_batches",
@@ -129,3 +136,14 @@ def test_bad_model_input_is_refused_with_the_value() -> None:
         Layout("async-lag")
     with pytest.raises(ValueError, match="layout"):
         Layout("pipelined")
+
+
+def test_large_items_answer_fewer_samples_a_request_so_the_burst_strands_more() -> None:
+    # 1 MiB of chunks a response: 17 frames of 63,504 bytes, so rounds of 16 then 17s.
+    small = Dataset(12, 256, item_bytes=16)
+    frames = Dataset(12, 256, item_bytes=84 * 84 * 9)
+    assert budget.burst_strandable(small) == 11 * 240 + 255
+    assert budget.burst_strandable(frames) == 11 * 254 + 255
+    lim = Limiter.ratio(128, 2000, 2950, insert_blocking=False)
+    assert budget.predict(lim, small, Layout("sync")).verdict == SAFE
+    assert budget.predict(lim, frames, Layout("sync")).verdict == CAN_HANG

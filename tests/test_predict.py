@@ -34,7 +34,7 @@ def predict(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def test_the_seed_numbers_with_one_iterator_per_worker_are_safe(capsys: Any) -> None:
     code, out, _ = predict(SEED, capsys)
     assert code == 0 and out.startswith("verdict: safe (sync)")
-    assert "25600 samples" in out and "3060 samples" in out
+    assert "25600 samples" in out and "2895 samples" in out
 
 
 def test_the_seed_on_acme_interleave_with_frames_can_hang_with_fixes_as_json(capsys: Any
@@ -126,7 +126,7 @@ def live_view(cell: Cell) -> Any:
     synchronous = cell.layout.startswith("sync")
     probe = probe_history(times, 0, workers=cell.workers, batch_size=cell.batch_size,
                           iterators_per_worker=ds.iterators_per_worker, prefetch=None,
-                          items_inserted=5 if synchronous else 0)
+                          item_bytes=ds.item_bytes, items_inserted=5 if synchronous else 0)
     actors = () if synchronous else (Actor(ACTOR, tuple(
         dataclasses.replace(actor_snapshot(t, 5), max_policy_lag=cell.lag) for t in times),
         polls(times)),)
@@ -143,6 +143,7 @@ def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None
     argv = [a for a in cell.args() if a not in ("--shape", "--item", cell.shape, cell.item)]
     flags = {"--workers": "--num-parallel-calls", "--min-size": "--min-size-to-sample"}
     argv = [flags.get(a, a) for a in argv]
+    argv += ["--item-bytes", str(cell.model()[1].item_bytes)]
     if cell.shape == "repeat":
         argv += ["--iterators-per-worker", "3"]
     out = io.StringIO()

@@ -21,6 +21,24 @@ three per requested worker): an unread iterator absorbs its whole bound, its sam
 
 and a learner blocked in next() with more than that drawn and undelivered has a batch.
 
+The warm-up burst of a `sync` loop is dealt more tightly, when every iterator is read: all
+of them wait with a request, none holds a sample, and Reverb's in-process sampler worker asks
+for 16 samples first and doubles each answered request up to `max_in_flight`
+(reverb/cc/sampler.cc, LocalSamplerWorker: `kInitialSampleBatchSize` 8, `2 * prev`). The
+table answers waiting requests in turn, so the burst goes round in doubling rounds: each
+worker holds C, the samples of the rounds before the one whose request reaches a batch, and
+the first request of that round completes one. Uneven service only makes some worker reach
+a batch sooner, so
+
+    strandable (sync, burst) = (workers - 1) * C + B - 1
+
+(12 workers of 256: rounds of 16, 32, 64, 128 hold C = 240, so 2895; 2 of 16: the first
+request is a whole batch, so 15). The table ends a response at 1 MiB of chunks
+(`kMaxSampleResponseSizeBytes`, reverb/cc/table.h), so with `item_bytes` known a request
+takes at most ceil(1 MiB / item_bytes) items: seed-sized frames (63,504 bytes) answer 17 at
+a time and C grows slower (3049 for 12 of 256). Chunks are compressed, so the uncompressed
+size overstates the bytes and the bound errs toward `can_hang`.
+
 **Released**, the samples drawn and undelivered when the inserting side stops, per layout:
 
     sync        insert blocking disabled (Acme's LocalLayout): the loop waits in next() only
@@ -42,10 +60,8 @@ lag bound, `spi * L < B`; otherwise `can_hang`: whether a run hangs depends on h
 released samples split across the iterators' requests, a race, so the grid measures it
 (bench/predict_grid.py). Nothing else in the core computes a boundary.
 
-What it takes and does not use: `prefetch` holds complete batches, which reach the learner,
-so it strands nothing; `item_bytes` changes how Reverb's sampler chunks its requests (and so
-how often a `can_hang` configuration hangs: the grid's frame-sized cells), never the two
-bounds, which hold whatever the split.
+What it does not use: `prefetch` holds complete batches, which reach the learner, so it
+strands nothing.
 """
 
 from __future__ import annotations
@@ -162,6 +178,23 @@ def strandable(ds: Dataset) -> float:
                                   * ds.batch_size - 1))
 
 
+# Reverb's in-process sampler worker: its first request is 2 x kInitialSampleBatchSize.
+FIRST_REQUEST = 16
+MAX_RESPONSE_BYTES = 1024 * 1024  # the table's kMaxSampleResponseSizeBytes
+
+
+def burst_strandable(ds: Dataset) -> float:
+    """What a fresh burst can leave with every read iterator short of a batch (docstring)."""
+    cap = ds.in_flight
+    if ds.item_bytes:
+        cap = min(cap, max(1, math.ceil(MAX_RESPONSE_BYTES / ds.item_bytes)))
+    held, request = 0, min(cap, FIRST_REQUEST)
+    while held + request < ds.batch_size:
+        held += request
+        request = min(cap, 2 * request)
+    return float((ds.workers - 1) * held + ds.batch_size - 1)
+
+
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The verdict for this configuration (module docstring)."""
     b, e, spi, s = ds.batch_size, lim.error_buffer, lim.samples_per_insert, strandable(ds)
@@ -180,8 +213,9 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
         return _judge(e, s, b, f"error_buffer {e:g}: the credit the workers hold at each "
                       "learner step")
     if e >= b:
-        return _judge(e, s, b, f"the warm-up burst (error_buffer {e:g}) lets can_sample({b}) "
-                      "send the loop into next()")
+        burst = burst_strandable(ds) if ds.iterators_per_worker == 1 else s
+        return _judge(e, burst, b, f"the warm-up burst (error_buffer {e:g}) lets "
+                      f"can_sample({b}) send the loop into next()")
     if spi >= b:
         return _judge(e + spi, s, b, f"one insert releases {spi:g} >= a batch, on top of "
                       f"error_buffer {e:g}")
