@@ -190,10 +190,11 @@ def watch(loop: Loop, args: argparse.Namespace, started: float) -> dict[str, Any
         if doc["blocked_in_next"] and doc["blocked_for_s"] >= args.hang_after:
             return {"outcome": "hang", "hang_since": doc["blocked_since"],
                     "hang_at_s": doc["blocked_since"] - started}
-        # A loop inside next() at the end is not done: it is a hang or a slow batch, and the
-        # hang check above tells which.
+        # A loop a while inside next() at the end is not done: it is a hang or a slow batch,
+        # and the hang check above tells which. A learner fed by a trickle is often inside
+        # next() for moments: that is training.
         if (first_batch_at is not None and now - first_batch_at >= args.train_s
-                and not doc["blocked_in_next"]):
+                and (not doc["blocked_in_next"] or doc["blocked_for_s"] < 1.0)):
             return {"outcome": "ran"}
         if now - started > args.timeout_s:
             return {"outcome": "timeout"}
