@@ -196,6 +196,9 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
     fixes = [f for r in rows for f in r["fixes"]]
     held = sum(f["held"] for f in fixes)
     live_eq = sum(r["live_equals_offline"] for r in rows)
+    warned_never = sum(1 for r in rows if r["predicted"] != budget.SAFE and not r["hangs"])
+    will_not_all = sum(1 for r in rows
+                       if r["predicted"] == budget.WILL_HANG and 0 < r["hangs"] < len(r["runs"]))
     lines = [
         f"{HEADING} ({n} cells, {sum(len(r['runs']) for r in rows)} runs + {len(fixes)} fix "
         f"runs, {took_s / 60:.1f} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
@@ -204,9 +207,15 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
         "(harness/loop_workload.py): the learner inside one next() for 8 s. A sidecar polls "
         "every 0.5 s from the start line, 1.5 s before the first insert. `can_hang` agrees "
         f"when one of up to {CAN_HANG_RUNS} runs hangs, `safe` when none does, `will_hang` "
-        "when all do. Each fix the model proves is applied and run once.",
+        "when all do. Each fix the model proves is applied and run once. A `can_hang` cell is "
+        "a race: whether a run hangs depends on how the released samples split across the "
+        "iterators' requests and, for `sync`, on whether the loop's `can_sample(batch)` "
+        "check runs while the warm-up burst is still undrawn.",
         "",
         f"- agreement: **{agree}/{n}** cells ({100 * agree / max(n, 1):.0f}%)",
+        f"- false predictions: **{safe_hung + warned_never + will_not_all}** (called safe and "
+        f"hung: {safe_hung}; warned and never hung: {warned_never}; will_hang that did not "
+        f"hang every run: {will_not_all})",
         f"- cells the model calls safe that hung: **{safe_hung}**",
         f"- hung runs predicted before the hang began: **{before}/{len(hung_runs)}**",
         f"- live verdict equal to `replaywatch predict`'s in every run: **{live_eq}/{n}** cells",
