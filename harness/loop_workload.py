@@ -115,15 +115,19 @@ class Loop:
         writer = client.trajectory_writer(num_keep_alive_refs=1)
         self.writer = (trainer.wrap_writer(writer) if args.layout.startswith("sync")
                        else actor.wrap_writer(writer) if actor else writer)
-        self.item = np.zeros(FRAME_SHAPE if args.item == "frames" else SMALL_SHAPE,
-                             np.uint8 if args.item == "frames" else np.float32)
+        # Frames are random bytes, as camera frames are to a compressor: Reverb compresses
+        # chunks, and a table answers at most 1 MiB of them per sample response, so
+        # all-zero frames would travel as if they were small items.
+        rng = np.random.default_rng(0)
+        self.items = ([rng.integers(0, 256, FRAME_SHAPE, np.uint8) for _ in range(16)]
+                      if args.item == "frames" else [np.zeros(SMALL_SHAPE, np.float32)])
         self.inserts = 0
         self.batches = 0
         self.learner_steps = 0
         self.stop = threading.Event()
 
     def insert(self) -> None:
-        self.writer.append({"x": self.item})
+        self.writer.append({"x": self.items[self.inserts % len(self.items)]})
         self.writer.create_item(TABLE, priority=1.0, trajectory={"x": self.writer.history["x"][-1]})
         self.writer.flush()
         self.inserts += 1
