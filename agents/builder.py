@@ -79,6 +79,13 @@ def any_port(listen: str) -> str:
     return f"{listen.rpartition(':')[0]}:0"
 
 
+def lag_in_inserts(max_policy_lag: int, n_step: int) -> int | None:
+    """The actor probe's bound, in inserts: `--max-policy-lag` steps of an n-step adder
+    insert at least steps - (n - 1) items (none on an episode's first n - 1 steps); None
+    without a bound. At least 1: the budget model then says what fewer than a batch means."""
+    return max(1, max_policy_lag - (n_step - 1)) if max_policy_lag else None
+
+
 def make_actor_probe(table: str, name: str, listen: str, enabled: bool = True,
                      max_policy_lag: int | None = None) -> ActorProbe | NoActorProbe:
     """An actor's probe, started: on `listen`, or any port of its host if that one is taken.

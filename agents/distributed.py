@@ -169,7 +169,8 @@ class ActorProcess:
         networks = builder.make_networks(spec, td3)
         probe = builder.make_actor_probe(replay.table, slot_name(slot), probe_listen,
                                          enabled=run.actor_probes,
-                                         max_policy_lag=run.max_policy_lag or None)
+                                         max_policy_lag=builder.lag_in_inserts(
+                                             run.max_policy_lag, td3.n_step))
         self._probe = probe
         address = _replay_address(replay_process, loopback)
         self._adder = builder.make_adder(probe.wrap_client(reverb.Client(address)), td3, replay)

@@ -57,8 +57,9 @@ def test_a_lag_bound_that_frees_less_than_a_batch_will_hang(capsys: Any) -> None
                             "--num-parallel-calls", "4", "--layout", "async-lag",
                             "--max-policy-lag", "3", "--json"], capsys)
     doc = json.loads(out)
-    assert code == 1 and doc["verdict"] == "will_hang"
-    assert {f["knob"] for f in doc["fixes"]} == {"batch_size", "max_policy_lag"}
+    assert code == 1 and doc["verdict"] == "will_hang" and doc["budget"] == 12
+    assert {f["knob"]: f["value"] for f in doc["fixes"]} == {"batch_size": 3,
+                                                             "max_policy_lag": 16}
 
 
 def test_min_and_max_diff_stand_for_other_limiters(capsys: Any) -> None:

@@ -754,4 +754,4 @@ def test_async_starvation_under_a_lag_bound_is_fixed_by_the_lag_not_the_configur
     assert finding is not None
     knobs = {f["knob"]: f["value"] for f in finding.evidence["fixes"]}
     assert "error_buffer" not in knobs and "num_parallel_calls" not in knobs
-    assert knobs["max_policy_lag"] == 8 and "max_policy_lag=8 (now 3" in finding.fix
+    assert knobs["max_policy_lag"] == 16 and "max_policy_lag=16 (now 3" in finding.fix

@@ -49,10 +49,13 @@ size overstates the bytes and the bound errs toward `can_hang`.
                 min_size on) with a finite max_diff: at every step the workers hold e.
     async       actors insert on their own: held at max_diff they resume as soon as the
                 learner draws; nothing is released once and for all. It cannot hang.
-    async-lag   actors take at most L steps without a learner step, then wait on it: after
-                warm-up they insert L, so e + spi * L; each learner step then takes B and
-                lets them insert L more, so when `spi * L < B` the held samples shrink by
-                `B - spi * L` a step until no batch completes.
+    async-lag   an actor inserts L items after it last saw the learner step, then waits on
+                it. The learner takes every batch that completes, so when it blocks, what
+                is held is whatever partial batches were left plus the actor's last L
+                inserts: spi * L at the least, whatever error_buffer is (it only pads the
+                first wait). When `spi * L < B` every wait frees less than a batch while
+                the learner takes at least one, so the held samples shrink until no batch
+                completes.
 
 **Verdict.** `safe` when released > strandable (pigeonhole: some iterator completes a batch)
 or the layout cannot stop; `will_hang` when released < B (no batch can complete) or, with a
@@ -203,12 +206,12 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       "they resume as soon as it draws")
     if layout.kind == ASYNC_LAG:
         lag = layout.max_policy_lag or 0
-        released = e + spi * lag
-        if spi * lag < b:
+        released = spi * lag
+        if released < b:
             return Budget(WILL_HANG, released, s, f"each learner step takes {b} samples and "
-                          f"lets the actors insert only {lag} x {spi:g} = {spi * lag:g}")
-        return _judge(released, s, b, f"error_buffer {e:g} + {lag} x {spi:g} inserted "
-                      "before the actors wait on the learner")
+                          f"lets the actors insert only {lag} x {spi:g} = {released:g}")
+        return _judge(released, s, b, f"{lag} x {spi:g} inserted after the learner's last "
+                      "step, before the actors wait on it again")
     if layout.kind == SYNC_RATIO:
         return _judge(e, s, b, f"error_buffer {e:g}: the credit the workers hold at each "
                       "learner step")
@@ -254,8 +257,8 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     Empty when the configuration is safe already.
 
     One knob always suffices, so no pair is ever needed: error_buffer raises what is
-    released without bound in the synchronous layouts and under a lag bound that frees a
-    batch a step; where the bound frees less (`spi * L < B`), a longer lag does.
+    released without bound in the synchronous layouts, and a longer lag under a lag bound
+    (where error_buffer never helps).
     """
     if predict(lim, ds, layout).verdict == SAFE:
         return ()

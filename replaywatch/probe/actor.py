@@ -147,9 +147,11 @@ class ActorProbe(Served):
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
         self._monotonic = monotonic
-        # The policy-lag bound (steps an actor takes without a learner step before it waits
-        # on the learner) makes an asynchronous job's prediction possible on the first poll,
-        # before any wait is seen.
+        # The policy-lag bound makes an asynchronous job's prediction possible on the first
+        # poll, before any wait is seen. It counts inserts: the fewest items the actor
+        # inserts after it sees the learner step and before it waits on it again (an n-step
+        # adder inserts nothing on an episode's first n - 1 steps, so a bound of L steps is
+        # L - (n - 1) inserts).
         self._static = {"role": "actor", "pid": os.getpid(), "name": name, "table": table,
                         "max_policy_lag": max_policy_lag}
         self._started = monotonic()
