@@ -146,12 +146,18 @@ def test_a_hand_written_loop_with_a_finite_max_diff_is_named_worker_starvation(
 
 def test_one_worker_below_a_batch_is_named_before_the_first_next(tmp_path: Path) -> None:
     # batch 256, error_buffer 100: 100 samples can never complete a batch. Watched for the
-    # 2 s before the first insert (--start-delay): named from the configuration alone.
+    # 1.5 s before the first insert (--start-delay 4): named from the configuration and the
+    # loop's wrapped writer alone.
     doc = check(tmp_path, ["--layout", "sync-ratio", "--workers", "1", "--batch-size", "256",
                            "--samples-per-insert", "128", "--min-size", "1000",
                            "--error-buffer", "100", "--start-delay", "4"], 1.5, "below")
     (probe,) = [p["snapshot"] for p in doc["probes"]]
     assert probe["batches_retrieved"] == 0 and not probe["blocked_in_next"]
-    (risk,) = [f for f in doc["findings"] if f["kind"] == "deadlock_risk"]
-    assert risk["evidence"]["verdict"] == "will_hang"
-    assert risk["evidence"]["released_samples"] == 100
+    assert probe["items_inserted"] == 0  # not one insert yet: the wrapped writer says it all
+    (certain,) = [f for f in doc["findings"] if f["kind"] == "batch_exceeds_headroom"]
+    assert certain["severity"] == "critical"
+    assert certain["evidence"]["verdict"] == "will_hang"
+    assert certain["evidence"]["released_samples"] == 100
+    assert certain["evidence"]["layout_basis"] == "loop writer"
+    assert {f["knob"]: f["value"] for f in certain["evidence"]["fixes"]} == {
+        "error_buffer": 256, "batch_size": 100}

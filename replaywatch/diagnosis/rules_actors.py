@@ -85,7 +85,7 @@ def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: 
     evidence = {**limiter_evidence(t), **stranded.evidence(), "workers": workers,
                 "batch_size": batch, "sample_headroom": sample_headroom(t),
                 "blocked_for_s": p.blocked_for_s, "probe": p.probe,
-                "layout": "synchronous" if synchronous else "asynchronous",
+                **_layout_evidence(case, synchronous),
                 "circular_wait": "the loop inserts only after a step" if synchronous
                 else "every actor waits on the learner"}
     if not synchronous:
@@ -101,6 +101,15 @@ def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: 
     evidence["fixes"] = proven
     return case.finding(kinds.WORKER_STARVATION, summary, evidence, fix,
                         since=t.observed_at - idle)
+
+
+def _layout_evidence(case: TableCase, synchronous: bool) -> dict[str, object]:
+    """The layout as known; unknown, what proved the circular wait instead."""
+    known = rules_config.known_layout(case)
+    if known.known:
+        return known.evidence()
+    return {**known.evidence(), "layout": "synchronous (max_diff at float max)" if synchronous
+            else "asynchronous (every actor waits on the learner)"}
 
 
 def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
