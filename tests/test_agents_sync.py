@@ -50,10 +50,11 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
 
 def test_a_pixels_learner_steps_then_hangs_without_blocking_in_next() -> None:
     # One agent for two claims (an agent start-up is ~10 s of both cores): the pixels
-    # networks learn (steps before the hang, injected 8 s in), and a hung learner
-    # stops stepping without being blocked in next().
+    # networks learn (steps before the hang, injected 14 s in), and a hung learner
+    # stops stepping without being blocked in next(). At 8 s the pixels networks' first
+    # compile, beside make test's other two lanes, had left one step (twice, 2026-12-01).
     flags = [*SMALL, "--pixels", "--batch-size", "16", "--samples-per-insert", "16",
-             "--steps", "1000000", "--inject-stall", "learner-hang@8"]
+             "--steps", "1000000", "--inject-stall", "learner-hang@14"]
     with AgentProcess(flags) as agent:
         assert agent.start_line(timeout_s=120)["pixels"] is True
         agent.wait_for(lambda r: r["event"] == "stall_injected", timeout_s=150)
