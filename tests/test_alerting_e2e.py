@@ -144,6 +144,10 @@ def _tail(proc: Proc) -> str:
     return proc.log_path.read_text(errors="replace")[-1500:]
 
 
+# One attempt: the agent, its start line, the sidecar, its base URL, Prometheus, its start.
+Started = tuple[Proc, dict[str, Any], Proc, str, Prometheus, float]
+
+
 @pytest.mark.timeout(420)  # up to seed_hang.ATTEMPTS agent starts, then the alert path
 def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_panel(
     spawn: Callable[..., Proc], sidecar: Callable[..., tuple[Proc, str]], webhook: Webhook,
@@ -151,33 +155,38 @@ def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_pa
 ) -> None:
     alertmanager = Alertmanager(spawn, alertmanager_config(webhook.url), tmp_path / "am")
 
-    def start_watched_agent(attempt: int) -> tuple[Proc, dict[str, Any], Proc, str]:
+    def start_watched_agent(attempt: int) -> Started:
         # The sidecar is watching the agent's ports before the agent starts, so it sees the
-        # inserts before the hang however slowly either process starts.
+        # inserts before the hang however slowly either process starts; Prometheus scrapes
+        # it from then on too: the observed samples-per-insert panel has data only while the
+        # sidecar's 10 s rate window still holds inserts, and a Prometheus started after the
+        # hang (as it was) missed that window under load (twice, 2026-12-01).
         reverb_port, probe_port = free_port(), free_port()
         watcher, base = sidecar("--reverb", f"127.0.0.1:{reverb_port}", "--probe",
                                 f"127.0.0.1:{reverb_port}=http://127.0.0.1:{probe_port}",
                                 "--interval", "1",
                                 "--db", str(tmp_path / f"incidents-{attempt}.sqlite3"))
+        prometheus = Prometheus(spawn, prometheus_config(base.removeprefix("http://"),
+                                                         f"127.0.0.1:{alertmanager.port}"),
+                                tmp_path / f"prometheus-{attempt}",
+                                extra_files={"alerts.yml": alert_rules()})
+        started_at = float(prometheus.query("vector(time())")[0]["value"][1])
         agent = spawn([PYTHON, "-m", "agents.run", *HANG_FLAGS,
                        "--reverb-port", str(reverb_port),
                        "--probe-listen", f"127.0.0.1:{probe_port}", "--eval-every", "0",
                        "--steps", "10000000", "--seed", str(attempt)], name="agent")
         start = agent.announce(timeout_s=120)
         assert start["reverb"] == f"127.0.0.1:{reverb_port}", start
-        return agent, start, watcher, base
+        return agent, start, watcher, base, prometheus, started_at
 
-    def stop(started: tuple[Proc, dict[str, Any], Proc, str]) -> None:
+    def stop(started: Started) -> None:
+        started[4].proc.kill()
         started[2].kill()
         started[0].kill()
 
-    (agent, start, _, base), _ = seed_hang.until_stranded(
+    (agent, start, _, base, prometheus, started_at), _ = seed_hang.until_stranded(
         start_watched_agent, lambda started: get_json(started[1]["probe"] + "/probe")[1], stop)
     target, table = start["reverb"], start["table"]
-    prometheus = Prometheus(spawn, prometheus_config(base.removeprefix("http://"),
-                                                     f"127.0.0.1:{alertmanager.port}"),
-                            tmp_path / "prometheus", extra_files={"alerts.yml": alert_rules()})
-    started_at = float(prometheus.query("vector(time())")[0]["value"][1])
     finding = f'replaywatch_finding_active{{kind="{KIND}", target="{target}", table="{table}"}}'
 
     try:
