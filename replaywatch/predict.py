@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from replaywatch.config import parse_address, read_toml
 from replaywatch.diagnosis import budget
+from replaywatch.diagnosis.rules_config import limiter_of
 from replaywatch.errors import ConfigError, SourceError
 from replaywatch.model import LAYOUTS
 
@@ -153,9 +154,7 @@ def server_limiter(address: str, table: str | None, timeout_s: float = 2.0
     chosen = next((t for t in tables if table is None or t.name == table), None)
     if chosen is None:
         raise ConfigError(f"--reverb {address} has no table {table!r} (tables: {names})")
-    rl = chosen.rate_limiter
-    return budget.Limiter(rl.samples_per_insert, rl.min_size_to_sample, rl.min_diff,
-                          rl.max_diff)
+    return limiter_of(chosen)
 
 
 def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout

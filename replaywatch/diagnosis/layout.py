@@ -24,7 +24,8 @@ import dataclasses
 
 from replaywatch.diagnosis import budget
 from replaywatch.diagnosis.actors import Actor
-from replaywatch.model import FLOAT_MAX, ProbeSnapshot, TableSnapshot
+from replaywatch.diagnosis.ratelimiter import is_insert_blocking_disabled
+from replaywatch.model import ProbeSnapshot, TableSnapshot
 
 DECLARED, LOOP_WRITER, ACTOR_PROBES = "declared", "loop writer", "actor probes"
 
@@ -60,10 +61,6 @@ class KnownLayout:
 UNKNOWN = KnownLayout(None, None)
 
 
-def blocking_disabled(table: TableSnapshot) -> bool:
-    return table.rate_limiter.max_diff >= FLOAT_MAX * 0.5
-
-
 def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tuple[Actor, ...],
             declared: str | None = None) -> KnownLayout:
     """The table's layout from the newest snapshots (module docstring)."""
@@ -75,7 +72,8 @@ def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tup
             return KnownLayout(kind, DECLARED, lag)
     if any((p.writers_wrapped or p.items_inserted) and p.inserts_on_next_thread is not False
            for p in probes):
-        return KnownLayout(budget.SYNC if blocking_disabled(table) else budget.SYNC_RATIO,
+        return KnownLayout(budget.SYNC if is_insert_blocking_disabled(table)
+                           else budget.SYNC_RATIO,
                            LOOP_WRITER)
     if lags:
         return KnownLayout(budget.ASYNC_LAG, ACTOR_PROBES, lags[0])

@@ -28,7 +28,6 @@ from replaywatch.diagnosis.ratelimiter import (
     Stranded,
     can_insert,
     can_sample,
-    is_insert_blocking_disabled,
     sample_headroom,
 )
 from replaywatch.diagnosis.rules_liveness import failing_since
@@ -54,7 +53,7 @@ def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
         return None
     if sample_headroom(t) >= 1 and not worker_waited(case, "waiting_for_inserts", th):
         return None
-    synchronous = loop_is_synchronous(case)
+    synchronous = rules_config.loop_is_synchronous(case)
     for probe in case.probes:
         p = probe[-1]
         if (len(probe) < 2 or win.span(probe) < th.min_history_s or not p.blocked_in_next
@@ -70,18 +69,11 @@ def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
     return None
 
 
-def loop_is_synchronous(case: TableCase) -> bool:
-    """The loop that inserts is the learner: a known synchronous layout, or, the layout
-    unknown, inserts that never block (Acme's LocalLayout rewrite of max_diff)."""
-    known = rules_config.known_layout(case)
-    return known.synchronous or (not known.known and is_insert_blocking_disabled(case.latest))
-
-
 def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: float,
                        th: Thresholds) -> Finding:
     t, p = case.latest, probe[-1]
     workers, batch = p.num_parallel_calls, p.batch_size
-    synchronous = loop_is_synchronous(case)
+    synchronous = rules_config.loop_is_synchronous(case)
     evidence = {**limiter_evidence(t), **stranded.evidence(), "workers": workers,
                 "batch_size": batch, "sample_headroom": sample_headroom(t),
                 "blocked_for_s": p.blocked_for_s, "probe": p.probe,
@@ -127,13 +119,13 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
         return ("Set num_parallel_calls=1 in make_reverb_dataset, or give the limiter more "
                 "slack (declare batch_size and num_parallel_calls to the trainer probe for "
                 "the numbers)."), []
-    lim = rules_config.limiter_of(case.latest)
-    found, note = budget.fixes(lim, ds, model), ""
-    if not found and ds.iterators_per_worker < lim_iterators():
+    limiter = rules_config.limiter_of(case.latest)
+    found, note = budget.fixes(limiter, ds, model), ""
+    if not found and ds.iterators_per_worker < lim.ITERATORS_PER_WORKER_UP_TO:
         # It starved although the declared dataset cannot strand this much: more sampling
         # iterators read the table than declared, as Acme's repeat-interleave makes.
-        ds = dataclasses.replace(ds, iterators_per_worker=lim_iterators())
-        found = budget.fixes(lim, ds, model)
+        ds = dataclasses.replace(ds, iterators_per_worker=lim.ITERATORS_PER_WORKER_UP_TO)
+        found = budget.fixes(limiter, ds, model)
         note = (f" (judged with {ds.iterators_per_worker} sampling iterators per worker, as "
                 "Acme's make_reverb_dataset before acme dea9307 runs: the declared dataset "
                 "could not have starved)")
@@ -146,9 +138,6 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
     return (f"Any one of (each proven by the budget model{note}): "
             + "; ".join(f.text() for f in found) + "."), [f.document() for f in found]
 
-
-def lim_iterators() -> int:
-    return lim.ITERATORS_PER_WORKER_UP_TO
 
 
 def _loop_seen_in_next(case: TableCase, th: Thresholds) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 from replaywatch.diagnosis import budget, kinds
 from replaywatch.diagnosis import layout as lay
+from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
@@ -46,15 +47,22 @@ def known_layout(case: TableCase) -> lay.KnownLayout:
                        case.declared_layout)
 
 
+def loop_is_synchronous(case: TableCase) -> bool:
+    """The loop that inserts is the learner: a known synchronous layout, or, the layout
+    unknown, inserts that never block (Acme's LocalLayout rewrite of max_diff)."""
+    known = known_layout(case)
+    return known.synchronous or (not known.known and lim.is_insert_blocking_disabled(case.latest))
+
+
 def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayout,
                                                    budget.Layout] | None:
     """The model's budget for this table and probe, under the known (or, unknown, the
     synchronous) reading; None when the probe does not declare the dataset."""
     ds = dataset_of(probe[-1])
-    if ds is None or not _sample_limited(case.latest):
+    if ds is None or not lim.is_sample_limited(case.latest):
         return None
     known = known_layout(case)
-    if not known.known and not lay.blocking_disabled(case.latest):
+    if not known.known and not lim.is_insert_blocking_disabled(case.latest):
         return None
     model = known.model() or budget.Layout(budget.SYNC)
     return budget.predict(limiter_of(case.latest), ds, model), known, model
@@ -77,11 +85,6 @@ def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding |
     if got[0].verdict == budget.WILL_HANG and got[1].known:
         return None  # batch_exceeds_headroom names it
     return _finding(kinds.DEADLOCK_RISK, case, probe, *got)
-
-
-def _sample_limited(t: TableSnapshot) -> bool:
-    """A finite min_diff: MinSize's -float max never holds samples back, nothing strands."""
-    return t.rate_limiter.min_diff > -1e300
 
 
 def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,

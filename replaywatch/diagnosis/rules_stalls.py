@@ -63,8 +63,7 @@ def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
     t = case.latest
     needed = lim.inserts_to_sample(t)
     known = rules_config.known_layout(case)
-    # Known, or (unknown) inserts that never block: Acme's LocalLayout rewrite of max_diff.
-    synchronous = known.synchronous or (not known.known and is_insert_blocking_disabled(t))
+    synchronous = rules_config.loop_is_synchronous(case)
     evidence: dict[str, Any] = {
         **limiter_evidence(t), "sample_headroom": sample_headroom(t), "inserts_needed": needed,
         "seconds_without_progress": idle, **known.evidence(),
