@@ -70,6 +70,7 @@ strands nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -252,6 +253,9 @@ class Fix:
         return f"{self.knob}={self.value} (now {_num(self.was)}; {self.cost})"
 
 
+# The rules ask again on every poll while a finding stays open, and a search tries up to a
+# batch size of configurations; the arguments are frozen, so the answer is kept.
+@functools.lru_cache(maxsize=1024)
 def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     """For each knob, the smallest change the model calls safe (never the current value).
     Empty when the configuration is safe already.
@@ -294,8 +298,7 @@ def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
 
 def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     for b in range(ds.batch_size - 1, 0, -1):
-        if _safe(lim, dataclasses.replace(ds, batch_size=b, max_in_flight=ds.max_in_flight),
-                 layout):
+        if _safe(lim, dataclasses.replace(ds, batch_size=b), layout):
             return Fix("batch_size", b, ds.batch_size,
                        f"batches of {b}: a different learning step (rescale the learning "
                        "rate)")
