@@ -95,7 +95,7 @@ def run_once(cell: Cell, workdir: Path) -> dict[str, Any]:
     proc = Proc([PYTHON, "harness/loop_workload.py", *cell.args(), "--start-delay", "1.5",
                  "--train-s", "5", "--hang-after", "8"], stdout_path=log)
     try:
-        start = proc.announce(timeout_s=90)
+        start = proc.announce(timeout_s=90, match=lambda record: "reverb" in record)
         config = cfg.WatchConfig(
             targets=(cfg.parse_address(start["reverb"].replace("localhost", "127.0.0.1")),),
             probes=tuple(cfg.parse_probe(u) for u in (start["probe"], start["actor_probe"])
@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every row here")
     p.add_argument("--from-json", type=Path, default=None,
                    help="render the rows a run wrote with --json (no runs)")
+    p.add_argument("--resume", type=Path, default=None,
+                   help="keep the rows a stopped run wrote with --json; run the other cells")
     p.add_argument("--took-min", type=float, default=None,
                    help="with --from-json: how long that run took, for the heading")
     args = p.parse_args(argv)
@@ -275,9 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         cells = [c for c in cells if args.only in c.name]
     cells = cells[: args.cells] if args.cells else cells
     started = time.time()
-    rows = []
+    rows = json.loads(args.resume.read_text()) if args.resume else []
+    done = {r["cell"] for r in rows}
     with tempfile.TemporaryDirectory() as tmp:
         for i, cell in enumerate(cells, 1):
+            if cell.name in done:
+                continue
             row = run_cell(cell, args.runs, Path(tmp), fixes=not args.no_fixes)
             rows.append(row)
             print(f"[{i}/{len(cells)}] {row['cell']}: model {row['predicted']}, "

@@ -88,11 +88,11 @@ class Proc:
         assert self.log_path is not None
         while time.monotonic() < deadline:
             for line in self.log_path.read_text(errors="replace").splitlines():
-                if line.startswith("{"):
+                if "{" in line:
                     try:
-                        # raw_decode: a child's C++ threads log to the same file and may
-                        # append to the line before its newline lands.
-                        record = json.JSONDecoder().raw_decode(line)[0]
+                        # raw_decode from the first brace: a child's C++ threads log to the
+                        # same file and may write into the line before or after the JSON.
+                        record = json.JSONDecoder().raw_decode(line[line.index("{"):])[0]
                     except ValueError:
                         continue
                     if isinstance(record, dict) and match(record):

@@ -77,6 +77,51 @@ ROWS = [
 ]
 
 
+def sized(config: tuple[Limiter, Dataset, Layout], item_bytes: int
+          ) -> tuple[Limiter, Dataset, Layout]:
+    """The same configuration with its items' size known (the probe's item_bytes)."""
+    lim, ds, layout = config
+    return lim, Dataset(ds.workers, ds.batch_size, ds.max_in_flight, ds.prefetch,
+                        ds.iterators_per_worker, item_bytes), layout
+
+
+# Known small items: every release, request and batch is a multiple of g = gcd(spi, e, 16,
+# max_in_flight, B), so an iterator holds at most B - 1 rounded down to it.
+SIZED_ROWS = [
+    # 4 x 16, spi 4, e 32: g = 4, each holds at most 12, so a lag of 15 (60 freed a step) is
+    # safe; the grid's 8 runs of it never hung, where 4 x 15 = 60 said it could.
+    ("async_lag_15_frees_more_than_four_workers_of_twelve_hold",
+     sized(cell("async-lag", 4, 16, 4, 32, lag=15), 16), SAFE, 60, 48),
+    ("async_lag_4_still_can_hang", sized(cell("async-lag", 4, 16, 4, 32, lag=4), 16),
+     CAN_HANG, 16, 48),
+    ("sync_ratio_2_workers_of_16_hold_12_each", sized(cell("sync-ratio", 2, 16, 4, 20), 16),
+     CAN_HANG, 20, 24),
+    # spi 1: g = 1, nothing changes.
+    ("sync_ratio_spi_1_has_no_granularity", sized(cell("sync-ratio", 4, 32, 1, 64), 16),
+     CAN_HANG, 64, 124),
+    # Frames: 1 MiB answers 17 of them, fewer than max_in_flight, so any count can arrive.
+    ("frames_end_a_response_anywhere", sized(cell("sync-ratio", 2, 16, 4, 20), 84 * 84 * 9),
+     CAN_HANG, 20, 30),
+]
+
+
+@pytest.mark.parametrize("name,config,verdict,released,strand", SIZED_ROWS,
+                         ids=[r[0] for r in SIZED_ROWS])
+def test_budget_with_item_size_known(name: str, config: tuple[Limiter, Dataset, Layout],
+                                     verdict: str, released: float | None,
+                                     strand: float) -> None:
+    b = budget.predict(*config)
+    assert (b.verdict, b.released, b.strandable) == (verdict, released, strand)
+
+
+def test_granularity_is_one_unless_every_count_shares_a_factor() -> None:
+    small = Dataset(4, 16, item_bytes=16)
+    assert budget.granularity(Limiter.ratio(4, 1000, 32), small) == 4
+    assert budget.granularity(Limiter.ratio(4, 1000, 30), small) == 2
+    assert budget.granularity(Limiter.ratio(4.5, 1000, 32), small) == 1
+    assert budget.granularity(Limiter.ratio(4, 1000, 32), Dataset(4, 16)) == 1  # size unknown
+
+
 @pytest.mark.parametrize("name,config,verdict,released,strand", ROWS, ids=[r[0] for r in ROWS])
 def test_budget_table(name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
                       released: float | None, strand: float) -> None:

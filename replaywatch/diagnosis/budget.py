@@ -21,6 +21,21 @@ three per requested worker): an unread iterator absorbs its whole bound, its sam
 
 and a learner blocked in next() with more than that drawn and undelivered has a batch.
 
+**Granularity.** Samples leave the table in whole requests' worth of what the limiter
+allows: the table fills the request at the head of its queue while the limiter commits
+(reverb/cc/table.cc, TableWorkerLoop), and a sampler asks for twice its last answer, capped
+by `max_in_flight` (LocalSamplerWorker from 16; the gRPC stream from 128,
+reverb_service_impl.cc). With an integral spi and error_buffer, every release, every
+request and every batch is then a multiple of
+
+    g = gcd(spi, error_buffer, 16, max_in_flight, B)
+
+and so is what each iterator holds: short of a batch it holds at most B - 1 rounded down to
+a multiple of g (4 x 16 with spi 4: 12 each, 48 in all, not 60). A response also ends at
+1 MiB of (compressed) chunks, which can end it at any count, so g is 1 when that cap can
+bind (item size known, at most `max_in_flight` items in 1 MiB) or when the item size is
+unknown.
+
 The warm-up burst of a `sync` loop is dealt more tightly, when every iterator is read: all
 of them wait with a request, none holds a sample, and Reverb's in-process sampler worker asks
 for 16 samples first and doubles each answered request up to `max_in_flight`
@@ -174,12 +189,26 @@ class Budget:
                 "budget_reason": self.reason}
 
 
-def strandable(ds: Dataset) -> float:
+def granularity(lim: Limiter, ds: Dataset) -> int:
+    """The multiple every release, request and batch is (module docstring); 1 when unsure."""
+    spi, e = lim.samples_per_insert, lim.error_buffer
+    if not ds.item_bytes or response_cap(ds) <= ds.in_flight:
+        return 1
+    if spi < 1 or not float(spi).is_integer() or not float(e).is_integer():
+        return 1
+    return math.gcd(int(spi), abs(int(e)), FIRST_REQUEST, ds.in_flight, ds.batch_size)
+
+
+def _down(value: int, g: int) -> int:
+    return value // g * g
+
+
+def strandable(ds: Dataset, g: int = 1) -> float:
     """Samples the iterators can hold while none completes a batch (module docstring)."""
-    read = ds.workers * (ds.batch_size - 1)
+    read = ds.workers * _down(ds.batch_size - 1, g)
     unread = ds.workers * (ds.iterators_per_worker - 1)
-    return float(read + unread * (ds.in_flight + (INTERLEAVE_BUFFER_BATCHES + 1)
-                                  * ds.batch_size - 1))
+    return float(read + unread * _down(ds.in_flight + (INTERLEAVE_BUFFER_BATCHES + 1)
+                                       * ds.batch_size - 1, g))
 
 
 # Reverb's in-process sampler worker: its first request is 2 x kInitialSampleBatchSize.
@@ -187,11 +216,16 @@ FIRST_REQUEST = 16
 MAX_RESPONSE_BYTES = 1024 * 1024  # the table's kMaxSampleResponseSizeBytes
 
 
+def response_cap(ds: Dataset) -> int:
+    """The most items one answer carries: 1 MiB of them, when their size is known."""
+    if not ds.item_bytes:
+        return ds.in_flight
+    return max(1, math.ceil(MAX_RESPONSE_BYTES / ds.item_bytes))
+
+
 def burst_strandable(ds: Dataset) -> float:
     """What a fresh burst can leave with every read iterator short of a batch (docstring)."""
-    cap = ds.in_flight
-    if ds.item_bytes:
-        cap = min(cap, max(1, math.ceil(MAX_RESPONSE_BYTES / ds.item_bytes)))
+    cap = min(ds.in_flight, response_cap(ds))
     held, request = 0, min(cap, FIRST_REQUEST)
     while held + request < ds.batch_size:
         held += request
@@ -201,7 +235,8 @@ def burst_strandable(ds: Dataset) -> float:
 
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The verdict for this configuration (module docstring)."""
-    b, e, spi, s = ds.batch_size, lim.error_buffer, lim.samples_per_insert, strandable(ds)
+    b, e, spi = ds.batch_size, lim.error_buffer, lim.samples_per_insert
+    s = strandable(ds, granularity(lim, ds))
     if layout.kind == ASYNC:
         return Budget(SAFE, None, s, "actors never wait on the learner: blocked at max_diff, "
                       "they resume as soon as it draws")
