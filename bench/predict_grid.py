@@ -199,6 +199,8 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
     warned_never = sum(1 for r in rows if r["predicted"] != budget.SAFE and not r["hangs"])
     will_not_all = sum(1 for r in rows
                        if r["predicted"] == budget.WILL_HANG and 0 < r["hangs"] < len(r["runs"]))
+    sure = [r for r in rows if r["predicted"] != budget.CAN_HANG]
+    races = [r for r in rows if r["predicted"] == budget.CAN_HANG]
     lines = [
         f"{HEADING} ({n} cells, {sum(len(r['runs']) for r in rows)} runs + {len(fixes)} fix "
         f"runs, {took_s / 60:.1f} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
@@ -212,7 +214,9 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
         "iterators' requests and, for `sync`, on whether the loop's `can_sample(batch)` "
         "check runs while the warm-up burst is still undrawn.",
         "",
-        f"- agreement: **{agree}/{n}** cells ({100 * agree / max(n, 1):.0f}%)",
+        f"- agreement: **{agree}/{n}** cells ({100 * agree / max(n, 1):.0f}%): the `safe` and "
+        f"`will_hang` cells {sum(r['agrees'] for r in sure)}/{len(sure)}, the `can_hang` cells "
+        f"(races) seen to hang {sum(r['agrees'] for r in races)}/{len(races)}",
         f"- false predictions: **{safe_hung + warned_never + will_not_all}** (called safe and "
         f"hung: {safe_hung}; warned and never hung: {warned_never}; will_hang that did not "
         f"hang every run: {will_not_all})",
