@@ -21,16 +21,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from replaywatch.metrics_actors import (
-    Group,
-    Row,
-    actor_rows,
-    counter,
-    gauge,
-    owners,
-    role_of,
-    trainer_rows,
-)
+from replaywatch.metric_families import Group, Row, counter, gauge
+from replaywatch.metrics_probes import actor_rows, owners, role_of, trainer_rows
 from replaywatch.model import TableWorkerTime
 from replaywatch.state import Published
 

@@ -11,18 +11,26 @@ limiter (spi 1, min_size 1, min_diff -100, max_diff 100).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from replaywatch.diagnosis import kinds, rules
+from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.actors import Actor
+from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView
 from replaywatch.model import (
     FLOAT_MAX,
+    WRITER_CALLS,
+    ActorSnapshot,
+    Finding,
     KeyDistributionOptions,
     ProbeSnapshot,
     RateLimiterInfo,
     TableSnapshot,
     TableWorkerTime,
+    WriterCallStats,
 )
 
 TARGET = "localhost:8000"
@@ -180,3 +188,67 @@ SEED_LIMITER = dict(spi=128.0, min_diff=230_400.0, max_diff=FLOAT_MAX, min_size=
 SEED_BLOCKING_LIMITER = dict(spi=128.0, min_diff=230_400.0, max_diff=281_600.0, min_size=2000)
 
 DEFAULT = Thresholds()
+
+
+# -- actor probe snapshots, for tests that need one without running an ActorProbe --------
+
+ACTOR = "http://127.0.0.1:9"
+
+
+def actor_snapshot(
+    t: float,
+    steps: int,
+    *,
+    url: str = ACTOR,
+    items: int | None = None,
+    in_call: str | None = None,
+    blocked_for: float = 0.0,
+    waiting_on: str | None = None,
+    waiting_for: float = 0.0,
+    pending: int = 0,
+    pid: int = 5151,
+    started_at: float = 0.0,
+    name: str = "actor-0",
+    table: str | None = "replay",
+) -> ActorSnapshot:
+    """One actor `/probe` document at `t`; its last step was a second ago (if it took one)."""
+    calls = tuple(WriterCallStats(c, steps if c == "append" else 0, 0, 0.5, None)
+                  for c in WRITER_CALLS)
+    return ActorSnapshot(
+        probe=url, observed_at=float(t), pid=pid, name=name, table=table,
+        started_at=started_at, steps_total=steps,
+        last_step_at=t - 1.0 if steps else None,
+        seconds_since_last_step=1.0 if steps else None,
+        in_call=in_call, in_call_since=t - blocked_for if in_call else None,
+        blocked_for_s=blocked_for, items_created_total=steps if items is None else items,
+        appends_total=steps, pending_items=pending, waiting_on=waiting_on,
+        waiting_since=t - waiting_for if waiting_on else None, waiting_for_s=waiting_for,
+        waits_total=0, waiting_seconds_total=waiting_for, thread_count=3, os_threads=7,
+        writers_wrapped=1, calls=calls,
+    )
+
+
+# -- rule cases ---------------------------------------------------------------------------------
+
+T20 = seconds(20)  # 1000 .. 1019
+
+
+def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
+         now: float | None = None, actors: tuple[Actor, ...] = ()) -> TableCase:
+    """What a table rule judges: the table's history since its last reset, with probes."""
+    history = win.since_last_reset(table)
+    return TableCase(TARGET, history, probes,
+                     history[-1].observed_at if now is None else now, actors=actors)
+
+
+def assert_as_declared(finding: Finding | None, rule: Callable) -> None:
+    """A rule produces only its own declared kind, at the declared severity."""
+    if finding is not None:
+        declared = kinds.BY_NAME[finding.kind]
+        assert rules.BY_KIND[declared] is rule
+        assert finding.severity is declared.severity
+
+
+def waiting(rate_ms_per_s: float = 980.0, times: list[float] = T20) -> list[int]:
+    """A table worker's waiting-for-inserts counter at `rate_ms_per_s`."""
+    return cumulative(rate_ms_per_s, times)

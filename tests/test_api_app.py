@@ -21,8 +21,7 @@ from replaywatch.incidents import IncidentLog
 from replaywatch.metrics import make_registry
 from replaywatch.model import Finding, PollOutcome, Severity
 from replaywatch.state import Published, SourceStatus, StateStore
-from tests.actor_builders import actor_snapshot
-from tests.builders import probe_snapshot, table_history
+from tests.builders import actor_snapshot, probe_snapshot, table_history
 
 T = "127.0.0.1:1"
 

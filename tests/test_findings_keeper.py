@@ -20,8 +20,7 @@ from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, PollOutcome, Severity
-from tests.actor_builders import ACTOR, actor_snapshot
-from tests.builders import PROBE, TARGET, table_snapshot
+from tests.builders import ACTOR, PROBE, TARGET, actor_snapshot, table_snapshot
 from tests.test_rules import seed_hung_probe, seed_hung_table
 
 T = "localhost:8000"

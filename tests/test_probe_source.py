@@ -20,8 +20,7 @@ from replaywatch.history import History
 from replaywatch.model import WRITER_CALLS, PollOutcome
 from replaywatch.probe import ActorProbe, TrainerProbe
 from replaywatch.sources.probe_http import HttpProbeSource
-from tests.actor_builders import actor_snapshot
-from tests.builders import probe_snapshot
+from tests.builders import actor_snapshot, probe_snapshot
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView
 from replaywatch.model import Finding, ProbeSnapshot
@@ -101,3 +102,10 @@ def _too_many_threads(view: TargetView, over: dict[str, Probe], th: Thresholds,
         "threads.", evidence, "Cap the thread pools (tf.data num_parallel_calls, "
         "TF inter/intra op threads, XLA) so workers are scheduled.",
         since=min(since), last_seen=now)
+
+
+RULES = (
+    Rule(kinds.TARGET_DOWN, is_target_down, Shape.VIEW),
+    Rule(kinds.PROBE_DOWN, is_probe_down, Shape.VIEW),
+    Rule(kinds.TOO_MANY_THREADS, is_too_many_threads, Shape.VIEW),
+)
