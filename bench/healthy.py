@@ -1,4 +1,4 @@
-"""False alarms on healthy runs of the agents/ workload (issue 11's acceptance).
+"""False alarms on healthy runs of the agents/ workload: a healthy job must never be paged.
 
 Every run is watched from its start line by two sidecars: one with the learner's
 TrainerProbe and every ActorProbe of the start line (`actor_probes`), one with the
@@ -6,7 +6,7 @@ Reverb address alone. Any warning or critical finding either shows is a false al
 the job is healthy by construction. The runs go side by side, each for its own time:
 
   sync            --mode sync: one loop inserts and learns (insert blocking off)
-  async           the asynchronous layout of issue 11: insert blocking on, one actor in its
+  async           the asynchronous layout: insert blocking on, one actor in its
                   own process that waits on the learner (a parameter hand-off) after 8 steps
                   without seeing it step (--max-policy-lag 8), one batching worker:
                   seed_hang.ASYNC_FLAGS with one worker and a lag of 8, not 2. Lag 2 hangs

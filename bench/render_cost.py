@@ -1,4 +1,4 @@
-"""CPU cost of rendering /metrics for one 50 targets x 5 tables picture (issue 13).
+"""CPU cost of rendering /metrics for one 50 targets x 5 tables picture.
 
 The poller renders the body once per cycle while holding the GIL, so every
 millisecond here is a millisecond a scrape can wait. Times, in one process and

@@ -191,7 +191,7 @@ def render_published(state: Published) -> bytes:
     Byte-equal to `generate_latest(make_registry(...))` (tests hold it to that)
     at a fraction of the CPU: no Sample namedtuple and labels dict per sample,
     no label-name validation. This runs on the poller's thread once per cycle
-    holding the GIL, and a scrape landing meanwhile waits for it (issue 13).
+    holding the GIL, and a scrape landing meanwhile waits for it.
     Each label string is built once per render and shared by every family with
     the same label names: a table's `{target=..,table=..}` serves 18 families.
     """

@@ -55,3 +55,12 @@ def test_the_lint_line_is_the_makefiles() -> None:
 def test_the_name_check_finds_a_stale_name() -> None:
     assert quoted_names("call `_gauge(name)` or `_sources`, see `a/b.py`") == {"_sources"}
     assert quoted_names("`rules.BY_KIND` and `families()`") == {"rules", "BY_KIND", "families"}
+
+
+def test_comments_say_why_not_which_issue() -> None:
+    cites = re.compile(r"\bissues? \d+|\bissue's\b", re.I)
+    found = [f"{p.relative_to(ROOT)}:{n}" for folder in SEARCHED
+             for p in sorted((ROOT / folder).rglob("*.py"))
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if cites.search(line) and "github.com" not in line]
+    assert found == []

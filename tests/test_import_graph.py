@@ -168,7 +168,7 @@ def test_check_and_the_cli_start_without_the_web_stack() -> None:
 
 def test_bench_harness_agents_and_tools_never_import_the_tests() -> None:
     # Tests may use bench and harness; the other way round would ship test scaffolding
-    # into what `make bench` and the demo run (issue 10).
+    # into what `make bench` and the demo run.
     offenders = []
     for folder in ("bench", "harness", "agents", "tools", "examples"):
         for path in sorted((ROOT / folder).rglob("*.py")):
