@@ -8,7 +8,8 @@ never delays the poll cadence.
 
 Without any probe, a `sample_blocked` opening on a synchronous layout with
 `--trainer-pid` given makes it take two py-spy dumps a second apart (one dump can
-catch a healthy loop inside next() for a moment). Their verdict (is the loop thread inside an iterator's next() in both?)
+catch a healthy loop inside next() for a moment). Their verdict (is the loop thread
+inside an iterator's next() in both?)
 is kept per table and handed to the pure diagnosis as data with its time, so
 the next cycle can name `worker_starvation` "from stacks", and keeps doing so
 while the stall lasts. Nothing is dumped while the job is healthy.

@@ -724,7 +724,8 @@ def test_rules_name_kinds_by_their_declaration_not_by_string(path: Path) -> None
 
 def test_async_starvation_under_a_lag_bound_is_fixed_by_the_lag_not_the_configured_values(
 ) -> None:
-    # A grid cell whose old fix did not hold: 4 workers of 16, spi 4, error_buffer 32, actors held at a lag of 3.
+    # A grid cell whose old fix did not hold: 4 workers of 16, spi 4, error_buffer 32,
+    # actors held at a lag of 3.
     # Each learner step frees 12 < 16 samples, so neither error_buffer 32 nor 4 workers (the
     # values configured, once suggested) is a fix; the model proves a longer lag or a
     # smaller batch. 1000 inserts x 4 = 4000 credit, min_diff 3968: 32 + 12 x k released.
