@@ -331,10 +331,6 @@ class HttpProbeSource:
             return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e))
         return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, probe=snap)
 
-    def stacks(self) -> dict[str, Any]:
-        """The probed process's thread stacks (`GET /stacks`); raises a SourceError."""
-        return get_json(f"{self.name}/stacks", max(self._timeout_s, 2.0))
-
     def close(self) -> None:
         # No lock: closing must not wait out a poll in flight (which then fails, as it should).
         conn, self._conn = self._conn, None
