@@ -191,16 +191,6 @@ class ActorSnapshot:
     def waiting(self) -> bool:
         return self.waiting_on is not None
 
-    @property
-    def in_call_for_s(self) -> float:
-        """The design notes' name for `blocked_for_s`."""
-        return self.blocked_for_s
-
-    @property
-    def seconds_since_step(self) -> float | None:
-        """The design notes' name for `seconds_since_last_step`."""
-        return self.seconds_since_last_step
-
 
 @dataclasses.dataclass(frozen=True)
 class PollOutcome:

@@ -55,9 +55,7 @@ def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, l
         history = win.since_last_restart(view.probes[url])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
-        table = history[-1].table
-        if table is None and len(view.tables) == 1:
-            table = next(iter(view.tables))
+        table = view.table_named(history[-1].table)
         if table in view.tables:
             out.setdefault(table, []).append(history)
     return out
@@ -72,9 +70,7 @@ def actors_by_table(view: TargetView) -> dict[str, list[Actor]]:
     out: dict[str, list[Actor]] = {}
     for url in sorted(view.actors):
         history = win.actor_since_last_restart(view.actors[url])
-        table = history[-1].table if history else None
-        if table is None and len(view.tables) == 1:
-            table = next(iter(view.tables))
+        table = view.table_named(history[-1].table if history else None)
         if table in view.tables:
             out.setdefault(table, []).append(
                 Actor(url, history, view.probe_polls.get(url, ())))

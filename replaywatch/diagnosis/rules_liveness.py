@@ -11,17 +11,13 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.diagnosis.window import PollRecord, TargetView
+from replaywatch.diagnosis.window import PollRecord, TargetView, failed_polls_at_end
 from replaywatch.model import Finding, ProbeSnapshot
 
 
 def failing_since(polls: tuple[PollRecord, ...], th: Thresholds) -> PollRecord | None:
     """The first poll of a run of more than `down_polls` failures ending now."""
-    run = 0
-    for record in reversed(polls):
-        if record.ok:
-            break
-        run += 1
+    run = failed_polls_at_end(polls)
     return polls[-run] if run > th.down_polls else None
 
 
