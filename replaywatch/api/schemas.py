@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -176,3 +176,40 @@ class FindingOut(BaseModel):
 class FindingsOut(BaseModel):
     findings: list[FindingOut]
     insufficient_data: list[str]
+
+
+class IncidentOut(BaseModel):
+    """One incident as the incident log keeps it (replaywatch/incidents.py)."""
+
+    id: int
+    finding_id: str
+    kind: str
+    severity: str
+    target: str
+    table: str
+    summary: str
+    evidence: dict[str, Any]
+    fix: str | None
+    since: float
+    last_seen: float
+    resolved_at: float | None
+    has_stacks: bool
+    state: Literal["open", "resolved"]
+
+
+class IncidentsOut(BaseModel):
+    incidents: list[IncidentOut]
+    log: Literal["disabled"] | None = None  # set when the sidecar runs without a log
+
+
+class EventOut(BaseModel):
+    id: int
+    transition: Literal["opened", "updated", "resolved"]
+    at: float
+    finding: dict[str, Any]
+    context: dict[str, Any]
+
+
+class IncidentDetailOut(IncidentOut):
+    stacks: dict[str, Any] | None
+    events: list[EventOut]
