@@ -77,7 +77,7 @@ class FindingsKeeper:
         self._hold_until = now + self._hold_s
         if self._incidents is None:
             return
-        self._incidents.open()
+        self._incidents.connect()
         for f in self._incidents.open_findings():
             self._active[f.key] = f
             self._held.add(f.key)

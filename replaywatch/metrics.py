@@ -23,7 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from replaywatch.metric_families import Group, Row, counter, gauge
 from replaywatch.metrics_probes import actor_rows, owners, role_of, trainer_rows
-from replaywatch.model import TableWorkerTime
+from replaywatch.model import SourceKind, TableWorkerTime
 from replaywatch.state import Published
 
 TABLE = ("target", "table")
@@ -104,7 +104,7 @@ def _source_rows(state: Published) -> Group:
     rows: list[list[Row]] = [[] for _ in range(7)]
     up, probe_up, duration, last, polls, failures, late = rows
     for status in state.sources.values():
-        if status.kind == "reverb":
+        if status.kind == SourceKind.REVERB:
             up.append(((status.name,), 1.0 if status.up else 0.0))
         else:
             probe_up.append(((status.target, status.name, role_of(state, status.name)),

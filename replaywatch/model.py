@@ -22,6 +22,13 @@ FLOAT_MAX = 1.7976931348623157e308
 LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
 
 
+class SourceKind(enum.StrEnum):
+    """What a source reads: a Reverb server (ServerInfo) or a probe's HTTP documents."""
+
+    REVERB = "reverb"
+    PROBE = "probe"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyDistributionOptions:
     """A sampler or remover: one of fifo, uniform, prioritized, heap, lifo."""
@@ -197,7 +204,7 @@ class PollOutcome:
     """What one poll of one source produced: data, or the error that replaced it."""
 
     source: str
-    kind: str  # "reverb" or "probe"
+    kind: SourceKind
     started_at: float
     duration_s: float
     tables: tuple[TableSnapshot, ...] = ()

@@ -119,7 +119,7 @@ def test_readyz_is_503_while_the_incident_log_fails(
     assert response.json()["problems"] == ["incident log: OperationalError: disk I/O error"]
     # Also when the log itself reports it (a reader saw it before the next cycle).
     broken = IncidentLog(str(tmp_path / "missing-dir" / "incidents.db"))
-    assert not broken.open()
+    assert not broken.connect()
     assert client_for(published(), broken).get("/readyz").status_code == 503
     # And before the first cycle, whatever the log says.
     assert client_for(published(cycle=0)).get("/readyz").json()["problems"] == [

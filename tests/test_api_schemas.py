@@ -45,7 +45,7 @@ def test_a_finding_is_served_as_its_one_document() -> None:
 
 def test_incident_models_are_the_rows_the_log_returns(tmp_path: Path) -> None:
     log = IncidentLog(str(tmp_path / "i.sqlite3"))
-    assert log.open()
+    assert log.connect()
     f = Finding("sample_blocked", Severity.CRITICAL, "t:1", "replay", "s", {"a": 1}, "fix",
                 1.0, 2.0)
     log.apply([Transition("opened", f)], {"tables": {}, "probes": {}})

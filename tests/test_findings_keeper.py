@@ -39,7 +39,7 @@ def down(since: float) -> Finding:
 def log_left_open(path: Path) -> None:
     """What a sidecar that died with target_down open leaves behind."""
     log = IncidentLog(str(path))
-    assert log.open()
+    assert log.connect()
     log.apply([Transition("opened", down(900.0))], {})
     log.close()
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from replaywatch.model import PollOutcome
+from replaywatch.model import PollOutcome, SourceKind
 
 
 class Source(Protocol):
     name: str
-    kind: str  # "reverb" or "probe"
+    kind: SourceKind
 
     def poll(self) -> PollOutcome: ...
 

@@ -28,6 +28,7 @@ from replaywatch.model import (
     ActorSnapshot,
     PollOutcome,
     ProbeSnapshot,
+    SourceKind,
     WriterCallStats,
 )
 
@@ -287,7 +288,7 @@ class _KeptAlive:
 class HttpProbeSource:
     """Polls one probe over HTTP: a TrainerProbe or an ActorProbe, told apart by `role`."""
 
-    kind = "probe"
+    kind = SourceKind.PROBE
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from replaywatch.model import (
     KeyDistributionOptions,
     PollOutcome,
     RateLimiterInfo,
+    SourceKind,
     TableSnapshot,
     TableWorkerTime,
 )
@@ -107,7 +108,7 @@ def snapshots_from_response(raw: bytes, target: str, observed_at: float) -> list
 class ReverbSource:
     """Polls one Reverb server's `ServerInfo` with a per-call deadline."""
 
-    kind = "reverb"
+    kind = SourceKind.REVERB
 
     def __init__(
         self,
