@@ -31,6 +31,7 @@ from replaywatch.model import (
     SourceKind,
     WriterCallStats,
 )
+from replaywatch.sources import PolledSource
 
 _MAX_BODY = 4 * 1024 * 1024  # a /stacks document of a 500-thread trainer fits
 _MAX_TEXT = 200  # user-given strings (names, waiting_on, errors) kept per snapshot
@@ -285,7 +286,7 @@ class _KeptAlive:
             self._conn = None
 
 
-class HttpProbeSource:
+class HttpProbeSource(PolledSource):
     """Polls one probe over HTTP: a TrainerProbe or an ActorProbe, told apart by `role`."""
 
     kind = SourceKind.PROBE
@@ -297,10 +298,7 @@ class HttpProbeSource:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
     ):
-        self.name = url.rstrip("/")
-        self._timeout_s = timeout_s
-        self._clock = clock
-        self._perf = perf
+        super().__init__(url.rstrip("/"), timeout_s, clock, perf)
         self._conn: _KeptAlive | None = None
         # The poller polls a source from one thread at a time; the lock keeps any
         # other caller off the shared connection (it gets a connection of its own).
