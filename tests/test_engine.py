@@ -12,20 +12,18 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
 from tests.builders import (
     DEFAULT,
+    SEED_FROZEN_SAMPLES,
     SEED_LIMITER,
+    T20,
     cumulative,
     polls,
     probe_history,
     seconds,
-    table_history,
-    target_view,
-)
-from tests.test_rules import (
-    SEED_FROZEN_SAMPLES,
-    T20,
     seed_healthy,
     seed_hung_probe,
     seed_hung_table,
+    table_history,
+    target_view,
     waiting,
 )
 

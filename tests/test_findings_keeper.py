@@ -21,8 +21,15 @@ from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, PollOutcome, Severity
 from replaywatch.stack_taker import StackTaker
-from tests.builders import ACTOR, PROBE, TARGET, actor_snapshot, table_snapshot
-from tests.test_rules import seed_hung_probe, seed_hung_table
+from tests.builders import (
+    ACTOR,
+    PROBE,
+    TARGET,
+    actor_snapshot,
+    seed_hung_probe,
+    seed_hung_table,
+    table_snapshot,
+)
 
 T = "localhost:8000"
 TH = Thresholds()  # stall window 10 s, down after 3 failed polls

@@ -37,65 +37,32 @@ from replaywatch.model import (
 from tests.builders import (
     ACTOR,
     DEFAULT,
+    SEED_BATCHES,
     SEED_BLOCKING_LIMITER,
+    SEED_FROZEN_INSERTS,
+    SEED_FROZEN_SAMPLES,
     SEED_LIMITER,
     T20,
+    actor,
     actor_snapshot,
     assert_as_declared,
+    async_hung_table,
     case,
+    dead_actor,
+    in_writer,
     polls,
     probe_history,
     seconds,
+    seed_healthy,
+    seed_hung_probe,
+    seed_hung_table,
+    silent_actor,
     table_history,
     target_view,
     waiting,
 )
 
 FROZEN = [5] * 20
-
-
-def actor(times: list[float] | None = None, *, url: str = ACTOR,
-          waiting_on: str | None = None, **kw: Any) -> Actor:
-    """An actor probe answering every poll; `waiting_on` set means inside waiting() since the
-    first poll."""
-    times = T20 if times is None else times
-    history = tuple(actor_snapshot(t, 500, url=url, waiting_on=waiting_on,
-                                   waiting_for=t - times[0] + 1.0 if waiting_on else 0.0, **kw)
-                    for t in times)
-    return Actor(url, history, polls(times))
-
-
-# -- the seed: a synchronous loop (max_diff = float max), cursor held at min_diff --------------
-
-def seed_counters(inserts: list[int]) -> tuple[list[int], list[int]]:
-    """Samples that keep the cursor exactly at min_diff: inserts * 128 - 230400."""
-    return inserts, [n * 128 - 230_400 for n in inserts]
-
-
-SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES = seed_counters([12_000] * 20)  # 1,305,600 samples
-# 5100 batches' worth were drawn; the learner got 5094, so 6 * 256 = 1536 are stranded.
-SEED_BATCHES = 5094
-
-
-def seed_hung_table(**kw: Any) -> tuple[TableSnapshot, ...]:
-    return table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
-                         waiting_for_inserts_ms=waiting(), **{**SEED_LIMITER, **kw})
-
-
-def seed_hung_probe(workers: int = 12, batches: int = SEED_BATCHES, **kw: Any
-                    ) -> tuple[ProbeSnapshot, ...]:
-    return probe_history(T20, batches, blocked_for=[1.0 + i for i in range(20)],
-                         workers=workers, **kw)
-
-
-def seed_healthy(workers: int = 1) -> tuple[tuple[TableSnapshot, ...], tuple[ProbeSnapshot, ...]]:
-    """Two inserts and one batch of 256 per second; next() blocks for short moments."""
-    inserts, samples = seed_counters([12_000 + 2 * i for i in range(20)])
-    table = table_history(T20, inserts, samples, waiting_for_inserts_ms=waiting(), **SEED_LIMITER)
-    probe = probe_history(T20, [s // 256 for s in samples],
-                          blocked_for=[0.3 if i % 3 == 0 else 0 for i in range(20)],
-                          workers=workers)
-    return table, probe
 
 
 # -- table rules ---------------------------------------------------------------------------------
@@ -264,26 +231,6 @@ def with_waiting_actor(table: tuple[TableSnapshot, ...], probe: tuple[ProbeSnaps
 
 
 # -- worker_starvation: a proven circular wait --------------------------------------------------
-
-def async_hung_table() -> tuple[TableSnapshot, ...]:
-    """The seed hung with a blocking limiter (asynchronous: actors insert in their own
-    threads); the cursor sits at min_diff and the table worker waits for inserts."""
-    return table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
-                         waiting_for_inserts_ms=waiting(), **SEED_BLOCKING_LIMITER)
-
-
-def dead_actor(url: str = ACTOR) -> Actor:
-    """Answered until t=1004, then its process (and probe) went away."""
-    history = tuple(actor_snapshot(t, 500, url=url) for t in T20[:5])
-    return Actor(url, history, polls(T20, ok=[True] * 5 + [False] * 15))
-
-
-def silent_actor(url: str = ACTOR) -> Actor:
-    """Alive (its probe answers) but no step, no item and no wait for 19 s."""
-    history = tuple(dataclasses.replace(actor_snapshot(t, 500, url=url),
-                                        seconds_since_last_step=t - 999.0) for t in T20)
-    return Actor(url, history, polls(T20))
-
 
 StarvationScenario = Callable[[], TableCase]
 
@@ -634,15 +581,6 @@ def test_probe_down_names_the_role_the_url_last_answered_as() -> None:
 
 
 # -- writer_stalled: an actor stuck inside its writer, not throttled -----------------------------
-
-def in_writer(call: str, since: float, times: list[float] | None = None, url: str = ACTOR
-              ) -> tuple[ActorSnapshot, ...]:
-    """An actor probe that entered writer call `call` at `since` and never left it."""
-    times = T20 if times is None else times
-    return tuple(actor_snapshot(t, 500, url=url, in_call=call if t >= since else None,
-                                blocked_for=t - since if t >= since else 0.0, pending=3)
-                 for t in times)
-
 
 def writer_view(table: tuple[TableSnapshot, ...], *actors: tuple[ActorSnapshot, ...],
                 target_ok: list[bool] | None = None) -> TargetView:

@@ -17,15 +17,20 @@ from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import TableSnapshot
-from tests.builders import ACTOR, DEFAULT, actor_snapshot, polls, target_view
-from tests.test_rules import (
+from tests.builders import (
+    ACTOR,
+    DEFAULT,
     T20,
     actor,
+    actor_snapshot,
     async_hung_table,
+    case,
     dead_actor,
     in_writer,
+    polls,
     seed_hung_probe,
     silent_actor,
+    target_view,
 )
 
 
@@ -122,7 +127,6 @@ def test_evidence_lists_each_actor_state_and_what_they_wait_on() -> None:
 
 def test_sample_blocked_summary_stays_the_same_while_actor_states_change() -> None:
     # The summary holds stable facts only; who is down or silent is in the evidence.
-    from tests.test_rules import case
 
     findings = [rules_stalls.is_sample_blocked(case(async_hung_table(), seed_hung_probe(workers=4),
                                              actors=(a,)), DEFAULT)
