@@ -225,3 +225,21 @@ def test_a_kind_registered_twice_is_refused() -> None:
     twice = (*rules.ALL, rules.ALL[0])
     with pytest.raises(ValueError, match="registered twice"):
         rules._by_kind(twice)
+
+
+def test_a_new_kind_is_its_declaration_and_its_registered_rule(monkeypatch) -> None:
+    # What CONTRIBUTING.md's recipe asks for, and nothing else: a Kind in kinds.ALL and a
+    # Rule in a family's RULES (here patched in); the engine runs it and ranks it.
+    new = kinds_module.Kind("table_is_tiny", Severity.WARNING, needs_probe=False,
+                            meaning="max_size below 100.", fix="Raise max_size.")
+
+    def is_table_is_tiny(case, th):
+        t = case.latest
+        return case.finding(new, "tiny", {}, "Raise max_size.", since=t.observed_at) \
+            if t.max_size < 100 else None
+
+    monkeypatch.setattr(kinds_module, "ALL", (*kinds_module.ALL, new))
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(new, is_table_is_tiny,
+                                                         Shape.TABLE_SETTINGS)))
+    view = target_view([table_history(seconds(20), 100, 50, max_size=50)])
+    assert "table_is_tiny" in kinds(view)
