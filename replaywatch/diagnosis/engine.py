@@ -5,7 +5,9 @@
     diagnosis.insufficient                         # ("table:replay", ...) too young to judge
     diagnose(view, thresholds, now, stacks={"replay": verdict})  # the keeper's stack dumps
 
-Pure: the time is an argument and every number comes from the view.
+Pure: the time is an argument and every number comes from the view. Each shape's rules are
+read from their registrations (`rules.of_shape`); the order they run in decides nothing, as
+precedence is the kinds' declaration order (`kinds.ALL`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import Finding
 
 
-# Precedence is the kinds' declaration order (kinds.ALL); the order rules run in decides
-# nothing, so each shape's rules are read from the registrations as they are.
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
     """Findings worst first, and the tables/probes too young to judge ("table:NAME")."""
