@@ -29,7 +29,7 @@ FLAGS = (
     "--samples-per-insert", "128", "--min-replay-size", "4000", "--tolerance", "0.002",
 )  # fmt: skip
 
-# The asynchronous form (issue 11): a distributed job whose one actor waits on the learner
+# The asynchronous form: a distributed job whose one actor waits on the learner
 # after every 2 environment steps it takes without seeing the learner step (--max-policy-lag
 # 2, a parameter hand-off). 2 inserts release 256 samples, one batch per learner step: with one
 # worker they complete it and the job learns (~485 steps in 45 s here), until an episode's

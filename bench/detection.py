@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import statistics
 import sys
 import tempfile
 import threading
@@ -42,18 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from agents import seed_hang
+from bench import healthy
+from bench.results_md import detection_section, healthy_section, replace_sections, summarize
+from bench.watched import DISTRIBUTED, SEED, attach, spawn_agent
 from harness.agent import AgentProcess
-from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
-
-ROOT = Path(__file__).resolve().parents[1]
-INTERVAL_S = 1.0
-STALL_WINDOW_S = 10.0
-# A start whose workers were fed (the race of agents/seed_hang.py went the healthy way) ends
-# as soon as the probe shows it, marked `fed`: left out of the latencies, counted apart, and
-# the run starts the agent again (a new --seed), as the tests do, up to seed_hang.ATTEMPTS.
-SEED = list(seed_hang.FLAGS)
-DISTRIBUTED = ["--mode", "distributed", "--num-actors", "4", "--batch-size", "64",
-               "--samples-per-insert", "8", "--min-replay-size", "500", "--tolerance", "0.5"]
+from harness.procs import Proc, get_json, wait_until
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,45 +84,6 @@ SCENARIOS = {
                                   "--max-replay-size", "1000000"],
                        frozenset({"warmup"}), frozenset({"warmup"}), timeout_s=90.0),
 }
-
-
-_SIDECARS = itertools.count()  # each sidecar its own log and incident db
-
-
-def spawn_agent(flags: list[str], log: Path) -> AgentProcess:
-    """The agent with no end and no evals, so only the fault changes its course."""
-    return AgentProcess([*flags, "--steps", "100000000", "--eval-every", "0",
-                         "--probe-listen", "127.0.0.1:0"], log=log).spawn()
-
-
-def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dict[str, str]]:
-    """Two sidecars on a start line: "probe" (the learner's probe and every actor probe,
-    `--probe URL` each: the documents say their roles) and "reverb" (the address alone).
-    Both are started before either is waited on: their start-ups overlap."""
-    probes = [start["probe"], *start.get("actor_probes", [])]
-    procs, bases = [], {}
-    try:
-        for side, extra in (("probe", [a for url in probes for a in ("--probe", url)]),
-                            ("reverb", [])):
-            proc, bases[side] = _sidecar(["--reverb", start["reverb"], *extra], tmp,
-                                         f"{name}-{next(_SIDECARS)}-{side}")
-            procs.append(proc)
-        for base in bases.values():
-            wait_until(lambda base=base: get_json(f"{base}/healthz", 1)[0] == 200, 30)
-    except BaseException:
-        for proc in procs:
-            proc.kill()
-        raise
-    return procs, bases
-
-
-def _sidecar(flags: list[str], tmp: Path, name: str) -> tuple[Proc, str]:
-    """A sidecar started on a free port (not yet answering): its process and base URL."""
-    port = free_port()
-    proc = Proc([PYTHON, "-m", "replaywatch", "watch", *flags, "--listen", f"127.0.0.1:{port}",
-                 "--interval", str(INTERVAL_S), "--stall-window-s", str(STALL_WINDOW_S),
-                 "--db", str(tmp / f"{name}.sqlite3")], stdout_path=tmp / f"{name}.log")
-    return proc, f"http://127.0.0.1:{port}"
 
 
 def _first_seen(base: str, seen: dict[str, float], alarms: set[str]) -> None:
@@ -193,43 +146,6 @@ def _onset(scenario: Scenario, agent: AgentProcess, probe: dict, first_poll: flo
     return first_poll
 
 
-def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Latency rows per scenario, sidecar and finding; starts without the fault (`fed`)
-    are not runs of it. (Keyed by scenario too: two scenarios expecting the same kind on
-    the same sidecar, seed_hang's and actor_exit's Reverb-only `sample_blocked`, were one
-    row under the first scenario's name before.)"""
-    rows = []
-    results = [r for r in results if not r.get("fed")]
-    keys = sorted({(r["scenario"], k) for r in results for k in r
-                   if ":" in k and not k.endswith("alarms")}, key=lambda sk: (sk[1], sk[0]))
-    for scenario, key in keys:
-        runs = [r for r in results if r["scenario"] == scenario and key in r]
-        latencies = [r[key] for r in runs if r[key] is not None]
-        side, finding = key.split(":")
-        rows.append({
-            "scenario": scenario, "sidecar": side, "finding": finding, "runs": len(runs),
-            "detected": len(latencies),
-            "p50_s": statistics.median(latencies) if latencies else None,
-            "max_s": max(latencies) if latencies else None,
-            "false_alarms": sorted({a for r in runs for a in r.get(f"{side}:false_alarms", [])}),
-        })
-    return rows
-
-
-def render(rows: list[dict[str, Any]]) -> str:
-    lines = [f"poll interval {INTERVAL_S:g} s, stall window {STALL_WINDOW_S:g} s "
-             f"(goal: within {STALL_WINDOW_S + 2 * INTERVAL_S:g} s)",
-             "| scenario | sidecar | finding | detected | p50 s | max s | false alarms |",
-             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
-    for r in rows:
-        p50 = "-" if r["p50_s"] is None else f"{r['p50_s']:.1f}"
-        mx = "-" if r["max_s"] is None else f"{r['max_s']:.1f}"
-        lines.append(f"| {r['scenario']} | {r['sidecar']} | `{r['finding']}` | "
-                     f"{r['detected']}/{r['runs']} | {p50} | {mx} | "
-                     f"{', '.join(r['false_alarms']) or 'none'} |")
-    return "\n".join(lines)
-
-
 def run_lanes(lanes: list[list[str]], runs: int, tmp: Path,
               run: Callable[[Scenario, Path, int], dict[str, Any]] | None = None,
               ) -> list[dict[str, Any]]:
@@ -262,9 +178,6 @@ def run_lanes(lanes: list[list[str]], runs: int, tmp: Path,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from bench import healthy
-    from bench.results_md import detection_section, healthy_section, replace_sections
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="runs per scenario; 0: none")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))

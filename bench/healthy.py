@@ -1,4 +1,4 @@
-"""False alarms on healthy runs of the agents/ workload (issue 11's acceptance).
+"""False alarms on healthy runs of the agents/ workload: a healthy job must never be paged.
 
 Every run is watched from its start line by two sidecars: one with the learner's
 TrainerProbe and every ActorProbe of the start line (`actor_probes`), one with the
@@ -6,7 +6,7 @@ Reverb address alone. Any warning or critical finding either shows is a false al
 the job is healthy by construction. The runs go side by side, each for its own time:
 
   sync            --mode sync: one loop inserts and learns (insert blocking off)
-  async           the asynchronous layout of issue 11: insert blocking on, one actor in its
+  async           the asynchronous layout: insert blocking on, one actor in its
                   own process that waits on the learner (a parameter hand-off) after 8 steps
                   without seeing it step (--max-policy-lag 8), one batching worker:
                   seed_hang.ASYNC_FLAGS with one worker and a lag of 8, not 2. Lag 2 hangs
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import seed_hang
-from bench import detection
+from bench import watched
 from harness.procs import Proc, get_json
 
 ASYNC = [*seed_hang.ASYNC_FLAGS]
@@ -53,8 +53,8 @@ class HealthyRun:
 RUNS = {r.name: r for r in (
     HealthyRun("sync", ["--mode", "sync"]),
     HealthyRun("async", ASYNC),
-    HealthyRun("distributed", detection.DISTRIBUTED),
-    HealthyRun("first_step_60s", [*detection.DISTRIBUTED, "--first-step-delay-s",
+    HealthyRun("distributed", watched.DISTRIBUTED),
+    HealthyRun("first_step_60s", [*watched.DISTRIBUTED, "--first-step-delay-s",
                                   f"{FIRST_STEP_DELAY_S:g}"], first_step=True),
     HealthyRun("first_step_60s_sync", ["--mode", "sync", "--first-step-delay-s",
                                        f"{FIRST_STEP_DELAY_S:g}"], first_step=True),
@@ -67,7 +67,7 @@ class _Watched:
 
     def __init__(self, run: HealthyRun, tmp: Path):
         self.run = run
-        self.agent = detection.spawn_agent(run.flags, tmp / f"healthy-{run.name}.log")
+        self.agent = watched.spawn_agent(run.flags, tmp / f"healthy-{run.name}.log")
         self.tmp = tmp
         self.procs: list[Proc] = []
         self.bases: dict[str, str] = {}
@@ -89,7 +89,7 @@ class _Watched:
                                    f"{self.agent.describe()}")
             return
         self.start = hit[1]
-        self.procs, self.bases = detection.attach(self.start, self.tmp, f"healthy-{self.run.name}")
+        self.procs, self.bases = watched.attach(self.start, self.tmp, f"healthy-{self.run.name}")
         self.attached_at = time.time()
         self.deadline = time.monotonic() + seconds
 
@@ -173,7 +173,7 @@ def _counters(base: str) -> dict[str, Any]:
 
 
 def _uptime(table: dict[str, Any]) -> float | None:
-    """The server's uptime: the table worker's time in all its states (rules_lifecycle)."""
+    """The server's uptime: the table worker's time in all its states (rules_startup.uptime_s)."""
     try:
         return round(sum(table["worker_time"].values()) / 1000.0, 1)
     except (KeyError, TypeError, AttributeError):

@@ -7,11 +7,12 @@ write them; every other section of the file is left as it was.
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from typing import Any
 
 from bench import healthy
-from bench.detection import render, summarize
+from bench.watched import INTERVAL_S, STALL_WINDOW_S
 
 DETECTION_HEADING = "## Detection latency"
 HEALTHY_HEADING = "## False alarms on healthy runs"
@@ -54,3 +55,40 @@ def replace_sections(text: str, sections: list[str]) -> str:
         if not n:
             text = text.rstrip("\n") + "\n\n" + body
     return text.rstrip("\n") + "\n"
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Latency rows per scenario, sidecar and finding; starts without the fault (`fed`)
+    are not runs of it. (Keyed by scenario too: two scenarios expecting the same kind on
+    the same sidecar, seed_hang's and actor_exit's Reverb-only `sample_blocked`, were one
+    row under the first scenario's name before.)"""
+    rows = []
+    results = [r for r in results if not r.get("fed")]
+    keys = sorted({(r["scenario"], k) for r in results for k in r
+                   if ":" in k and not k.endswith("alarms")}, key=lambda sk: (sk[1], sk[0]))
+    for scenario, key in keys:
+        runs = [r for r in results if r["scenario"] == scenario and key in r]
+        latencies = [r[key] for r in runs if r[key] is not None]
+        side, finding = key.split(":")
+        rows.append({
+            "scenario": scenario, "sidecar": side, "finding": finding, "runs": len(runs),
+            "detected": len(latencies),
+            "p50_s": statistics.median(latencies) if latencies else None,
+            "max_s": max(latencies) if latencies else None,
+            "false_alarms": sorted({a for r in runs for a in r.get(f"{side}:false_alarms", [])}),
+        })
+    return rows
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    lines = [f"poll interval {INTERVAL_S:g} s, stall window {STALL_WINDOW_S:g} s "
+             f"(goal: within {STALL_WINDOW_S + 2 * INTERVAL_S:g} s)",
+             "| scenario | sidecar | finding | detected | p50 s | max s | false alarms |",
+             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        p50 = "-" if r["p50_s"] is None else f"{r['p50_s']:.1f}"
+        mx = "-" if r["max_s"] is None else f"{r['max_s']:.1f}"
+        lines.append(f"| {r['scenario']} | {r['sidecar']} | `{r['finding']}` | "
+                     f"{r['detected']}/{r['runs']} | {p50} | {mx} | "
+                     f"{', '.join(r['false_alarms']) or 'none'} |")
+    return "\n".join(lines)

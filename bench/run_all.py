@@ -7,7 +7,7 @@ one at a time: running them in parallel lanes, or beside the healthy runs, starv
 distributed actors of CPU for over 10 s on 2 cores, which is a real `sample_blocked`,
 and pushes latencies past the window. The cost runs come after, alone, since they
 measure the machine's speed and its CPU clocks. The last section says where the time
-went; the goal is 20 minutes on the 2-core machine (issue 13), where agent and Ray
+went; the goal is 20 minutes on the 2-core machine, where agent and Ray
 start-ups take most of it.
 
 RESULTS.md's sections after "Where make bench's time goes" are earlier runs kept for the
@@ -58,7 +58,7 @@ def machine() -> str:
             f"commit {rev or '?'}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
 
-# What fits `make bench` in 20 minutes on the 2-core machine (issue 13): the healthy runs
+# What fits `make bench` in 20 minutes on the 2-core machine: the healthy runs
 # watched for 150 s side by side (10-minute runs are in RESULTS.md's history), two runs
 # of each detection scenario. Every other section is as long as before.
 HEALTHY_S = 150.0  # 180 s made the whole 20.2 min

@@ -29,7 +29,7 @@ from bench.stats import percentile
 from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 SHAPES = [(1, 1), (1, 10), (1, 100), (10, 5), (50, 5)]
-# Issue 13's goal is /metrics p99 < 20 ms at this shape: it gets enough scrapes for a
+# The goal is /metrics p99 < 20 ms at this shape (README): it gets enough scrapes for a
 # p99 to mean something (100: the second slowest), the others a quick look.
 GOAL_SHAPE, GOAL_SCRAPES = (50, 5), 100
 

@@ -43,7 +43,7 @@ def _time_ms(call, n: int) -> tuple[float, float]:
     return statistics.median(out), out[min(len(out) - 1, int(0.99 * len(out)))]
 
 
-# The hand-written pure-Python decoder that protobuf replaced (issue 13, item 2), read from
+# The hand-written pure-Python decoder that protobuf replaced, read from
 # git at the commit before, so the "before" is measured in the same run on the same bytes.
 HAND_DECODER = "8d6b376^:replaywatch/sources/reverb_wire.py"
 

@@ -40,8 +40,10 @@ def _json_in(line: str) -> Record | None:
 
 class AgentProcess:
     def __init__(self, flags: list[str], env: dict[str, str] | None = None,
-                 log: Path | None = None):
+                 log: Path | None = None, death_signal: int | None = None):
+        """`death_signal`: sent to the agent when the thread that spawns it dies (Proc)."""
         self._argv = [PYTHON, "-u", "-m", "agents.run", *flags]
+        self._death_signal = death_signal
         self._env = env
         self._log_path = log
         self._records: queue.Queue[Record] = queue.Queue()
@@ -61,7 +63,8 @@ class AgentProcess:
 
     def spawn(self) -> AgentProcess:
         self._log = open(self._log_path, "w") if self._log_path else None
-        self._proc = Proc(self._argv, env=self._env, pipes=True)
+        self._proc = Proc(self._argv, env=self._env, pipes=True,
+                          death_signal=self._death_signal)
         popen = self._proc.popen
         threading.Thread(target=self._read, args=(popen.stdout, True), daemon=True).start()
         threading.Thread(target=self._read, args=(popen.stderr, False), daemon=True).start()

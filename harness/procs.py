@@ -7,6 +7,7 @@ can outlive a hung child.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -56,18 +57,41 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def parent_death_signal(sig: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets `sig` when the thread that started it dies, SIGKILL of
+    the parent included (Linux's PR_SET_PDEATHSIG). A hung agent runs no handler, so a
+    parent that only cleans up on the way out leaves it behind when it is killed outright."""
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+
+    def arm() -> None:
+        if prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(126)
+
+    return arm
+
+
 class Proc:
     """A child in its own session, so the whole group can be signalled."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 stdout_path: Path | None = None, pipes: bool = False):
+                 stdout_path: Path | None = None, pipes: bool = False,
+                 death_signal: int | None = None):
         """Output goes to `stdout_path` (stderr with it), to two text pipes the caller must
-        read (`pipes`), or nowhere: a pipe nobody reads would fill and block the child."""
+        read (`pipes`), or nowhere: a pipe nobody reads would fill and block the child.
+        `death_signal`: the signal the child gets when the thread that started it dies
+        (`parent_death_signal`); start such children from a thread that outlives them."""
         self.args = args
         self.log_path = stdout_path
         out: Any = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
         self.popen = subprocess.Popen(
             args, cwd=ROOT, start_new_session=True, text=pipes,
+            preexec_fn=parent_death_signal(death_signal) if death_signal else None,
             stdout=subprocess.PIPE if pipes else out,
             stderr=subprocess.PIPE if pipes else subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2",

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from replaywatch.config import WatchConfig
 from replaywatch.diagnosis.kinds import worst_first
-from replaywatch.model import ActorSnapshot, Severity
+from replaywatch.model import ActorSnapshot, Severity, SourceKind
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
 
@@ -33,11 +33,12 @@ def to_document(state: Published) -> dict[str, Any]:
     """
     return {
         "at": state.at,
-        "targets": [dataclasses.asdict(s) for s in state.sources.values() if s.kind == "reverb"],
+        "targets": [dataclasses.asdict(s) for s in state.sources.values()
+                    if s.kind == SourceKind.REVERB],
         "probes": [
             {**dataclasses.asdict(s), "snapshot": dataclasses.asdict(state.probes[s.name])
              if s.name in state.probes else None}
-            for s in state.sources.values() if s.kind == "probe"
+            for s in state.sources.values() if s.kind == SourceKind.PROBE
         ],
         "tables": [
             {**dataclasses.asdict(snap), "derived": dataclasses.asdict(state.derived[key])}
@@ -50,7 +51,7 @@ def to_document(state: Published) -> dict[str, Any]:
 
 
 def render_text(state: Published, out: TextIO) -> None:
-    for s in sorted(state.sources.values(), key=lambda s: (s.kind != "reverb", s.name)):
+    for s in sorted(state.sources.values(), key=lambda s: (s.kind != SourceKind.REVERB, s.name)):
         status = "up" if s.up else f"DOWN ({s.last_error})"
         print(f"{s.kind:6} {s.name}: {status}", file=out)
     header = ("target", "table", "size/max", "inserts", "samples", "spi cfg/obs", "cursor",

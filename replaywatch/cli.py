@@ -56,7 +56,8 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reverb", action="append", default=[], metavar="HOST:PORT",
                    help="a Reverb server to watch (repeatable)")
     p.add_argument("--probe", action="append", default=[], metavar="[TARGET=]URL",
-                   help="a TrainerProbe URL; TARGET= names its Reverb server (repeatable)")
+                   help="a TrainerProbe or ActorProbe URL (its documents say which); TARGET= "
+                        "names its Reverb server (repeatable)")
     p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
                    help="poll interval (default 1.0)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",

@@ -1,7 +1,7 @@
 """The incident log: every finding's transitions, kept in SQLite across restarts.
 
     log = IncidentLog("/var/lib/replaywatch/incidents.db")   # no I/O yet
-    log.open()                                                # creates the schema
+    log.connect()                                             # creates the schema
     active = {f.key: f for f in log.open_findings()}          # resume, don't duplicate
     ...
     log.apply(transitions, context={"tables": [...], "probes": [...]})
@@ -107,12 +107,12 @@ class IncidentLog:
         self._lock = threading.Lock()
 
     # -- connection -------------------------------------------------------------------------
-    def open(self) -> bool:
+    def connect(self) -> bool:
         """Connects and creates the schema; False (and `last_error`) when it cannot."""
         with self._lock:
-            return self._connect() is not None
+            return self._connection() is not None
 
-    def _connect(self) -> sqlite3.Connection | None:
+    def _connection(self) -> sqlite3.Connection | None:
         if self._conn is not None:
             return self._conn
         try:
@@ -148,7 +148,7 @@ class IncidentLog:
                     self._pending.popleft()
                     self.dropped += 1
                 self._pending.append((t, ctx))
-            conn = self._connect()  # also clears last_error once the file is usable again
+            conn = self._connection()  # also clears last_error once the file is usable again
             if conn is None or not self._pending:
                 return
             try:
@@ -189,7 +189,7 @@ class IncidentLog:
     def attach_stacks(self, finding_id: str, stacks: dict[str, Any]) -> bool:
         """Stores the trainer's stacks on the open incident; False if none or on error."""
         with self._lock:
-            conn = self._connect()
+            conn = self._connection()
             if conn is None:
                 return False
             try:
@@ -243,7 +243,7 @@ class IncidentLog:
 
     def _query(self, sql: str, args: Sequence[Any]) -> builtins.list[tuple[Any, ...]]:
         with self._lock:
-            conn = self._connect()
+            conn = self._connection()
             if conn is None:
                 return []
             try:

@@ -21,17 +21,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from replaywatch.metrics_actors import (
-    Group,
-    Row,
-    actor_rows,
-    counter,
-    gauge,
-    owners,
-    role_of,
-    trainer_rows,
-)
-from replaywatch.model import TableWorkerTime
+from replaywatch.metric_families import Group, Row, counter, gauge
+from replaywatch.metrics_probes import actor_rows, owners, role_of, trainer_rows
+from replaywatch.model import SourceKind, TableWorkerTime
 from replaywatch.state import Published
 
 TABLE = ("target", "table")
@@ -112,7 +104,7 @@ def _source_rows(state: Published) -> Group:
     rows: list[list[Row]] = [[] for _ in range(7)]
     up, probe_up, duration, last, polls, failures, late = rows
     for status in state.sources.values():
-        if status.kind == "reverb":
+        if status.kind == SourceKind.REVERB:
             up.append(((status.name,), 1.0 if status.up else 0.0))
         else:
             probe_up.append(((status.target, status.name, role_of(state, status.name)),
@@ -199,7 +191,7 @@ def render_published(state: Published) -> bytes:
     Byte-equal to `generate_latest(make_registry(...))` (tests hold it to that)
     at a fraction of the CPU: no Sample namedtuple and labels dict per sample,
     no label-name validation. This runs on the poller's thread once per cycle
-    holding the GIL, and a scrape landing meanwhile waits for it (issue 13).
+    holding the GIL, and a scrape landing meanwhile waits for it.
     Each label string is built once per render and shared by every family with
     the same label names: a table's `{target=..,table=..}` serves 18 families.
     """

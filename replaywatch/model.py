@@ -22,6 +22,13 @@ FLOAT_MAX = 1.7976931348623157e308
 LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
 
 
+class SourceKind(enum.StrEnum):
+    """What a source reads: a Reverb server (ServerInfo) or a probe's HTTP documents."""
+
+    REVERB = "reverb"
+    PROBE = "probe"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyDistributionOptions:
     """A sampler or remover: one of fifo, uniform, prioritized, heap, lifo."""
@@ -191,23 +198,13 @@ class ActorSnapshot:
     def waiting(self) -> bool:
         return self.waiting_on is not None
 
-    @property
-    def in_call_for_s(self) -> float:
-        """The design notes' name for `blocked_for_s`."""
-        return self.blocked_for_s
-
-    @property
-    def seconds_since_step(self) -> float | None:
-        """The design notes' name for `seconds_since_last_step`."""
-        return self.seconds_since_last_step
-
 
 @dataclasses.dataclass(frozen=True)
 class PollOutcome:
     """What one poll of one source produced: data, or the error that replaced it."""
 
     source: str
-    kind: str  # "reverb" or "probe"
+    kind: SourceKind
     started_at: float
     duration_s: float
     tables: tuple[TableSnapshot, ...] = ()

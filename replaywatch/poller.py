@@ -21,7 +21,7 @@ from typing import Protocol
 from replaywatch.config import RATE_WINDOW_S
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
-from replaywatch.model import Finding, PollOutcome
+from replaywatch.model import Finding, PollOutcome, SourceKind
 from replaywatch.sources import Source
 from replaywatch.state import Published, SourceStatus, StateStore
 
@@ -56,9 +56,10 @@ class SourceBinding:
 
 def targets_of(bindings: Sequence[SourceBinding]) -> dict[str, list[str]]:
     """Each Reverb target and the probe URLs that belong to it."""
-    out: dict[str, list[str]] = {b.source.name: [] for b in bindings if b.source.kind == "reverb"}
+    out: dict[str, list[str]] = {b.source.name: [] for b in bindings
+                                 if b.source.kind == SourceKind.REVERB}
     for b in bindings:
-        if b.source.kind == "probe" and b.target in out:
+        if b.source.kind == SourceKind.PROBE and b.target in out:
             out[b.target].append(b.source.name)
     return out
 
@@ -224,7 +225,7 @@ class Poller:
             derived[(target, name)] = derive(window)
         probes = {}
         for binding in self.bindings:
-            if binding.source.kind == "probe":
+            if binding.source.kind == SourceKind.PROBE:
                 latest = self._history.probe(binding.source.name)[-1:]
                 if latest:
                     probes[binding.source.name] = latest[0]

@@ -11,7 +11,7 @@ import dataclasses
 import threading
 
 from replaywatch.diagnosis.ratelimiter import TableDerived
-from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, SourceKind, TableSnapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +19,7 @@ class SourceStatus:
     """A target's or probe's health as of its latest poll."""
 
     name: str
-    kind: str  # "reverb" or "probe"
+    kind: SourceKind
     target: str  # the Reverb target (a probe's owner; itself for a target)
     up: bool
     last_poll_at: float | None

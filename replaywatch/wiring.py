@@ -26,6 +26,7 @@ from replaywatch.incidents import IncidentLog
 from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.reverb import ReverbSource
+from replaywatch.stack_taker import StackTaker
 from replaywatch.state import StateStore
 from replaywatch.targets_file import ParsedTargets, TargetsFile
 
@@ -164,7 +165,7 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sid
         return targets_of(poller.bindings)
 
     keeper = FindingsKeeper(current_targets, config.thresholds, config.poll.interval_s,
-                            incidents, trainer_pid=config.trainer_pid,
+                            incidents, stacks=StackTaker(config.trainer_pid),
                             layout=config.layout)
     poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
                     timeout_s=config.poll.effective_timeout_s, reload=plan.reload,

@@ -11,18 +11,27 @@ limiter (spi 1, min_size 1, min_diff -100, max_diff 100).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from replaywatch.diagnosis import kinds, rules
+from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.actors import Actor
+from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView
 from replaywatch.model import (
     FLOAT_MAX,
+    WRITER_CALLS,
+    ActorSnapshot,
+    Finding,
     KeyDistributionOptions,
     ProbeSnapshot,
     RateLimiterInfo,
     TableSnapshot,
     TableWorkerTime,
+    WriterCallStats,
 )
 
 TARGET = "localhost:8000"
@@ -180,3 +189,142 @@ SEED_LIMITER = dict(spi=128.0, min_diff=230_400.0, max_diff=FLOAT_MAX, min_size=
 SEED_BLOCKING_LIMITER = dict(spi=128.0, min_diff=230_400.0, max_diff=281_600.0, min_size=2000)
 
 DEFAULT = Thresholds()
+
+
+# -- actor probe snapshots, for tests that need one without running an ActorProbe --------
+
+ACTOR = "http://127.0.0.1:9"
+
+
+def actor_snapshot(
+    t: float,
+    steps: int,
+    *,
+    url: str = ACTOR,
+    items: int | None = None,
+    in_call: str | None = None,
+    blocked_for: float = 0.0,
+    waiting_on: str | None = None,
+    waiting_for: float = 0.0,
+    pending: int = 0,
+    pid: int = 5151,
+    started_at: float = 0.0,
+    name: str = "actor-0",
+    table: str | None = "replay",
+) -> ActorSnapshot:
+    """One actor `/probe` document at `t`; its last step was a second ago (if it took one)."""
+    calls = tuple(WriterCallStats(c, steps if c == "append" else 0, 0, 0.5, None)
+                  for c in WRITER_CALLS)
+    return ActorSnapshot(
+        probe=url, observed_at=float(t), pid=pid, name=name, table=table,
+        started_at=started_at, steps_total=steps,
+        last_step_at=t - 1.0 if steps else None,
+        seconds_since_last_step=1.0 if steps else None,
+        in_call=in_call, in_call_since=t - blocked_for if in_call else None,
+        blocked_for_s=blocked_for, items_created_total=steps if items is None else items,
+        appends_total=steps, pending_items=pending, waiting_on=waiting_on,
+        waiting_since=t - waiting_for if waiting_on else None, waiting_for_s=waiting_for,
+        waits_total=0, waiting_seconds_total=waiting_for, thread_count=3, os_threads=7,
+        writers_wrapped=1, calls=calls,
+    )
+
+
+# -- rule cases ---------------------------------------------------------------------------------
+
+T20 = seconds(20)  # 1000 .. 1019
+
+
+def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
+         now: float | None = None, actors: tuple[Actor, ...] = ()) -> TableCase:
+    """What a table rule judges: the table's history since its last reset, with probes."""
+    history = win.since_last_reset(table)
+    return TableCase(TARGET, history, probes,
+                     history[-1].observed_at if now is None else now, actors=actors)
+
+
+def assert_as_declared(finding: Finding | None, rule: Callable) -> None:
+    """A rule produces only its own declared kind, at the declared severity."""
+    if finding is not None:
+        declared = kinds.BY_NAME[finding.kind]
+        assert rules.BY_KIND[declared] is rule
+        assert finding.severity is declared.severity
+
+
+def waiting(rate_ms_per_s: float = 980.0, times: list[float] = T20) -> list[int]:
+    """A table worker's waiting-for-inserts counter at `rate_ms_per_s`."""
+    return cumulative(rate_ms_per_s, times)
+
+
+# -- scenarios the rule, engine and keeper tests share ------------------------------------
+
+def actor(times: list[float] | None = None, *, url: str = ACTOR,
+          waiting_on: str | None = None, **kw: Any) -> Actor:
+    """An actor probe answering every poll; `waiting_on` set means inside waiting() since the
+    first poll."""
+    times = T20 if times is None else times
+    history = tuple(actor_snapshot(t, 500, url=url, waiting_on=waiting_on,
+                                   waiting_for=t - times[0] + 1.0 if waiting_on else 0.0, **kw)
+                    for t in times)
+    return Actor(url, history, polls(times))
+
+
+# -- the seed: a synchronous loop (max_diff = float max), cursor held at min_diff --------------
+
+def seed_counters(inserts: list[int]) -> tuple[list[int], list[int]]:
+    """Samples that keep the cursor exactly at min_diff: inserts * 128 - 230400."""
+    return inserts, [n * 128 - 230_400 for n in inserts]
+
+
+SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES = seed_counters([12_000] * 20)  # 1,305,600 samples
+# 5100 batches' worth were drawn; the learner got 5094, so 6 * 256 = 1536 are stranded.
+SEED_BATCHES = 5094
+
+
+def seed_hung_table(**kw: Any) -> tuple[TableSnapshot, ...]:
+    return table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
+                         waiting_for_inserts_ms=waiting(), **{**SEED_LIMITER, **kw})
+
+
+def seed_hung_probe(workers: int = 12, batches: int = SEED_BATCHES, **kw: Any
+                    ) -> tuple[ProbeSnapshot, ...]:
+    return probe_history(T20, batches, blocked_for=[1.0 + i for i in range(20)],
+                         workers=workers, **kw)
+
+
+def seed_healthy(workers: int = 1) -> tuple[tuple[TableSnapshot, ...], tuple[ProbeSnapshot, ...]]:
+    """Two inserts and one batch of 256 per second; next() blocks for short moments."""
+    inserts, samples = seed_counters([12_000 + 2 * i for i in range(20)])
+    table = table_history(T20, inserts, samples, waiting_for_inserts_ms=waiting(), **SEED_LIMITER)
+    probe = probe_history(T20, [s // 256 for s in samples],
+                          blocked_for=[0.3 if i % 3 == 0 else 0 for i in range(20)],
+                          workers=workers)
+    return table, probe
+
+
+def async_hung_table() -> tuple[TableSnapshot, ...]:
+    """The seed hung with a blocking limiter (asynchronous: actors insert in their own
+    threads); the cursor sits at min_diff and the table worker waits for inserts."""
+    return table_history(T20, SEED_FROZEN_INSERTS, SEED_FROZEN_SAMPLES,
+                         waiting_for_inserts_ms=waiting(), **SEED_BLOCKING_LIMITER)
+
+
+def dead_actor(url: str = ACTOR) -> Actor:
+    """Answered until t=1004, then its process (and probe) went away."""
+    history = tuple(actor_snapshot(t, 500, url=url) for t in T20[:5])
+    return Actor(url, history, polls(T20, ok=[True] * 5 + [False] * 15))
+
+
+def silent_actor(url: str = ACTOR) -> Actor:
+    """Alive (its probe answers) but no step, no item and no wait for 19 s."""
+    history = tuple(dataclasses.replace(actor_snapshot(t, 500, url=url),
+                                        seconds_since_last_step=t - 999.0) for t in T20)
+    return Actor(url, history, polls(T20))
+
+
+def in_writer(call: str, since: float, times: list[float] | None = None, url: str = ACTOR
+              ) -> tuple[ActorSnapshot, ...]:
+    """An actor probe that entered writer call `call` at `since` and never left it."""
+    times = T20 if times is None else times
+    return tuple(actor_snapshot(t, 500, url=url, in_call=call if t >= since else None,
+                                blocked_for=t - since if t >= since else 0.0, pending=3)
+                 for t in times)

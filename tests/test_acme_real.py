@@ -1,4 +1,4 @@
-"""The seed incident on Acme's own code (issue 12 item 5): dm-acme 0.4.0 from PyPI.
+"""The seed incident on Acme's own code: dm-acme 0.4.0 from PyPI.
 
 `examples/acme_sync_loop.py` runs Acme's `make_reverb_dataset`, adder, prefetch thread,
 `EnvironmentLoop` and synchronous `Agent` (act, insert, and one `learner.step()` per

@@ -21,8 +21,7 @@ from replaywatch.incidents import IncidentLog
 from replaywatch.metrics import make_registry
 from replaywatch.model import Finding, PollOutcome, Severity
 from replaywatch.state import Published, SourceStatus, StateStore
-from tests.actor_builders import actor_snapshot
-from tests.builders import probe_snapshot, table_history
+from tests.builders import actor_snapshot, probe_snapshot, table_history
 
 T = "127.0.0.1:1"
 
@@ -120,7 +119,7 @@ def test_readyz_is_503_while_the_incident_log_fails(
     assert response.json()["problems"] == ["incident log: OperationalError: disk I/O error"]
     # Also when the log itself reports it (a reader saw it before the next cycle).
     broken = IncidentLog(str(tmp_path / "missing-dir" / "incidents.db"))
-    assert not broken.open()
+    assert not broken.connect()
     assert client_for(published(), broken).get("/readyz").status_code == 503
     # And before the first cycle, whatever the log says.
     assert client_for(published(cycle=0)).get("/readyz").json()["problems"] == [

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from agents import seed_hang
-from bench.detection import INTERVAL_S, SCENARIOS, STALL_WINDOW_S, run_once
+from bench.detection import SCENARIOS, run_once
 from bench.results_md import replace_sections
+from bench.watched import INTERVAL_S, STALL_WINDOW_S
 
 DEADLINE_S = STALL_WINDOW_S + 3 * INTERVAL_S
 
@@ -114,7 +115,7 @@ def test_results_sections_are_replaced_in_place_and_the_rest_kept() -> None:
 
 
 def test_summary_rows_keep_scenarios_apart_that_expect_the_same_kind() -> None:
-    from bench.detection import summarize
+    from bench.results_md import summarize
 
     results = [{"scenario": "seed_hang", "fed": False, "reverb:sample_blocked": 11.0,
                 "reverb:false_alarms": []},

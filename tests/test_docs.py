@@ -18,8 +18,7 @@ from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, Severity
 from replaywatch.state import Published, SourceStatus
-from tests.actor_builders import ACTOR, actor_snapshot
-from tests.builders import probe_snapshot, table_history
+from tests.builders import ACTOR, actor_snapshot, probe_snapshot, table_history
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-from replaywatch.diagnosis import engine, rules
+import pytest
+
+from replaywatch.diagnosis import kinds as kinds_module
+from replaywatch.diagnosis import rules
 from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
 from tests.builders import (
     DEFAULT,
+    SEED_FROZEN_SAMPLES,
     SEED_LIMITER,
+    T20,
     cumulative,
     polls,
     probe_history,
     seconds,
-    table_history,
-    target_view,
-)
-from tests.test_rules import (
-    SEED_FROZEN_SAMPLES,
-    T20,
     seed_healthy,
     seed_hung_probe,
     seed_hung_table,
+    table_history,
+    target_view,
     waiting,
 )
 
@@ -206,16 +208,38 @@ def test_an_empty_view_is_insufficient_data() -> None:
     assert diagnosis.findings == () and diagnosis.insufficient == ("target:localhost:8000",)
 
 
-def test_the_engine_runs_every_rule_of_the_declared_kinds() -> None:
-    run = {*engine.STALL_PROBE_RULES, *engine.STALL_TABLE_RULES, *engine.CONFIG_PROBE_RULES,
-           *engine.CONFIG_TABLE_RULES, *engine.VIEW_RULES}
-    assert run == set(rules.BY_KIND.values())
+def test_the_engine_runs_every_registered_rule_once_in_its_shape() -> None:
+    run = [rule for shape in Shape for rule in rules.of_shape(shape)]
+    assert sorted(map(id, run)) == sorted(map(id, rules.BY_KIND.values()))
+    assert len({r.kind for r in rules.ALL}) == len(rules.ALL) == len(kinds_module.ALL)
 
 
-def test_the_kinds_whose_rules_read_a_trainer_probe_are_declared_as_needing_it() -> None:
-    probe_rules = {*engine.STALL_PROBE_RULES, *engine.CONFIG_PROBE_RULES}
-    for kind, rule in rules.BY_KIND.items():
-        if rule in probe_rules:
-            assert kind.needs_probe, kind.name
-        elif rule in {*engine.STALL_TABLE_RULES, *engine.CONFIG_TABLE_RULES}:
-            assert not kind.needs_probe, kind.name
+def test_a_rule_handed_a_probe_must_produce_a_kind_that_needs_one() -> None:
+    with pytest.raises(ValueError, match="needs_probe=True"):
+        Rule(kinds_module.SAMPLE_BLOCKED, lambda *a: None, Shape.PROBE_STALL)
+    with pytest.raises(ValueError, match="needs_probe=False"):
+        Rule(kinds_module.LEARNER_STALLED, lambda *a: None, Shape.TABLE_STALL)
+
+
+def test_a_kind_registered_twice_is_refused() -> None:
+    twice = (*rules.ALL, rules.ALL[0])
+    with pytest.raises(ValueError, match="registered twice"):
+        rules._by_kind(twice)
+
+
+def test_a_new_kind_is_its_declaration_and_its_registered_rule(monkeypatch) -> None:
+    # What CONTRIBUTING.md's recipe asks for, and nothing else: a Kind in kinds.ALL and a
+    # Rule in a family's RULES (here patched in); the engine runs it and ranks it.
+    new = kinds_module.Kind("table_is_tiny", Severity.WARNING, needs_probe=False,
+                            meaning="max_size below 100.", fix="Raise max_size.")
+
+    def is_table_is_tiny(case, th):
+        t = case.latest
+        return case.finding(new, "tiny", {}, "Raise max_size.", since=t.observed_at) \
+            if t.max_size < 100 else None
+
+    monkeypatch.setattr(kinds_module, "ALL", (*kinds_module.ALL, new))
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(new, is_table_is_tiny,
+                                                         Shape.TABLE_SETTINGS)))
+    view = target_view([table_history(seconds(20), 100, 50, max_size=50)])
+    assert "table_is_tiny" in kinds(view)

@@ -20,9 +20,16 @@ from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, PollOutcome, Severity
-from tests.actor_builders import ACTOR, actor_snapshot
-from tests.builders import PROBE, TARGET, table_snapshot
-from tests.test_rules import seed_hung_probe, seed_hung_table
+from replaywatch.stack_taker import StackTaker
+from tests.builders import (
+    ACTOR,
+    PROBE,
+    TARGET,
+    actor_snapshot,
+    seed_hung_probe,
+    seed_hung_table,
+    table_snapshot,
+)
 
 T = "localhost:8000"
 TH = Thresholds()  # stall window 10 s, down after 3 failed polls
@@ -39,7 +46,7 @@ def down(since: float) -> Finding:
 def log_left_open(path: Path) -> None:
     """What a sidecar that died with target_down open leaves behind."""
     log = IncidentLog(str(path))
-    assert log.open()
+    assert log.connect()
     log.apply([Transition("opened", down(900.0))], {})
     log.close()
 
@@ -128,8 +135,8 @@ def test_a_critical_opening_fetches_the_trainers_stacks_off_the_poll_thread(
         return {PROBE: {"threads": [{"name": "learner", "frames": ["next"]}]}}
 
     log = IncidentLog(str(tmp_path / "incidents.db"))
-    keeper = FindingsKeeper(lambda: {TARGET: [PROBE]}, TH, 1.0, log, trainer_pid=4242,
-                            stack_fetcher=fetch)
+    keeper = FindingsKeeper(
+        lambda: {TARGET: [PROBE]}, TH, 1.0, log, stacks=StackTaker(4242, fetcher=fetch))
     history = History()
     for table, probe in zip(seed_hung_table(), seed_hung_probe(), strict=True):
         history.record(PollOutcome(TARGET, "reverb", table.observed_at, 0.001, tables=(table,)))
@@ -211,8 +218,8 @@ def test_a_synchronous_sample_blocked_becomes_starvation_from_two_dumps_in_next(
         tmp_path: Path) -> None:
     dumper = FakeDumper(in_next())
     log = IncidentLog(str(tmp_path / "incidents.db"))
-    keeper = FindingsKeeper(lambda: {TARGET: []}, TH, 1.0, log, trainer_pid=4242,
-                            stack_dumper=dumper, dump_gap_s=0.0)
+    keeper = FindingsKeeper(
+        lambda: {TARGET: []}, TH, 1.0, log, stacks=StackTaker(4242, dumper=dumper, gap_s=0.0))
     history = History()
     try:
         frozen_loop(history, 1019.0)
@@ -239,13 +246,13 @@ def test_a_synchronous_sample_blocked_becomes_starvation_from_two_dumps_in_next(
 
 def test_a_loop_outside_next_stays_sample_blocked_and_is_dumped_once(tmp_path: Path) -> None:
     dumper = FakeDumper(in_next(), in_update())  # in next(), then in its update step
-    keeper = FindingsKeeper(lambda: {TARGET: []}, TH, 1.0, None, trainer_pid=4242,
-                            stack_dumper=dumper, dump_gap_s=0.0)
+    taker = StackTaker(4242, dumper=dumper, gap_s=0.0)
+    keeper = FindingsKeeper(lambda: {TARGET: []}, TH, 1.0, None, stacks=taker)
     history = History()
     frozen_loop(history, 1019.0)
     keeper.diagnose_cycle(history, {}, 1019.0)
     deadline = time.monotonic() + 5
-    while keeper._stack_verdicts(TARGET) == {}:
+    while taker.verdicts(TARGET) == {}:
         assert time.monotonic() < deadline, "the dumps never finished"
         time.sleep(0.01)
     for t in (1020.0, 1021.0, 1022.0):
@@ -258,16 +265,16 @@ def test_a_loop_outside_next_stays_sample_blocked_and_is_dumped_once(tmp_path: P
 def test_nothing_is_dumped_while_the_job_is_healthy_or_a_probe_reads_the_table(
         tmp_path: Path) -> None:
     dumper = FakeDumper(in_next())
-    healthy = FindingsKeeper(lambda: {T: []}, TH, 1.0, None, trainer_pid=4242,
-                             stack_dumper=dumper, dump_gap_s=0.0)
+    healthy = FindingsKeeper(
+        lambda: {T: []}, TH, 1.0, None, stacks=StackTaker(4242, dumper=dumper, gap_s=0.0))
     history = History()
     for i in range(30):
         poll(history, START + i, ok=True)
         assert healthy.diagnose_cycle(history, {}, START + i).findings == ()
     # The seed hang with the trainer probe attached: the probe decides, no dumps.
-    probed = FindingsKeeper(lambda: {TARGET: [PROBE]}, TH, 1.0, None, trainer_pid=4242,
-                            stack_dumper=dumper, dump_gap_s=0.0,
-                            stack_fetcher=lambda urls, pid: None)
+    probed = FindingsKeeper(
+        lambda: {TARGET: [PROBE]}, TH, 1.0, None, stacks=StackTaker(4242, dumper=dumper, gap_s=0.0,
+                                              fetcher=lambda urls, pid: None))
     hung = History()
     for table, probe in zip(seed_hung_table(), seed_hung_probe(), strict=True):
         hung.record(PollOutcome(TARGET, "reverb", table.observed_at, 0.001, tables=(table,)))

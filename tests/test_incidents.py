@@ -21,7 +21,7 @@ def finding(now: float = 100.0, kind: str = "worker_starvation", **kw) -> Findin
 
 def opened_log(path: Path) -> IncidentLog:
     log = IncidentLog(str(path))
-    assert log.open()
+    assert log.connect()
     return log
 
 
@@ -114,7 +114,7 @@ def test_an_opened_transition_for_an_open_incident_does_not_duplicate_it(tmp_pat
 def test_an_unwritable_log_sets_last_error_and_writes_once_it_can(tmp_path: Path) -> None:
     missing = tmp_path / "not-yet" / "incidents.db"
     log = IncidentLog(str(missing))
-    assert log.open() is False and log.last_error is not None
+    assert log.connect() is False and log.last_error is not None
     log.apply([Transition("opened", finding())], CONTEXT)  # must not raise
     log.apply([Transition("updated", finding(130.0))], CONTEXT)
     assert log.last_error is not None and log.list("all") == []
@@ -129,7 +129,7 @@ def test_an_unwritable_log_sets_last_error_and_writes_once_it_can(tmp_path: Path
 def test_a_locked_database_sets_last_error_and_retries_next_call(tmp_path: Path) -> None:
     path = tmp_path / "incidents.db"
     log = IncidentLog(str(path), timeout_s=0.05)
-    assert log.open()
+    assert log.connect()
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
     log.apply([Transition("opened", finding())], {})

@@ -5,6 +5,8 @@ from __future__ import annotations
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.kinds import ALL, BY_NAME, worst_first
 from replaywatch.model import Finding, Severity
+from tests import test_rules as r
+from tests import test_rules_startup as s
 
 
 def _finding(kind: str, severity: Severity, since: float = 0.0, table: str = "t") -> Finding:
@@ -57,3 +59,10 @@ def test_the_markdown_table_has_one_row_per_kind_in_precedence_order() -> None:
     assert [r.split("`")[1] for r in rows] == [k.name for k in ALL]
     assert rows[0].startswith("| `worker_starvation` | critical | ")
     assert all(r.count(" | ") == 3 for r in rows)
+
+
+def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
+    expected = {c[-1] for c in [*r.TABLE_CASES, *r.SPI_CASES, *r.STARVATION_CASES,
+                                *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
+                                *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES]}
+    assert expected - {None} == set(BY_NAME)

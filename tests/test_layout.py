@@ -14,8 +14,7 @@ from replaywatch.model import FLOAT_MAX
 from replaywatch.probe import TrainerProbe
 from replaywatch.probe.trainer import LAYOUTS as PROBE_LAYOUTS
 from replaywatch.sources.probe_http import actor_from_probe, snapshot_from_probe
-from tests.actor_builders import ACTOR, actor_snapshot
-from tests.builders import polls, probe_snapshot, table_snapshot
+from tests.builders import ACTOR, actor_snapshot, polls, probe_snapshot, table_snapshot
 
 FINITE = table_snapshot(1000.0, 10, 5)
 DISABLED = table_snapshot(1000.0, 10, 5, max_diff=FLOAT_MAX)

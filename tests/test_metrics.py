@@ -13,8 +13,7 @@ from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, ProbeSnapshot, Severity
 from replaywatch.state import Published, SourceStatus
-from tests.actor_builders import actor_snapshot
-from tests.builders import table_history
+from tests.builders import actor_snapshot, table_history
 
 ACTOR = "http://actor-0:1"
 

@@ -1,6 +1,6 @@
 """The text renderer equals client_python's exposition of the same families on a big, odd picture.
 
-`render_published` writes /metrics straight from the picture (issue 13); the
+`render_published` writes /metrics straight from the picture (the fast path); the
 collector built from the same declarations is the reference, rendered by
 prometheus_client's own `generate_latest`.
 """

@@ -18,8 +18,16 @@ from replaywatch.cli import main
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.model import FLOAT_MAX
-from tests.actor_builders import ACTOR, actor_snapshot
-from tests.builders import DEFAULT, polls, probe_history, seconds, table_history, target_view
+from tests.builders import (
+    ACTOR,
+    DEFAULT,
+    actor_snapshot,
+    polls,
+    probe_history,
+    seconds,
+    table_history,
+    target_view,
+)
 
 SEED = ["--samples-per-insert", "128", "--min-size-to-sample", "2000", "--error-buffer",
         "25600", "--batch-size", "256", "--num-parallel-calls", "12", "--layout", "sync"]

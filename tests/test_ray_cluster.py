@@ -1,4 +1,4 @@
-"""The distributed agent on a real multi-node Ray cluster (issue 14, item 1).
+"""The distributed agent on a real multi-node Ray cluster.
 
 Ray's own multi-node test cluster on this machine (harness/ray_cluster.py: a head and
 a raylet per role, on loopback), joined with `--ray-address` as a user would, with the

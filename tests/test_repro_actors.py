@@ -1,4 +1,5 @@
-"""Issue 11's actor-side verdicts, reproduced on a real Reverb server with real threads.
+"""The actor-side verdicts (worker_starvation, writer_stalled, dead actors), reproduced on a
+real Reverb server with real threads.
 
 Each test starts an in-process `reverb.Server` with a blocking limiter (asynchronous layout:
 actors insert from their own threads), actor threads whose real `ActorProbe` wraps real

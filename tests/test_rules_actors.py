@@ -11,21 +11,26 @@ from typing import Any
 import pytest
 
 from replaywatch.diagnosis import actors as act
+from replaywatch.diagnosis import rules_stalls
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import TableSnapshot
-from tests.actor_builders import ACTOR, actor_snapshot
-from tests.builders import DEFAULT, polls, target_view
-from tests.test_rules import (
+from tests.builders import (
+    ACTOR,
+    DEFAULT,
     T20,
     actor,
+    actor_snapshot,
     async_hung_table,
+    case,
     dead_actor,
     in_writer,
+    polls,
     seed_hung_probe,
     silent_actor,
+    target_view,
 )
 
 
@@ -122,10 +127,8 @@ def test_evidence_lists_each_actor_state_and_what_they_wait_on() -> None:
 
 def test_sample_blocked_summary_stays_the_same_while_actor_states_change() -> None:
     # The summary holds stable facts only; who is down or silent is in the evidence.
-    from replaywatch.diagnosis import rules
-    from tests.test_rules import case
 
-    findings = [rules.is_sample_blocked(case(async_hung_table(), seed_hung_probe(workers=4),
+    findings = [rules_stalls.is_sample_blocked(case(async_hung_table(), seed_hung_probe(workers=4),
                                              actors=(a,)), DEFAULT)
                 for a in (dead_actor(), silent_actor())]
     assert findings[0] is not None and findings[1] is not None

@@ -7,7 +7,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 
 from replaywatch.api.deps import ApiError, IncidentsDep, PublishedDep
-from replaywatch.api.schemas import FindingOut, FindingsOut
+from replaywatch.api.schemas import (
+    FindingOut,
+    FindingsOut,
+    IncidentDetailOut,
+    IncidentOut,
+    IncidentsOut,
+)
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.model import Severity
 
@@ -65,7 +71,7 @@ def _finding_from_incident(row: dict[str, Any]) -> FindingOut:
     )
 
 
-@router.get("/incidents")
+@router.get("/incidents", response_model=IncidentsOut)
 def incidents_list(
     incidents: IncidentsDep,
     scope: Annotated[Literal["open", "resolved", "all"], Query(alias="state")] = "all",
@@ -73,22 +79,22 @@ def incidents_list(
     kind: Annotated[str | None, Query(max_length=64)] = None,
     severity: SeverityParam | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> dict[str, Any]:
+) -> IncidentsOut:
     if incidents is None:
-        return {"incidents": [], "log": "disabled"}
-    return {"incidents": incidents.list(scope, target=target, kind=kind, severity=severity,
-                                        limit=limit)}
+        return IncidentsOut(incidents=[], log="disabled")
+    rows = incidents.list(scope, target=target, kind=kind, severity=severity, limit=limit)
+    return IncidentsOut(incidents=[IncidentOut(**r) for r in rows])
 
 
-@router.get("/incidents/{incident_id}")
+@router.get("/incidents/{incident_id}", response_model=IncidentDetailOut)
 def incident_detail(
     incidents: IncidentsDep,
     incident_id: Annotated[int, Path(ge=1, le=2**62)],
-) -> dict[str, Any]:
+) -> IncidentDetailOut:
     row = incidents.get(incident_id) if incidents is not None else None
     if row is None:
         raise ApiError(404, f"unknown incident {incident_id}")
-    return row
+    return IncidentDetailOut(**row)
 
 
 __all__ = ["router", "Severity"]

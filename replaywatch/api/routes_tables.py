@@ -20,6 +20,7 @@ from replaywatch.api.schemas import (
 from replaywatch.config import MAX_HISTORY_S, RATE_WINDOW_S
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.ratelimiter import derive
+from replaywatch.model import SourceKind
 
 router = APIRouter(prefix="/api/v1")
 
@@ -28,8 +29,8 @@ router = APIRouter(prefix="/api/v1")
 def targets(state: PublishedDep) -> TargetsOut:
     statuses = sorted(state.sources.values(), key=lambda s: s.name)
     return TargetsOut(
-        targets=[TargetOut.of(s) for s in statuses if s.kind == "reverb"],
-        probes=[TargetOut.of(s) for s in statuses if s.kind == "probe"],
+        targets=[TargetOut.of(s) for s in statuses if s.kind == SourceKind.REVERB],
+        probes=[TargetOut.of(s) for s in statuses if s.kind == SourceKind.PROBE],
         config_errors=list(state.config_errors),
     )
 
@@ -83,7 +84,7 @@ def table_history(
 @router.get("/probes", response_model=ProbesOut)
 def probes(state: PublishedDep, history: HistoryDep) -> ProbesOut:
     """Trainer and actor probes alike; `role` says which, from the probe's own document."""
-    statuses = sorted((s for s in state.sources.values() if s.kind == "probe"),
+    statuses = sorted((s for s in state.sources.values() if s.kind == SourceKind.PROBE),
                       key=lambda s: s.name)
     out = []
     for s in statuses:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import typing
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -16,19 +17,17 @@ class ErrorOut(BaseModel):
     error: str
 
 
+def mirrored(dc: type, **override: Any) -> dict[str, Any]:
+    """A dataclass's fields as a model's annotations: the model serves exactly what the
+    domain holds, and a field added there shows in the API without a second list."""
+    hints = typing.get_type_hints(dc)
+    return {f.name: override.get(f.name, hints[f.name]) for f in dataclasses.fields(dc)}
+
+
 class TargetOut(BaseModel):
-    name: str
-    kind: str
-    target: str
-    up: bool
-    last_poll_at: float | None
-    last_ok_at: float | None
-    last_error: str | None
-    last_duration_s: float | None
-    consecutive_failures: int
-    polls_total: int
-    failures_total: int
-    late_polls_total: int
+    """A target or probe's health (state.SourceStatus), its labels as a mapping."""
+
+    __annotations__ = mirrored(SourceStatus, labels=dict[str, str])
     labels: dict[str, str] = {}
 
     @classmethod
@@ -44,70 +43,17 @@ class TargetsOut(BaseModel):
     config_errors: list[str] = []
 
 
-class KeyDistributionOut(BaseModel):
-    kind: str
-    priority_exponent: float | None
-    min_heap: bool | None
-    is_deterministic: bool
-
-
-class RateLimiterOut(BaseModel):
-    samples_per_insert: float
-    min_diff: float
-    max_diff: float
-    min_size_to_sample: int
-    inserts: int
-    samples: int
-
-
-class WorkerTimeOut(BaseModel):
-    running_ms: int
-    sampling_ms: int
-    inserting_ms: int
-    sleeping_ms: int
-    waiting_for_sampling_ms: int
-    waiting_for_inserts_ms: int
-
-
-class DerivedOut(BaseModel):
-    cursor: float
-    sample_headroom: float
-    insert_headroom: float
-    can_sample: bool
-    can_insert: bool
-    insert_blocking_disabled: bool
-    warming_up: bool
-    insert_rate: float | None
-    sample_rate: float | None
-    observed_samples_per_insert: float | None
-    waiting_for_inserts_ms_per_s: float | None
-    waiting_for_sampling_ms_per_s: float | None
-    window_s: float
-
-
 class TableOut(BaseModel):
-    target: str
-    name: str
-    observed_at: float
-    max_size: int
-    current_size: int
-    max_times_sampled: int
-    num_episodes: int
-    num_deleted_episodes: int
-    num_unique_samples: int
-    sampler: KeyDistributionOut
-    remover: KeyDistributionOut
-    rate_limiter: RateLimiterOut
-    worker_time: WorkerTimeOut
-    has_signature: bool
-    derived: DerivedOut | None = None
+    """One table's snapshot (model.TableSnapshot: its limiter, sampler, remover and worker
+    time as Reverb reports them) and what the sidecar derives from its recent history."""
+
+    __annotations__ = {**mirrored(TableSnapshot), "derived": TableDerived | None}
+    derived: TableDerived | None = None
 
     @classmethod
     def of(cls, snap: TableSnapshot, derived: TableDerived | None = None) -> TableOut:
-        doc: dict[str, Any] = dataclasses.asdict(snap)
-        if derived is not None:
-            doc["derived"] = dataclasses.asdict(derived)
-        return cls(**doc)
+        return cls(**{f.name: getattr(snap, f.name) for f in dataclasses.fields(snap)},
+                   derived=derived)
 
 
 class TablesOut(BaseModel):
@@ -176,3 +122,40 @@ class FindingOut(BaseModel):
 class FindingsOut(BaseModel):
     findings: list[FindingOut]
     insufficient_data: list[str]
+
+
+class IncidentOut(BaseModel):
+    """One incident as the incident log keeps it (replaywatch/incidents.py)."""
+
+    id: int
+    finding_id: str
+    kind: str
+    severity: str
+    target: str
+    table: str
+    summary: str
+    evidence: dict[str, Any]
+    fix: str | None
+    since: float
+    last_seen: float
+    resolved_at: float | None
+    has_stacks: bool
+    state: Literal["open", "resolved"]
+
+
+class IncidentsOut(BaseModel):
+    incidents: list[IncidentOut]
+    log: Literal["disabled"] | None = None  # set when the sidecar runs without a log
+
+
+class EventOut(BaseModel):
+    id: int
+    transition: Literal["opened", "updated", "resolved"]
+    at: float
+    finding: dict[str, Any]
+    context: dict[str, Any]
+
+
+class IncidentDetailOut(IncidentOut):
+    stacks: dict[str, Any] | None
+    events: list[EventOut]

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.diagnosis.window import PollRecord
+from replaywatch.diagnosis.window import PollRecord, failed_polls_at_end
 from replaywatch.model import ActorSnapshot
 
 DOWN, WAITING, IN_WRITER_CALL, SILENT, STEPPING = (
@@ -45,16 +45,6 @@ class Actor:
     @property
     def name(self) -> str:
         return self.history[-1].name if self.history else self.url
-
-
-def failed_polls_at_end(polls: tuple[PollRecord, ...]) -> int:
-    """How many polls in a row, ending with the newest, failed."""
-    run = 0
-    for record in reversed(polls):
-        if record.ok:
-            break
-        run += 1
-    return run
 
 
 def state(actor: Actor, th: Thresholds, now: float) -> str:

@@ -311,11 +311,18 @@ def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
 
 
 def _fewer_workers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    for w in range(ds.workers - 1, 0, -1):
-        if _safe(lim, dataclasses.replace(ds, workers=w), layout):
-            return Fix("num_parallel_calls", w, ds.workers,
-                       f"{w} sampling worker(s) instead of {ds.workers}: less sampling "
-                       "throughput")
+    return _largest_smaller(lim, ds, layout, "workers", "num_parallel_calls",
+                            lambda w: f"{w} sampling worker(s) instead of {ds.workers}: less "
+                                      "sampling throughput")
+
+
+def _largest_smaller(lim: Limiter, ds: Dataset, layout: Layout, field: str, knob: str,
+                     cost: Callable[[int], str]) -> Fix | None:
+    """The largest value of a dataset field below its current one that the model calls safe."""
+    current = getattr(ds, field)
+    for value in range(current - 1, 0, -1):
+        if _safe(lim, dataclasses.replace(ds, **{field: value}), layout):
+            return Fix(knob, value, current, cost(value))
     return None
 
 
@@ -332,12 +339,9 @@ def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
 
 
 def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    for b in range(ds.batch_size - 1, 0, -1):
-        if _safe(lim, dataclasses.replace(ds, batch_size=b), layout):
-            return Fix("batch_size", b, ds.batch_size,
-                       f"batches of {b}: a different learning step (rescale the learning "
-                       "rate)")
-    return None
+    return _largest_smaller(lim, ds, layout, "batch_size", "batch_size",
+                            lambda b: f"batches of {b}: a different learning step (rescale "
+                                      "the learning rate)")
 
 
 def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:

@@ -5,42 +5,27 @@
     diagnosis.insufficient                         # ("table:replay", ...) too young to judge
     diagnose(view, thresholds, now, stacks={"replay": verdict})  # the keeper's stack dumps
 
-Pure: the time is an argument and every number comes from the view.
+Pure: the time is an argument and every number comes from the view. Each shape's rules are
+read from their registrations (`rules.of_shape`); the order they run in decides nothing, as
+precedence is the kinds' declaration order (`kinds.ALL`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from replaywatch.diagnosis import rules
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
+from replaywatch.diagnosis.registry import Shape
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import Finding
 
-TableRule = Callable[[TableCase, Thresholds], "Finding | None"]
-ProbeRule = Callable[[TableCase, Probe, Thresholds], "Finding | None"]
-ViewRule = Callable[[TargetView, Thresholds, float], "Finding | None"]
-
-# Worst first. Stall rules need history covering the stall window; the
-# configuration rules judge settings, which one snapshot proves.
-STALL_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_learner_stalled,)
-STALL_TABLE_RULES: tuple[TableRule, ...] = (
-    rules.is_worker_starvation, rules.is_sample_blocked, rules.is_insert_blocked,
-    rules.is_spi_drift, rules.is_warmup,
-    rules.is_stale_data, rules.is_learner_starting)
-# Settings of the table alone, judged from the first poll on: no history needed.
-CONFIG_TABLE_RULES: tuple[TableRule, ...] = (rules.is_warmup_impossible,)
-CONFIG_PROBE_RULES: tuple[ProbeRule, ...] = (rules.is_batch_exceeds_headroom,
-                                             rules.is_deadlock_risk)
-VIEW_RULES: tuple[ViewRule, ...] = (rules.is_target_down, rules.is_probe_down,
-                                    rules.is_too_many_threads, rules.is_writer_stalled,
-                                    rules.is_server_restarted)
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
@@ -70,9 +55,7 @@ def probes_by_table(view: TargetView, th: Thresholds, now: float) -> dict[str, l
         history = win.since_last_restart(view.probes[url])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
-        table = history[-1].table
-        if table is None and len(view.tables) == 1:
-            table = next(iter(view.tables))
+        table = view.table_named(history[-1].table)
         if table in view.tables:
             out.setdefault(table, []).append(history)
     return out
@@ -87,9 +70,7 @@ def actors_by_table(view: TargetView) -> dict[str, list[Actor]]:
     out: dict[str, list[Actor]] = {}
     for url in sorted(view.actors):
         history = win.actor_since_last_restart(view.actors[url])
-        table = history[-1].table if history else None
-        if table is None and len(view.tables) == 1:
-            table = next(iter(view.tables))
+        table = view.table_named(history[-1].table if history else None)
         if table in view.tables:
             out.setdefault(table, []).append(
                 Actor(url, history, view.probe_polls.get(url, ())))
@@ -107,7 +88,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     """
     th = thresholds
     actors = actors_by_table(view)
-    found = [f for rule in VIEW_RULES if (f := rule(view, th, now)) is not None]
+    found = [f for rule in rules.of_shape(Shape.VIEW) if (f := rule(view, th, now)) is not None]
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     for name in sorted(view.tables):
@@ -119,22 +100,29 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
                          declared_layout=layout)
         if has_enough_history(history, th):
-            found += rules.with_restore_evidence(_table_findings(case, probes, th),
-                                                 view.tables[name])
+            stalls = stall_findings(case, th)
+            stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
+                       if (f := rule(case, th, tuple(stalls))) is not None]
+            found += rules.with_restore_evidence(stalls, view.tables[name])
         else:
             insufficient.append(f"table:{name}")
-        found += [f for rule in CONFIG_TABLE_RULES if (f := rule(case, th)) is not None]
-        found += [f for probe in probes for rule in CONFIG_PROBE_RULES
+        found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
+                  if (f := rule(case, th)) is not None]
+        found += [f for probe in probes for rule in rules.of_shape(Shape.PROBE_SETTINGS)
                   if (f := rule(case, probe, th)) is not None]
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
 
 
-def _table_findings(case: TableCase, probes: list[Probe], th: Thresholds) -> list[Finding]:
-    found = [f for probe in probes if has_enough_history(probe, th)
-             for rule in STALL_PROBE_RULES if (f := rule(case, probe, th)) is not None]
-    return found + [f for rule in STALL_TABLE_RULES if (f := rule(case, th)) is not None]
+def stall_findings(case: TableCase, th: Thresholds) -> list[Finding]:
+    """The stall rules on one table whose history covers the window: each trainer probe's
+    with enough history of its own, then the table's."""
+    found = [f for probe in case.probes if has_enough_history(probe, th)
+             for rule in rules.of_shape(Shape.PROBE_STALL)
+             if (f := rule(case, probe, th)) is not None]
+    return found + [f for rule in rules.of_shape(Shape.TABLE_STALL)
+                    if (f := rule(case, th)) is not None]
 
 
 def _first_per_key(found: list[Finding]) -> list[Finding]:

@@ -1,20 +1,20 @@
-"""One small named rule per finding kind, in Reverb's and Acme's words; this is their index.
+"""Every rule, gathered from the families' registrations; this is their index.
 
 Each rule answers for one table (and, where it needs one, one trainer probe) or for a whole
 target, and returns a Finding or None. A rule is a predicate in the domain's words, then its
 explanation (summary, evidence, fix); the kind's severity comes from its declaration in
-`kinds`. The rules live by family:
+`kinds`. The rules live by family, each ending with its `RULES` (registry.Rule: kind, rule,
+shape):
 
-    rules_stalls    sample_blocked, insert_blocked, spi_drift, warmup   (Reverb alone)
+    rules_stalls    sample_blocked, insert_blocked, spi_drift, warmup, stale_data (Reverb)
     rules_learner   learner_stalled                                      (need the probe)
     rules_actors    worker_starvation, writer_stalled   (a proven circular wait; actor probes)
     rules_config    batch_exceeds_headroom, deadlock_risk                (settings that hang)
     rules_liveness  target_down, probe_down, too_many_threads            (whole target)
-    rules_lifecycle warmup_impossible, learner_starting, server_restarted, stale_data
+    rules_startup   warmup_impossible, learner_starting, server_restarted
 
-Adding a kind: declare it in `kinds`, write its rule in its family, map it in `BY_KIND` and
-run it from the engine's rule tuples; tests/test_rules.py and test_engine.py check all four
-agree.
+Adding a kind: declare it in `kinds` (its place in `ALL` is its precedence) and append its
+`Rule` to its family's `RULES`; nothing else in replaywatch/ names it.
 """
 
 from __future__ import annotations
@@ -22,55 +22,53 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from replaywatch.diagnosis import kinds
-from replaywatch.diagnosis.case import Probe, TableCase
+from replaywatch.diagnosis import (
+    rules_actors,
+    rules_config,
+    rules_learner,
+    rules_liveness,
+    rules_stalls,
+    rules_startup,
+)
 from replaywatch.diagnosis.kinds import Kind
-from replaywatch.diagnosis.rules_actors import is_worker_starvation, is_writer_stalled
-from replaywatch.diagnosis.rules_config import is_batch_exceeds_headroom, is_deadlock_risk
-from replaywatch.diagnosis.rules_learner import is_learner_stalled
-from replaywatch.diagnosis.rules_lifecycle import (
-    is_learner_starting,
-    is_server_restarted,
-    is_stale_data,
-    is_warmup_impossible,
-    with_restore_evidence,
-)
-from replaywatch.diagnosis.rules_liveness import (
-    is_probe_down,
-    is_target_down,
-    is_too_many_threads,
-)
-from replaywatch.diagnosis.rules_stalls import (
-    is_insert_blocked,
-    is_sample_blocked,
-    is_spi_drift,
-    is_warmup,
-)
+from replaywatch.diagnosis.registry import Rule, Shape
 
-__all__ = [
-    "BY_KIND", "Probe", "TableCase", "is_batch_exceeds_headroom", "is_deadlock_risk",
-    "is_insert_blocked", "is_learner_stalled", "is_probe_down", "is_sample_blocked",
-    "is_spi_drift", "is_target_down", "is_too_many_threads", "is_warmup",
-    "is_worker_starvation", "is_writer_stalled", "is_warmup_impossible", "is_learner_starting",
-    "is_server_restarted", "is_stale_data", "with_restore_evidence",
-]
+ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
+                         *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES)
+
+
+def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:
+    out: dict[Kind, Callable[..., Any]] = {}
+    for r in registered:
+        if r.kind in out:
+            raise ValueError(f"{r.kind.name} is registered twice")
+        out[r.kind] = r.judge
+    return out
+
 
 # The declared kind -> the rule that produces it (the declaration test checks both ways).
-BY_KIND: dict[Kind, Callable[..., Any]] = {
-    kinds.WORKER_STARVATION: is_worker_starvation,
-    kinds.LEARNER_STALLED: is_learner_stalled,
-    kinds.WRITER_STALLED: is_writer_stalled,
-    kinds.SAMPLE_BLOCKED: is_sample_blocked,
-    kinds.INSERT_BLOCKED: is_insert_blocked,
-    kinds.BATCH_EXCEEDS_HEADROOM: is_batch_exceeds_headroom,
-    kinds.TARGET_DOWN: is_target_down,
-    kinds.PROBE_DOWN: is_probe_down,
-    kinds.DEADLOCK_RISK: is_deadlock_risk,
-    kinds.SPI_DRIFT: is_spi_drift,
-    kinds.TOO_MANY_THREADS: is_too_many_threads,
-    kinds.WARMUP: is_warmup,
-    kinds.WARMUP_IMPOSSIBLE: is_warmup_impossible,
-    kinds.LEARNER_STARTING: is_learner_starting,
-    kinds.SERVER_RESTARTED: is_server_restarted,
-    kinds.STALE_DATA: is_stale_data,
-}
+BY_KIND: dict[Kind, Callable[..., Any]] = _by_kind(ALL)
+
+
+def of_shape(shape: Shape) -> tuple[Callable[..., Any], ...]:
+    """The rules the engine runs for one shape."""
+    return tuple(r.judge for r in ALL if r.shape is shape)
+
+
+is_worker_starvation = rules_actors.is_worker_starvation
+is_writer_stalled = rules_actors.is_writer_stalled
+is_batch_exceeds_headroom = rules_config.is_batch_exceeds_headroom
+is_deadlock_risk = rules_config.is_deadlock_risk
+is_learner_stalled = rules_learner.is_learner_stalled
+is_target_down = rules_liveness.is_target_down
+is_probe_down = rules_liveness.is_probe_down
+is_too_many_threads = rules_liveness.is_too_many_threads
+is_sample_blocked = rules_stalls.is_sample_blocked
+is_insert_blocked = rules_stalls.is_insert_blocked
+is_spi_drift = rules_stalls.is_spi_drift
+is_warmup = rules_stalls.is_warmup
+is_stale_data = rules_stalls.is_stale_data
+is_warmup_impossible = rules_startup.is_warmup_impossible
+is_learner_starting = rules_startup.is_learner_starting
+is_server_restarted = rules_startup.is_server_restarted
+with_restore_evidence = rules_startup.with_restore_evidence

@@ -30,6 +30,7 @@ from replaywatch.diagnosis.ratelimiter import (
     can_sample,
     sample_headroom,
 )
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.rules_liveness import failing_since
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
@@ -217,3 +218,9 @@ def _writer_stalled(view: TargetView, stalled: list[tuple[ActorSnapshot, str]],
     return kinds.WRITER_STALLED.finding(view.target, table, summary, evidence, fix,
                                         since=worst.observed_at - worst.blocked_for_s,
                                         last_seen=now)
+
+
+RULES = (
+    Rule(kinds.WORKER_STARVATION, is_worker_starvation, Shape.TABLE_STALL),
+    Rule(kinds.WRITER_STALLED, is_writer_stalled, Shape.VIEW),
+)

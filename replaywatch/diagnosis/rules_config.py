@@ -24,6 +24,7 @@ from replaywatch.diagnosis import budget, kinds
 from replaywatch.diagnosis import layout as lay
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
 
@@ -116,3 +117,9 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
                 "sidecar with --layout.")
     return case.finding(kind, summary, evidence, fix,
                         since=max(case.history[0].observed_at, probe[0].observed_at))
+
+
+RULES = (
+    Rule(kinds.BATCH_EXCEEDS_HEADROOM, is_batch_exceeds_headroom, Shape.PROBE_SETTINGS),
+    Rule(kinds.DEADLOCK_RISK, is_deadlock_risk, Shape.PROBE_SETTINGS),
+)

@@ -11,6 +11,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.ratelimiter import can_sample, sample_headroom
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding
 
@@ -42,3 +43,8 @@ def _learner_stalled(case: TableCase, probe: Probe, idle: float) -> Finding:
            "where it waits: a pmap or collective deadlock, a stuck device transfer, a lock.")
     return case.finding(kinds.LEARNER_STALLED, summary, evidence, fix,
                         since=p.observed_at - idle)
+
+
+RULES = (
+    Rule(kinds.LEARNER_STALLED, is_learner_stalled, Shape.PROBE_STALL),
+)

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.diagnosis.window import PollRecord, TargetView
+from replaywatch.diagnosis.window import PollRecord, TargetView, failed_polls_at_end
 from replaywatch.model import Finding, ProbeSnapshot
 
 
 def failing_since(polls: tuple[PollRecord, ...], th: Thresholds) -> PollRecord | None:
     """The first poll of a run of more than `down_polls` failures ending now."""
-    run = 0
-    for record in reversed(polls):
-        if record.ok:
-            break
-        run += 1
+    run = failed_polls_at_end(polls)
     return polls[-run] if run > th.down_polls else None
 
 
@@ -101,3 +98,10 @@ def _too_many_threads(view: TargetView, over: dict[str, Probe], th: Thresholds,
         "threads.", evidence, "Cap the thread pools (tf.data num_parallel_calls, "
         "TF inter/intra op threads, XLA) so workers are scheduled.",
         since=min(since), last_seen=now)
+
+
+RULES = (
+    Rule(kinds.TARGET_DOWN, is_target_down, Shape.VIEW),
+    Rule(kinds.PROBE_DOWN, is_probe_down, Shape.VIEW),
+    Rule(kinds.TOO_MANY_THREADS, is_too_many_threads, Shape.VIEW),
+)

@@ -1,4 +1,4 @@
-"""Stalls seen from Reverb: sample_blocked, insert_blocked, spi_drift, warmup.
+"""Stalls seen from Reverb: sample_blocked, insert_blocked, spi_drift, warmup, stale_data.
 
 Stalls are judged by progress (insert and sample counters that did not move for the whole
 stall window, proven by snapshots at both ends); `table_worker_time` only says which side
@@ -24,9 +24,10 @@ from replaywatch.diagnosis.ratelimiter import (
     is_warming_up,
     sample_headroom,
 )
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import inserts_of, samples_of
-from replaywatch.model import Finding, TableSnapshot
+from replaywatch.model import FLOAT_MAX, Finding, TableSnapshot
 
 
 def is_sample_blocked(case: TableCase, th: Thresholds) -> Finding | None:
@@ -257,3 +258,68 @@ def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
     fix = ("Balance the loop: speed up the learner (or slow the actors) until samples per "
            "insert returns to the configured ratio, or lower samples_per_insert.")
     return case.finding(kinds.SPI_DRIFT, summary, evidence, fix, since=points[0].observed_at)
+
+
+def limiter_kind(t: TableSnapshot) -> str:
+    """MinSize never holds samples back (min_diff -float max, max_diff float max)."""
+    rl = t.rate_limiter
+    if rl.min_diff <= -FLOAT_MAX * 0.5 and rl.max_diff >= FLOAT_MAX * 0.5:
+        return "MinSize"
+    return "SampleToInsertRatio"
+
+
+def is_stale_data(case: TableCase, th: Thresholds) -> Finding | None:
+    """No insert for the stall window while the learner keeps sampling: it trains on old data.
+
+    A limiter that never blocks sampling (MinSize, or a SampleToInsertRatio window wide
+    enough) hides dead actors: nothing hangs, the same items are sampled over and over
+    (instadeepai/Mava#801). Not before the first insert, not in warm-up, and not once the
+    limiter refuses samples: a ratio limiter whose credit ran out is sample_blocked's
+    business, a window later, and warning about it first would be noise.
+    """
+    t = case.latest
+    if t.rate_limiter.inserts == 0 or lim.is_warming_up(t) or not lim.can_sample(t, 1):
+        return None
+    idle = win.idle_for(case.history, inserts_of)
+    if idle < th.stall_window_s or win.idle_for(case.history, samples_of) >= th.stall_window_s:
+        return None
+    if sampling_since(case, idle) < th.stall_window_s:
+        return None
+    return _stale_data(case, idle)
+
+
+def sampling_since(case: TableCase, idle: float) -> float:
+    """Seconds since sampling went on after the last insert.
+
+    Both counters resting is not stale data: a synchronous loop whose first step took a
+    minute inserted nothing meanwhile, then samples its credit before it inserts again.
+    """
+    t = case.latest
+    after = [s for s in case.history if s.observed_at >= t.observed_at - idle]
+    moved = next((a for a, b in zip(after, after[1:]) if samples_of(b) > samples_of(a)), None)
+    return 0.0 if moved is None else t.observed_at - moved.observed_at
+
+
+def _stale_data(case: TableCase, idle: float) -> Finding:
+    t = case.latest
+    onset = t.observed_at - idle
+    at_onset = next(s for s in case.history if s.observed_at >= onset)
+    drawn = samples_of(t) - samples_of(at_onset)
+    evidence = {**limiter_evidence(t), "seconds_since_last_insert": idle,
+                "samples_since_last_insert": drawn,
+                "times_each_item_sampled_since": drawn / t.current_size if t.current_size else None,
+                "limiter": limiter_kind(t)}
+    summary = (f"No actor has inserted into table '{t.name}' while the learner keeps sampling "
+               f"it ({limiter_kind(t)} limiter): it trains on a frozen table.")
+    fix = (f"Restart the actors feeding '{t.name}' (dead or stuck: check their logs); the "
+           "learner keeps training on the same items until they insert again.")
+    return case.finding(kinds.STALE_DATA, summary, evidence, fix, since=onset)
+
+
+RULES = (
+    Rule(kinds.SAMPLE_BLOCKED, is_sample_blocked, Shape.TABLE_STALL),
+    Rule(kinds.INSERT_BLOCKED, is_insert_blocked, Shape.TABLE_STALL),
+    Rule(kinds.SPI_DRIFT, is_spi_drift, Shape.TABLE_STALL),
+    Rule(kinds.WARMUP, is_warmup, Shape.TABLE_STALL),
+    Rule(kinds.STALE_DATA, is_stale_data, Shape.TABLE_STALL),
+)

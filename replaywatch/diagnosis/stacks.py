@@ -3,7 +3,7 @@
 Without any probe, a synchronous loop (it inserts, then samples) that is blocked in the
 iterator's next() is the circular wait of worker starvation, while a loop that died or hangs
 elsewhere is not. Two dumps about a second apart that both show the loop thread inside
-next() settle it (issue 11, item 8):
+next() settle it (one could catch a healthy loop waiting a moment for its batch):
 
     verdict = stack_verdict(first_dump, second_dump, requested_at=now)
     verdict.in_next        # True: the loop thread sits in next() in both

@@ -48,6 +48,22 @@ class TargetView:
     probe_polls: dict[str, tuple[PollRecord, ...]]  # every probe's polls, both roles
     actors: dict[str, tuple[ActorSnapshot, ...]] = dataclasses.field(default_factory=dict)
 
+    def table_named(self, table: str | None) -> str | None:
+        """The table a probe names, or, when it names none, the target's only table."""
+        if table is None and len(self.tables) == 1:
+            return next(iter(self.tables))
+        return table
+
+
+def failed_polls_at_end(polls: Sequence[PollRecord]) -> int:
+    """How many polls in a row, ending with the newest, failed."""
+    run = 0
+    for record in reversed(polls):
+        if record.ok:
+            break
+        run += 1
+    return run
+
 
 # -- counters and rates: reset-aware, time from the snapshots ------------------------------------
 

@@ -17,10 +17,19 @@ The one place a LocalLayout or `run_experiment` user can reach is the builder
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from replaywatch.probe.trainer import TrainerProbe
+
+class Wrapping(Protocol):
+    """What this module asks of the probe it attaches (TrainerProbe has it): the path is
+    builder.make_learner -> probe.wrap_learner -> wrap_learner here -> probe.wrap, and
+    builder.make_adder -> probe.wrap_client."""
+
+    def wrap(self, iterator: Iterator[Any]) -> Iterator[Any]: ...
+    def step(self) -> None: ...
+    def wrap_client(self, client: Any) -> Any: ...
+    def wrap_learner(self, learner: Any, iterator_attr: str | None = None) -> Any: ...
 
 # Where Acme's learners keep the iterator `step()` consumes: DQN, TD3, D4PG and
 # most JAX learners use `_iterator`; the generic SGD learner `_data_iterator`.
@@ -38,7 +47,7 @@ def _find_iterator_attr(learner: Any) -> str:
     )
 
 
-def wrap_learner(probe: TrainerProbe, learner: Any, iterator_attr: str | None = None
+def wrap_learner(probe: Wrapping, learner: Any, iterator_attr: str | None = None
                  ) -> tuple[Any, str]:
     """Wraps `learner.<iterator_attr>` with the probe and counts `learner.step()`.
 
@@ -64,7 +73,7 @@ def wrap_learner(probe: TrainerProbe, learner: Any, iterator_attr: str | None = 
     return learner, attr
 
 
-def wrap_builder(probe: TrainerProbe, builder: Any) -> Any:
+def wrap_builder(probe: Wrapping, builder: Any) -> Any:
     """Patches `builder.make_learner` so the learner it returns is probe-wrapped, and
     `builder.make_adder` so the adder it makes inserts through the probe's client.
 
@@ -87,7 +96,7 @@ def wrap_builder(probe: TrainerProbe, builder: Any) -> Any:
     return builder
 
 
-def _wrap_make_adder(probe: TrainerProbe, builder: Any) -> None:
+def _wrap_make_adder(probe: Wrapping, builder: Any) -> None:
     """`make_adder(replay_client, environment_spec, policy)`: its client goes through
     `probe.wrap_client`. A builder without one (or with a renamed argument) is left alone."""
     make_adder = getattr(builder, "make_adder", None)

@@ -28,8 +28,10 @@ from replaywatch.model import (
     ActorSnapshot,
     PollOutcome,
     ProbeSnapshot,
+    SourceKind,
     WriterCallStats,
 )
+from replaywatch.sources import PolledSource
 
 _MAX_BODY = 4 * 1024 * 1024  # a /stacks document of a 500-thread trainer fits
 _MAX_TEXT = 200  # user-given strings (names, waiting_on, errors) kept per snapshot
@@ -284,10 +286,10 @@ class _KeptAlive:
             self._conn = None
 
 
-class HttpProbeSource:
+class HttpProbeSource(PolledSource):
     """Polls one probe over HTTP: a TrainerProbe or an ActorProbe, told apart by `role`."""
 
-    kind = "probe"
+    kind = SourceKind.PROBE
 
     def __init__(
         self,
@@ -296,10 +298,7 @@ class HttpProbeSource:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
     ):
-        self.name = url.rstrip("/")
-        self._timeout_s = timeout_s
-        self._clock = clock
-        self._perf = perf
+        super().__init__(url.rstrip("/"), timeout_s, clock, perf)
         self._conn: _KeptAlive | None = None
         # The poller polls a source from one thread at a time; the lock keeps any
         # other caller off the shared connection (it gets a connection of its own).
@@ -330,10 +329,6 @@ class HttpProbeSource:
         except SourceError as e:
             return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e))
         return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, probe=snap)
-
-    def stacks(self) -> dict[str, Any]:
-        """The probed process's thread stacks (`GET /stacks`); raises a SourceError."""
-        return get_json(f"{self.name}/stacks", max(self._timeout_s, 2.0))
 
     def close(self) -> None:
         # No lock: closing must not wait out a poll in flight (which then fails, as it should).

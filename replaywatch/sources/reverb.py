@@ -21,10 +21,11 @@ from replaywatch.model import (
     KeyDistributionOptions,
     PollOutcome,
     RateLimiterInfo,
+    SourceKind,
     TableSnapshot,
     TableWorkerTime,
 )
-from replaywatch.sources import reverb_wire
+from replaywatch.sources import PolledSource, reverb_wire
 
 # Reconnect quickly after a server restart: gRPC's default backoff grows to
 # two minutes, far longer than a person watching a restarted job will wait.
@@ -104,10 +105,10 @@ def snapshots_from_response(raw: bytes, target: str, observed_at: float) -> list
     return [snapshot_from_info(info, target, observed_at) for info in infos]
 
 
-class ReverbSource:
+class ReverbSource(PolledSource):
     """Polls one Reverb server's `ServerInfo` with a per-call deadline."""
 
-    kind = "reverb"
+    kind = SourceKind.REVERB
 
     def __init__(
         self,
@@ -116,10 +117,7 @@ class ReverbSource:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
     ):
-        self.name = address
-        self._timeout_s = timeout_s
-        self._clock = clock
-        self._perf = perf
+        super().__init__(address, timeout_s, clock, perf)
         self._channel: grpc.Channel | None = None
         self._call: Any = None
 

@@ -1,9 +1,8 @@
-"""A job's life: can it start, is it starting, was it restarted, did its actors go away.
+"""Start-up and restarts: can the job start, is it starting, was its server restarted.
 
     warmup_impossible   max_size < min_size_to_sample: one snapshot proves it never starts
     learner_starting    no learner has finished its first step: blocked is start-up, for a while
     server_restarted    the server was replaced or restored from a checkpoint
-    stale_data          inserts stopped while sampling goes on: training on a frozen table
 
 Reverb's table worker accounts for all of its time in one of its states, so the sum of
 `table_worker_time` is the server's uptime (measured on Reverb 0.14: 2036 ms after 2.03 s).
@@ -21,11 +20,10 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
-from replaywatch.diagnosis.rules_learner import is_learner_stalled
-from replaywatch.diagnosis.rules_stalls import is_insert_blocked, is_sample_blocked
+from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
-from replaywatch.model import FLOAT_MAX, Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
 
 # A fresh server's inserts stay within this factor of the old server's lifetime insert rate
 # times its own uptime; a restore shows counters far beyond (reverb#118: 100073 inserts on a
@@ -127,30 +125,38 @@ def startup_began(case: TableCase, th: Thresholds) -> tuple[float, str] | None:
     return case.history[0].observed_at, "first sight of the table"
 
 
-def is_learner_starting(case: TableCase, th: Thresholds) -> Finding | None:
+def is_learner_starting(case: TableCase, th: Thresholds,
+                        stalls: Sequence[Finding]) -> Finding | None:
     """No learner finished its first step yet: blocked inserts or an idle learner are start-up.
 
     A JAX learner's first jit compile takes from seconds to many minutes (acme#212: 20)
     while actors run ahead to max_diff. It holds for `startup_grace_s`; a learner still
     not through its first step then is hung, and the usual critical finding opens.
+    `stalls` are this table's stall findings; the ones start-up explains it stands down.
     """
     began = startup_began(case, th)
     if began is None:
-        return _first_step_just_ended(case, th)
+        return _first_step_just_ended(case, th, stalls)
     if case.now - began[0] >= th.startup_grace_s:
         return None
-    held = _held(case, th)
+    held = _held(case, stalls)
     return _learner_starting(case, began, held, th) if held else None
 
 
-def _held(case: TableCase, th: Thresholds) -> list[str]:
-    """The stall findings start-up explains on this table now."""
-    return sorted({f.kind for f in (is_insert_blocked(case, th), _loop_in_first_step(case, th),
-                                    *(is_learner_stalled(case, p, th) for p in case.probes))
-                   if f is not None})
+def _held(case: TableCase, stalls: Sequence[Finding]) -> list[str]:
+    """The stall findings start-up explains on this table now: blocked inserts, a learner
+    stalled in next(), and sample_blocked when a probe shows the learner busy outside
+    next() (a synchronous loop compiling its first step stops inserting). A learner waiting
+    in next() for data, or what Reverb alone sees, waits on the actors: sample_blocked
+    stands."""
+    explained = {kinds.INSERT_BLOCKED.name, kinds.LEARNER_STALLED.name}
+    if any(not p[-1].blocked_in_next for p in case.probes):
+        explained.add(kinds.SAMPLE_BLOCKED.name)
+    return sorted({f.kind for f in stalls if f.kind in explained})
 
 
-def _first_step_just_ended(case: TableCase, th: Thresholds) -> Finding | None:
+def _first_step_just_ended(case: TableCase, th: Thresholds,
+                           stalls: Sequence[Finding]) -> Finding | None:
     """Start-up's hand-off: stalls are timed from the end of the first step, not before it.
 
     The stall rules time a stall from the last insert or sample, and nothing moves while a
@@ -164,7 +170,7 @@ def _first_step_just_ended(case: TableCase, th: Thresholds) -> Finding | None:
     ended = first_step_seen_at(case)
     if ended is None or case.now - ended >= th.stall_window_s:
         return None
-    held = _held(case, th)
+    held = _held(case, stalls)
     if not held:
         return None
     t = case.latest
@@ -181,15 +187,6 @@ def _first_step_just_ended(case: TableCase, th: Thresholds) -> Finding | None:
     fix = (f"Wait: if nothing moves for {th.stall_window_s:g} s after the first step, this "
            f"becomes {' / '.join(held)}.")
     return case.finding(kinds.LEARNER_STARTING, summary, evidence, fix, since=start)
-
-
-def _loop_in_first_step(case: TableCase, th: Thresholds) -> Finding | None:
-    """sample_blocked, when a probe shows the learner busy outside next(): a synchronous loop
-    compiling its first step stops inserting. A learner waiting in next() for data, or what
-    Reverb alone sees (nothing sampled yet), waits on the actors: sample_blocked stands."""
-    if not any(not p[-1].blocked_in_next for p in case.probes):
-        return None
-    return is_sample_blocked(case, th)
 
 
 def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str],
@@ -278,64 +275,6 @@ def _server_restarted(view: TargetView, seen: dict[str, Restart], now: float) ->
         since=min(r.after.observed_at for r in seen.values()), last_seen=now)
 
 
-# -- stale_data ------------------------------------------------------------------------------------
-
-def limiter_kind(t: TableSnapshot) -> str:
-    """MinSize never holds samples back (min_diff -float max, max_diff float max)."""
-    rl = t.rate_limiter
-    if rl.min_diff <= -FLOAT_MAX * 0.5 and rl.max_diff >= FLOAT_MAX * 0.5:
-        return "MinSize"
-    return "SampleToInsertRatio"
-
-
-def is_stale_data(case: TableCase, th: Thresholds) -> Finding | None:
-    """No insert for the stall window while the learner keeps sampling: it trains on old data.
-
-    A limiter that never blocks sampling (MinSize, or a SampleToInsertRatio window wide
-    enough) hides dead actors: nothing hangs, the same items are sampled over and over
-    (instadeepai/Mava#801). Not before the first insert, not in warm-up, and not once the
-    limiter refuses samples: a ratio limiter whose credit ran out is sample_blocked's
-    business, a window later, and warning about it first would be noise.
-    """
-    t = case.latest
-    if t.rate_limiter.inserts == 0 or lim.is_warming_up(t) or not lim.can_sample(t, 1):
-        return None
-    idle = win.idle_for(case.history, inserts_of)
-    if idle < th.stall_window_s or win.idle_for(case.history, samples_of) >= th.stall_window_s:
-        return None
-    if sampling_since(case, idle) < th.stall_window_s:
-        return None
-    return _stale_data(case, idle)
-
-
-def sampling_since(case: TableCase, idle: float) -> float:
-    """Seconds since sampling went on after the last insert.
-
-    Both counters resting is not stale data: a synchronous loop whose first step took a
-    minute inserted nothing meanwhile, then samples its credit before it inserts again.
-    """
-    t = case.latest
-    after = [s for s in case.history if s.observed_at >= t.observed_at - idle]
-    moved = next((a for a, b in zip(after, after[1:]) if samples_of(b) > samples_of(a)), None)
-    return 0.0 if moved is None else t.observed_at - moved.observed_at
-
-
-def _stale_data(case: TableCase, idle: float) -> Finding:
-    t = case.latest
-    onset = t.observed_at - idle
-    at_onset = next(s for s in case.history if s.observed_at >= onset)
-    drawn = samples_of(t) - samples_of(at_onset)
-    evidence = {**limiter_evidence(t), "seconds_since_last_insert": idle,
-                "samples_since_last_insert": drawn,
-                "times_each_item_sampled_since": drawn / t.current_size if t.current_size else None,
-                "limiter": limiter_kind(t)}
-    summary = (f"No actor has inserted into table '{t.name}' while the learner keeps sampling "
-               f"it ({limiter_kind(t)} limiter): it trains on a frozen table.")
-    fix = (f"Restart the actors feeding '{t.name}' (dead or stuck: check their logs); the "
-           "learner keeps training on the same items until they insert again.")
-    return case.finding(kinds.STALE_DATA, summary, evidence, fix, since=onset)
-
-
 def with_restore_evidence(found: list[Finding], points: Sequence[TableSnapshot]) -> list[Finding]:
     """After a restore, sample_blocked says how many inserts unblock the restored limiter."""
     r = last_restart(points)
@@ -345,3 +284,10 @@ def with_restore_evidence(found: list[Finding], points: Sequence[TableSnapshot])
              "inserts_to_unblock": lim.inserts_to_sample(r.latest)}
     return [dataclasses.replace(f, evidence={**f.evidence, **extra})
             if f.kind == kinds.SAMPLE_BLOCKED.name else f for f in found]
+
+
+RULES = (
+    Rule(kinds.WARMUP_IMPOSSIBLE, is_warmup_impossible, Shape.TABLE_SETTINGS),
+    Rule(kinds.LEARNER_STARTING, is_learner_starting, Shape.AFTER_STALLS),
+    Rule(kinds.SERVER_RESTARTED, is_server_restarted, Shape.VIEW),
+)

@@ -1,4 +1,5 @@
-"""Issue 11's lifecycle kinds, reproduced on a real Reverb server with real threads.
+"""The start-up, restart and stale-table kinds, reproduced on a real Reverb server with
+real threads.
 
 Each test starts an in-process `reverb.Server`, actor and learner threads that insert and
 sample through `reverb.Client`, and a real sidecar core (`build_sidecar`) whose poller is

@@ -1,7 +1,6 @@
-"""Metric families of the probes (trainers and actors), and the declaration they all share.
+"""Metric families of the probes: trainers and actors.
 
-Kept apart from metrics.py, which renders sources, tables and findings, so each
-stays small; `Family` lives here because metrics.py imports this module. The
+metrics.py renders sources, tables and findings and calls these rows in between. The
 same conventions: built fresh from one `Published` per scrape, bounded labels
 only. `call` takes its values from the fixed WRITER_CALLS; what an actor waits
 on is free text from the user's code, so only whether it waits (and for how
@@ -10,37 +9,9 @@ long) becomes a metric; the API shows on what.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-
+from replaywatch.metric_families import Group, Row, counter, gauge
 from replaywatch.model import WRITER_CALLS
 from replaywatch.state import Published
-
-# One sample: label values in the family's declared label order, and the value.
-Row = tuple[tuple[str, ...], float]
-Group = Iterator[tuple["Family", list[Row]]]
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """One metric family: the single source of its name, type, help text and label names.
-
-    Both the text renderer and the prometheus_client collector are built from
-    these, so the fast path and the reference path cannot drift apart.
-    """
-
-    name: str  # without the `_total` a counter's samples get
-    type: str  # "gauge" or "counter"
-    doc: str
-    labels: tuple[str, ...] = ()
-
-
-def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Family:
-    return Family(f"replaywatch_{name}", "gauge", doc, labels)
-
-
-def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Family:
-    return Family(f"replaywatch_{name}", "counter", doc, labels)
 
 
 def role_of(state: Published, url: str) -> str:

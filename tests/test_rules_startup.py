@@ -1,9 +1,10 @@
-"""The lifecycle rules (issue 11): warmup_impossible, learner_starting, server_restarted,
-stale_data. One table row per case, each with why, as in tests/test_rules.py; then engine
-scenarios where they interact with other kinds (supersession across severities, restarts).
+"""The start-up and restart rules (warmup_impossible, learner_starting, server_restarted) and
+stale_data, the stall they are most often confused with. One table row per case, each with
+why, as in tests/test_rules.py; then engine scenarios where they interact with other kinds
+(supersession across severities, restarts).
 
 Times are 1 s polls from t=1000 unless a case says otherwise; the stall window is 10 s. The
-server's uptime is the sum of the table worker's time (rules_lifecycle.uptime_s); `uptime`
+server's uptime is the sum of the table worker's time (rules_startup.uptime_s); `uptime`
 below sets it through `sleeping_ms`.
 """
 
@@ -15,18 +16,22 @@ from typing import Any
 
 import pytest
 
-from replaywatch.diagnosis import rules
-from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis import rules_stalls, rules_startup
+from replaywatch.diagnosis.case import TableCase
+from replaywatch.diagnosis.engine import diagnose, stall_findings
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import FLOAT_MAX, Finding, Severity, TableSnapshot
 from tests.builders import (
     DEFAULT,
+    T20,
+    assert_as_declared,
+    case,
     probe_history,
     table_history,
     target_view,
+    waiting,
 )
-from tests.test_rules import T20, assert_as_declared, case, waiting
 
 MIN_SIZE = dict(min_diff=-FLOAT_MAX, max_diff=FLOAT_MAX)
 WIDE = dict(min_diff=-1e6, max_diff=1e6)
@@ -55,103 +60,111 @@ def compiling(steps: int = 0, batches: int = 1, started_at: float = 995.0):
 CAN_SAMPLE = table_history(T20, 1000, 256, min_diff=0.0, max_diff=FLOAT_MAX)
 
 Rule = Callable[..., "Finding | None"]
-ROUND2_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
+STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     # -- warmup_impossible: max_size below min_size_to_sample, from one snapshot --------------
     # alf PR#1737: max_size 10 < min_size_to_sample 20; inserts flow, size stays at 10.
-    ("warmup_impossible_when_max_size_is_below_min_size", rules.is_warmup_impossible,
+    ("warmup_impossible_when_max_size_is_below_min_size", rules_startup.is_warmup_impossible,
      lambda: case(table_history([1000.0], 30, 0, max_size=10, min_size=20)),
      "warmup_impossible"),
     # Exactly min_size_to_sample items fit: warm-up can end.
-    ("no_warmup_impossible_when_max_size_holds_min_size", rules.is_warmup_impossible,
+    ("no_warmup_impossible_when_max_size_holds_min_size", rules_startup.is_warmup_impossible,
      lambda: case(table_history([1000.0], 30, 0, max_size=20, min_size=20)), None),
     # -- stale_data: inserts stopped, sampling continues --------------------------------------
     # MinSize limiter, 500 items, no insert since t=1000, 100 samples/s.
-    ("stale_data_when_a_min_size_table_is_sampled_without_inserts", rules.is_stale_data,
+    ("stale_data_when_a_min_size_table_is_sampled_without_inserts", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, 500, [100 * i for i in range(20)], **MIN_SIZE)),
      "stale_data"),
     # A wide SampleToInsertRatio window (slack 2e6) lets the learner go on for hours.
-    ("stale_data_with_a_wide_sample_to_insert_ratio_window", rules.is_stale_data,
+    ("stale_data_with_a_wide_sample_to_insert_ratio_window", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, 500, [100 * i for i in range(20)], **WIDE)),
      "stale_data"),
     # A healthy MinSize job: inserts progress.
-    ("no_stale_data_while_inserts_progress", rules.is_stale_data,
+    ("no_stale_data_while_inserts_progress", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, [500 + i for i in range(20)],
                                 [100 * i for i in range(20)], **MIN_SIZE)), None),
     # Inserts stopped only 5 s ago.
-    ("no_stale_data_before_the_stall_window", rules.is_stale_data,
+    ("no_stale_data_before_the_stall_window", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, [500 + min(i, 14) for i in range(20)],
                                 [100 * i for i in range(20)], **MIN_SIZE)), None),
     # Sampling stopped too: a blocked table, sample_blocked's business.
-    ("no_stale_data_when_sampling_stopped_too", rules.is_stale_data,
+    ("no_stale_data_when_sampling_stopped_too", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, 500, 1900, **MIN_SIZE)), None),
     # Actors died under a ratio limiter: the learner drained the credit (cursor 0 = min_diff
     # at t=1012) and stopped 7 s ago; sample_blocked opens a window later, no warning first.
-    ("no_stale_data_once_the_limiter_refuses_samples", rules.is_stale_data,
+    ("no_stale_data_once_the_limiter_refuses_samples", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, 500, [min(440 + 5 * i, 500) for i in range(20)],
                                 min_diff=0.0, max_diff=100.0)), None),
     # Both counters rested (a synchronous loop's 15 s first step), then sampling resumed 4 s
     # ago before the next insert: the loop spends its credit, the data is not stale.
-    ("no_stale_data_when_sampling_resumed_only_lately", rules.is_stale_data,
+    ("no_stale_data_when_sampling_resumed_only_lately", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, 500, [400] * 16 + [500, 600, 700, 800], **MIN_SIZE)),
      None),
     # Warm-up: below min_size_to_sample nothing can be sampled (and nothing was).
-    ("no_stale_data_during_warmup", rules.is_stale_data,
+    ("no_stale_data_during_warmup", rules_stalls.is_stale_data,
      lambda: case(table_history(T20, 50, 0, min_size=100, **MIN_SIZE)), None),
     # -- learner_starting: before the first step, within the grace ----------------------------
     # Reverb alone: actors at max_diff, nothing sampled, the server up ~19 s.
-    ("learner_starting_when_inserts_block_before_any_sample", rules.is_learner_starting,
+    ("learner_starting_when_inserts_block_before_any_sample", rules_startup.is_learner_starting,
      lambda: case(insert_blocked_at_start()), "learner_starting"),
     # The server has been up 700 s and nothing was ever sampled: past the 600 s grace.
-    ("no_learner_starting_after_the_grace", rules.is_learner_starting,
+    ("no_learner_starting_after_the_grace", rules_startup.is_learner_starting,
      lambda: case(uptime(insert_blocked_at_start(), [681.0 + i for i in range(20)])), None),
     # Reverb alone, actors at max_diff (cursor 100) after the pipeline's first fill (30
     # samples in one poll, then none): the learner compiles its first step, as the bench's
     # first_step_60s run showed (768 samples prefetched, then insert_blocked paged for 61 s).
-    ("learner_starting_when_only_a_first_fill_was_sampled", rules.is_learner_starting,
+    ("learner_starting_when_only_a_first_fill_was_sampled", rules_startup.is_learner_starting,
      lambda: case(table_history(T20, [100] + [130] * 19, [0] + [30] * 19,
                                 waiting_for_sampling_ms=waiting())), "learner_starting"),
     # Sampling moved for 12 s (a whole stall window) before it stopped: the learner trained;
     # a stall now is a stall.
-    ("no_learner_starting_once_samples_flowed_for_a_window", rules.is_learner_starting,
+    ("no_learner_starting_once_samples_flowed_for_a_window", rules_startup.is_learner_starting,
      lambda: case(table_history(T20, [100 + min(10 * i, 120) for i in range(20)],
                                 [min(10 * i, 120) for i in range(20)],
                                 waiting_for_sampling_ms=waiting())), None),
     # A synchronous loop that drew samples and stopped inserting: from Reverb alone the
     # seed's stranded workers or a first compile; the one that must page does
     # (sample_blocked names both), so no grace.
-    ("no_learner_starting_in_a_synchronous_loop_that_sampled", rules.is_learner_starting,
+    ("no_learner_starting_in_a_synchronous_loop_that_sampled", rules_startup.is_learner_starting,
      lambda: case(table_history(T20, 100, 100, min_diff=0.0, max_diff=FLOAT_MAX,
                                 waiting_for_inserts_ms=waiting())), None),
     # Healthy start: inserts flow below max_diff, nothing blocked, nothing to explain.
-    ("no_learner_starting_when_nothing_is_blocked", rules.is_learner_starting,
+    ("no_learner_starting_when_nothing_is_blocked", rules_startup.is_learner_starting,
      lambda: case(table_history(T20, list(range(20)), 0, waiting_for_sampling_ms=waiting())),
      None),
     # Probe: one batch taken, no step, not in next(), the table can sample: compiling.
-    ("learner_starting_when_the_probe_shows_no_first_step", rules.is_learner_starting,
+    ("learner_starting_when_the_probe_shows_no_first_step", rules_startup.is_learner_starting,
      lambda: case(CAN_SAMPLE, compiling()), "learner_starting"),
     # Probe: the first step finished (steps 1): a stall now is learner_stalled.
-    ("no_learner_starting_after_the_first_step", rules.is_learner_starting,
+    ("no_learner_starting_after_the_first_step", rules_startup.is_learner_starting,
      lambda: case(CAN_SAMPLE, compiling(steps=1)), None),
     # Probe: no step marked, but a second batch was taken: the first step ended.
-    ("no_learner_starting_after_a_second_batch", rules.is_learner_starting,
+    ("no_learner_starting_after_a_second_batch", rules_startup.is_learner_starting,
      lambda: case(CAN_SAMPLE, compiling(batches=2)), None),
     # Probe: the trainer started 700 s ago (its started_at) and never stepped: hung.
-    ("no_learner_starting_when_the_trainer_started_before_the_grace", rules.is_learner_starting,
+    ("no_learner_starting_when_the_trainer_started_before_the_grace",
+     rules_startup.is_learner_starting,
      lambda: case(CAN_SAMPLE, compiling(started_at=319.0)), None),
 ]
 
 
-@pytest.mark.parametrize("name,rule,scenario,expected", ROUND2_CASES,
-                         ids=[c[0] for c in ROUND2_CASES])
-def test_lifecycle_rule(name: str, rule: Rule, scenario: Callable[[], Any],
-                        expected: str | None) -> None:
-    finding = rule(scenario(), DEFAULT)
+@pytest.mark.parametrize("name,rule,scenario,expected", STARTUP_CASES,
+                         ids=[c[0] for c in STARTUP_CASES])
+def test_startup_rule(name: str, rule: Rule, scenario: Callable[[], Any],
+                      expected: str | None) -> None:
+    finding = judge(rule, scenario())
     assert (finding.kind if finding else None) == expected
     assert_as_declared(finding, rule)
 
 
+def judge(rule: Rule, c: TableCase) -> Finding | None:
+    """A table rule as the engine runs it: an after-stalls rule is handed the stalls."""
+    if rule is rules_startup.is_learner_starting:
+        return rule(c, DEFAULT, tuple(stall_findings(c, DEFAULT)))
+    return rule(c, DEFAULT)
+
+
 def test_warmup_impossible_names_which_number_to_change_to_what() -> None:
-    finding = rules.is_warmup_impossible(
+    finding = rules_startup.is_warmup_impossible(
         case(table_history([1000.0], 30, 0, max_size=10, min_size=20)), DEFAULT)
     assert finding is not None and finding.severity is Severity.CRITICAL
     assert (finding.evidence["max_size"], finding.evidence["min_size_to_sample"],
@@ -162,7 +175,7 @@ def test_warmup_impossible_names_which_number_to_change_to_what() -> None:
 
 def test_stale_data_evidence_counts_the_samples_since_the_last_insert() -> None:
     # Last insert seen at t=1000; 1900 samples since over 500 items: 3.8 times each.
-    finding = rules.is_stale_data(
+    finding = rules_stalls.is_stale_data(
         case(table_history(T20, 500, [100 * i for i in range(20)], **MIN_SIZE)), DEFAULT)
     assert finding is not None and finding.severity is Severity.WARNING
     assert finding.since == 1000.0
@@ -174,12 +187,12 @@ def test_stale_data_evidence_counts_the_samples_since_the_last_insert() -> None:
 
 
 def test_learner_starting_says_when_its_grace_began_and_why() -> None:
-    finding = rules.is_learner_starting(case(CAN_SAMPLE, compiling()), DEFAULT)
+    finding = judge(rules_startup.is_learner_starting, case(CAN_SAMPLE, compiling()))
     assert finding is not None and finding.severity is Severity.INFO
     assert finding.evidence["grace_basis"] == "probe started_at"
     assert finding.since == 995.0 and finding.evidence["grace_left_s"] == 600 - 24
     assert finding.evidence["would_be"] == ["learner_stalled"]
-    alone = rules.is_learner_starting(case(insert_blocked_at_start()), DEFAULT)
+    alone = judge(rules_startup.is_learner_starting, case(insert_blocked_at_start()))
     assert alone is not None
     assert alone.evidence["grace_basis"] == "server uptime (table worker time)"
     assert alone.evidence["would_be"] == ["insert_blocked"]
@@ -303,20 +316,20 @@ def test_a_replaced_server_is_server_restarted_with_counters_not_a_stall() -> No
     assert derived.insert_rate == 2.0 and derived.sample_rate == 2.0
 
 
-ROUND2_VIEW_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
+STARTUP_VIEW_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     # Counters and uptime went back at t=1015: a new server under the same address.
-    ("server_restarted_when_counters_go_back", rules.is_server_restarted,
+    ("server_restarted_when_counters_go_back", rules_startup.is_server_restarted,
      lambda: target_view([restarted_table()]), "server_restarted"),
     # The same server all along (uptime grows with the polls).
-    ("no_server_restarted_on_one_server", rules.is_server_restarted,
+    ("no_server_restarted_on_one_server", rules_startup.is_server_restarted,
      lambda: target_view([uptime(table_history(T20, list(range(20)), 0),
                                  [50.0 + i for i in range(20)])]), None),
 ]
 
 
-@pytest.mark.parametrize("name,rule,scenario,expected", ROUND2_VIEW_CASES,
-                         ids=[c[0] for c in ROUND2_VIEW_CASES])
-def test_lifecycle_view_rule(name: str, rule: Rule, scenario: Callable[[], Any],
+@pytest.mark.parametrize("name,rule,scenario,expected", STARTUP_VIEW_CASES,
+                         ids=[c[0] for c in STARTUP_VIEW_CASES])
+def test_startup_view_rule(name: str, rule: Rule, scenario: Callable[[], Any],
                              expected: str | None) -> None:
     finding = rule(scenario(), DEFAULT, 1019.0)
     assert (finding.kind if finding else None) == expected
@@ -326,7 +339,7 @@ def test_lifecycle_view_rule(name: str, rule: Rule, scenario: Callable[[], Any],
 def test_server_restarted_ends_after_the_startup_grace() -> None:
     table = restarted_table()
     th = Thresholds(startup_grace_s=4.0)  # the restart at t=1015 is 4 s old at t=1019
-    assert rules.is_server_restarted(target_view([table]), th, 1019.0) is None
+    assert rules_startup.is_server_restarted(target_view([table]), th, 1019.0) is None
 
 
 # reverb#118: spi 256, min_size 500 and tolerance 0.1 give error_buffer 12800, so
@@ -366,7 +379,7 @@ def test_reverb_118_restore_is_named_and_says_one_insert_unblocks_sampling() -> 
 def test_a_restore_whose_counters_did_not_go_back_is_seen_by_the_server_uptime() -> None:
     # The checkpoint was written at shutdown: the same counters, a server up 1 s.
     table = restored_table(before_inserts=100_073)
-    restart = rules.is_server_restarted(target_view([table]), DEFAULT, 1019.0)
+    restart = rules_startup.is_server_restarted(target_view([table]), DEFAULT, 1019.0)
     assert restart is not None
     assert restart.evidence["tables"]["replay"]["restored_from_checkpoint"] is True
     assert diagnose(target_view([table]), DEFAULT, 1019.0).findings[0].since >= 1005.0
