@@ -73,7 +73,7 @@ def port_in_use(port: int) -> bool:
 def serves(base: str, reverb: str) -> bool:
     """The sidecar at `base` answers and watches this agent's Reverb address."""
     try:
-        doc = read_json(f"{base}/api/v1/tables")
+        doc = read_json(f"{base}/api/v1/targets")
     except (OSError, ValueError):
         return False
     names = {t.get("name") for t in doc.get("targets", [])}
