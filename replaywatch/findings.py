@@ -174,12 +174,12 @@ class FindingsKeeper:
     def _forget_verdicts(self) -> None:
         """A verdict lasts while its stall does: a sample_blocked or the starvation it became."""
         self._stacks.keep_only({(f.target, f.table) for f in self._active.values()
-                                if f.kind in (kinds.SAMPLE_BLOCKED.name,
-                                              kinds.WORKER_STARVATION.name)})
+                                if f.kind in (kinds.Name.SAMPLE_BLOCKED,
+                                              kinds.Name.WORKER_STARVATION)})
 
     def _wants_loop_dumps(self, finding: Finding) -> bool:
         """A sample_blocked on a synchronous layout that no trainer probe reads, and a pid."""
-        return (self._stacks.can_dump_loop() and finding.kind == kinds.SAMPLE_BLOCKED.name
+        return (self._stacks.can_dump_loop() and finding.kind == kinds.Name.SAMPLE_BLOCKED
                 and str(finding.evidence.get("layout", "")).startswith("sync")
                 and not finding.evidence.get("trainer_probes"))
 

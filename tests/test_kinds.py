@@ -66,3 +66,10 @@ def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
                                 *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES]}
     assert expected - {None} == set(BY_NAME)
+
+
+def test_every_kind_is_named_by_the_enum_and_every_name_declared() -> None:
+    assert [k.name for k in ALL] and {k.name for k in ALL} == set(kinds.Name)
+    assert all(isinstance(k.name, kinds.Name) for k in ALL)
+    assert all(isinstance(s, kinds.Name) for k in ALL for s in k.supersedes)
+    assert kinds.Name.SAMPLE_BLOCKED == "sample_blocked"  # findings and the log keep strings

@@ -17,6 +17,7 @@ so an info kind may stand a critical one down (`learner_starting` during start-u
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,17 +26,38 @@ from replaywatch.model import Finding, Severity
 RUNBOOKS = "docs/runbooks"
 
 
+class Name(enum.StrEnum):
+    """Every kind's name, as findings, alerts, runbooks and the API spell it."""
+
+    WORKER_STARVATION = "worker_starvation"
+    LEARNER_STALLED = "learner_stalled"
+    SAMPLE_BLOCKED = "sample_blocked"
+    INSERT_BLOCKED = "insert_blocked"
+    WRITER_STALLED = "writer_stalled"
+    BATCH_EXCEEDS_HEADROOM = "batch_exceeds_headroom"
+    WARMUP_IMPOSSIBLE = "warmup_impossible"
+    TARGET_DOWN = "target_down"
+    PROBE_DOWN = "probe_down"
+    DEADLOCK_RISK = "deadlock_risk"
+    SPI_DRIFT = "spi_drift"
+    STALE_DATA = "stale_data"
+    TOO_MANY_THREADS = "too_many_threads"
+    LEARNER_STARTING = "learner_starting"
+    SERVER_RESTARTED = "server_restarted"
+    WARMUP = "warmup"
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """One kind of finding. `meaning` and `fix` are one line each (README table, status page)."""
 
-    name: str
+    name: Name
     severity: Severity
     needs_probe: bool
     meaning: str
     fix: str
     # Kinds this one replaces on the same table: the more specific cause wins.
-    supersedes: tuple[str, ...] = ()
+    supersedes: tuple[Name, ...] = ()
 
     @property
     def runbook(self) -> str:
@@ -51,7 +73,7 @@ class Kind:
 
 WORKER_STARVATION = Kind(
     # Proven by the trainer probe, or without it by two stack dumps (`--trainer-pid`).
-    "worker_starvation", Severity.CRITICAL, needs_probe=False,
+    Name.WORKER_STARVATION, Severity.CRITICAL, needs_probe=False,
     meaning="A proven circular wait: the learner is blocked in `next()`, sampling stopped, the "
             "limiter allows no more samples, at least a batch was drawn but never delivered "
             "(parallel batching workers each hold part of one), and nothing will insert: a "
@@ -61,15 +83,15 @@ WORKER_STARVATION = Kind(
     fix="Synchronous loop: `num_parallel_calls=1`. Otherwise widen the limiter's slack (the "
         "finding computes the `error_buffer`) or loosen the actors' policy-lag bound.",
     # Starvation *is* a blocked sample with its cause named.
-    supersedes=("sample_blocked",))
+    supersedes=(Name.SAMPLE_BLOCKED,))
 LEARNER_STALLED = Kind(
-    "learner_stalled", Severity.CRITICAL, needs_probe=True,
+    Name.LEARNER_STALLED, Severity.CRITICAL, needs_probe=True,
     meaning="The iterator has data (ready, or the table can sample a batch) but the learner took "
             "no batch or step for the stall window: hung compute, e.g. a pmap deadlock. Needs "
             "the probe.",
     fix="Look at the stored stacks.")
 SAMPLE_BLOCKED = Kind(
-    "sample_blocked", Severity.CRITICAL, needs_probe=False,
+    Name.SAMPLE_BLOCKED, Severity.CRITICAL, needs_probe=False,
     meaning="Sampling is blocked by the rate limiter and inserts stopped, and no circular wait "
             "is proven: actors dead, stuck or too slow (asynchronous), or a synchronous loop "
             "that no longer inserts. Where the layout is unknown the two readings stand side "
@@ -77,12 +99,12 @@ SAMPLE_BLOCKED = Kind(
             "`--layout`, ActorProbe, `--trainer-pid` stacks).",
     fix="Restart or unblock the actors (synchronous: the loop); check their logs.")
 INSERT_BLOCKED = Kind(
-    "insert_blocked", Severity.CRITICAL, needs_probe=False,
+    Name.INSERT_BLOCKED, Severity.CRITICAL, needs_probe=False,
     meaning="Inserts are blocked at `max_diff` and sampling stopped: the learner is not "
             "consuming.",
     fix="Find what the learner waits on (the stacks are in the incident).")
 WRITER_STALLED = Kind(
-    "writer_stalled", Severity.CRITICAL, needs_probe=True,
+    Name.WRITER_STALLED, Severity.CRITICAL, needs_probe=True,
     meaning="An actor has been inside a Reverb writer call (`create_item`, `flush`, "
             "`end_episode`, `append`) for the stall window while the limiter would accept "
             "inserts or the server is down: its writer, not the limiter, holds it (reverb#4, "
@@ -90,36 +112,36 @@ WRITER_STALLED = Kind(
     fix="Check the Reverb server and the actor's connection; restart its client; pass "
         "`timeout_ms` to `flush`/`end_episode`.",
     # The actor stuck in its writer is why inserts stopped and sampling is blocked.
-    supersedes=("sample_blocked",))
+    supersedes=(Name.SAMPLE_BLOCKED,))
 BATCH_EXCEEDS_HEADROOM = Kind(
-    "batch_exceeds_headroom", Severity.CRITICAL, needs_probe=True,
+    Name.BATCH_EXCEEDS_HEADROOM, Severity.CRITICAL, needs_probe=True,
     meaning="The budget model's `will_hang`, with the layout known (probe, loop writer or "
             "`--layout`): once inserting stops the limiter releases fewer samples than one "
             "batch (or a lag bound frees less than a batch a step), so the learner will block "
             "in `next()` for good. Judged on the first poll, before the first `next()`.",
     fix="Apply one of the fixes the finding lists (each proven by the model).",
     # A batch that never fits is the certain form of the predicted risk.
-    supersedes=("deadlock_risk",))
+    supersedes=(Name.DEADLOCK_RISK,))
 WARMUP_IMPOSSIBLE = Kind(
-    "warmup_impossible", Severity.CRITICAL, needs_probe=False,
+    Name.WARMUP_IMPOSSIBLE, Severity.CRITICAL, needs_probe=False,
     meaning="The table can never hold `min_size_to_sample` items (`max_size < "
             "min_size_to_sample`): inserts flow, the learner never gets a sample. Judged from "
             "the configuration on the first poll.",
     fix="Raise `max_size` to at least `min_size_to_sample`, or lower `min_size_to_sample` "
         "(Acme: `min_replay_size`) to at most `max_size` (values given).",
     # A table that cannot fill is not filling up, and its blocked sampling has this cause.
-    supersedes=("sample_blocked", "warmup"))
+    supersedes=(Name.SAMPLE_BLOCKED, Name.WARMUP))
 TARGET_DOWN = Kind(
-    "target_down", Severity.WARNING, needs_probe=False,
+    Name.TARGET_DOWN, Severity.WARNING, needs_probe=False,
     meaning="The Reverb server did not answer for more than `down_polls` (2) polls.",
     fix="Is the job alive? Is the address right?")
 PROBE_DOWN = Kind(
-    "probe_down", Severity.WARNING, needs_probe=True,
+    Name.PROBE_DOWN, Severity.WARNING, needs_probe=True,
     meaning="A trainer or actor probe did not answer for more than `down_polls` (2) polls.",
     fix="Is the process alive and serving its probe? Is the address right? (A silent actor "
         "probe is often a dead actor.)")
 DEADLOCK_RISK = Kind(
-    "deadlock_risk", Severity.WARNING, needs_probe=True,
+    Name.DEADLOCK_RISK, Severity.WARNING, needs_probe=True,
     meaning="The budget model's `can_hang`, predicted from the configuration before any hang: "
             "the samples the limiter releases once inserting stops fit in what the batching "
             "workers can hold without completing a batch. With the layout unknown (only where "
@@ -127,24 +149,24 @@ DEADLOCK_RISK = Kind(
     fix="Apply one of the fixes the finding lists (each proven by the model), before it "
         "hangs; `replaywatch predict` gives the same before the job starts.")
 SPI_DRIFT = Kind(
-    "spi_drift", Severity.WARNING, needs_probe=False,
+    Name.SPI_DRIFT, Severity.WARNING, needs_probe=False,
     meaning="Observed samples per insert stays off the configured ratio by more than the "
             "limiter's tolerance.",
     fix="Check actor/learner speeds and the limiter.")
 STALE_DATA = Kind(
-    "stale_data", Severity.WARNING, needs_probe=False,
+    Name.STALE_DATA, Severity.WARNING, needs_probe=False,
     meaning="Inserts stopped for the stall window while sampling continues (a `MinSize` "
             "limiter or a wide `SampleToInsertRatio` window never blocks the learner): it "
             "trains on a frozen table.",
     fix="Restart the actors (they are dead or stuck); check their logs.")
 TOO_MANY_THREADS = Kind(
-    "too_many_threads", Severity.WARNING, needs_probe=True,
+    Name.TOO_MANY_THREADS, Severity.WARNING, needs_probe=True,
     meaning="The trainer runs more threads than the threshold, counted by the OS "
             "(`/proc/self/task`: tf.data, Reverb samplers, gRPC), else by Python; the seed's "
             "job had over 500.",
     fix="Fewer parallel calls / prefetch threads.")
 LEARNER_STARTING = Kind(
-    "learner_starting", Severity.INFO, needs_probe=False,
+    Name.LEARNER_STARTING, Severity.INFO, needs_probe=False,
     meaning="No learner has finished its first step yet (probe: no step or no second batch; "
             "Reverb alone: sampling not yet seen flowing for a stall window, beyond a first "
             "prefetch), so blocked inserts or an idle learner are start-up (a first jit "
@@ -155,16 +177,16 @@ LEARNER_STARTING = Kind(
     fix="Wait; if it outlasts the grace it becomes the usual critical finding.",
     # Start-up explains these on the same table while the grace lasts (an info kind winning
     # over critical ones: the engine's supersession ignores severity).
-    supersedes=("learner_stalled", "sample_blocked", "insert_blocked"))
+    supersedes=(Name.LEARNER_STALLED, Name.SAMPLE_BLOCKED, Name.INSERT_BLOCKED))
 SERVER_RESTARTED = Kind(
-    "server_restarted", Severity.INFO, needs_probe=False,
+    Name.SERVER_RESTARTED, Severity.INFO, needs_probe=False,
     meaning="The Reverb server was replaced under the same address (counters went back) or "
             "restored from a checkpoint; shown with the counters before and after, never as a "
             "stall or a negative rate.",
     fix="Nothing, if the restart was intended; a restored limiter says how many inserts "
         "unblock it.")
 WARMUP = Kind(
-    "warmup", Severity.INFO, needs_probe=False,
+    Name.WARMUP, Severity.INFO, needs_probe=False,
     meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
     fix="Wait.")
 

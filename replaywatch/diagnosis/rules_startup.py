@@ -149,9 +149,9 @@ def _held(case: TableCase, stalls: Sequence[Finding]) -> list[str]:
     next() (a synchronous loop compiling its first step stops inserting). A learner waiting
     in next() for data, or what Reverb alone sees, waits on the actors: sample_blocked
     stands."""
-    explained = {kinds.INSERT_BLOCKED.name, kinds.LEARNER_STALLED.name}
+    explained = {kinds.Name.INSERT_BLOCKED, kinds.Name.LEARNER_STALLED}
     if any(not p[-1].blocked_in_next for p in case.probes):
-        explained.add(kinds.SAMPLE_BLOCKED.name)
+        explained.add(kinds.Name.SAMPLE_BLOCKED)
     return sorted({f.kind for f in stalls if f.kind in explained})
 
 
@@ -283,7 +283,7 @@ def with_restore_evidence(found: list[Finding], points: Sequence[TableSnapshot])
     extra = {"restored_from_checkpoint": True,
              "inserts_to_unblock": lim.inserts_to_sample(r.latest)}
     return [dataclasses.replace(f, evidence={**f.evidence, **extra})
-            if f.kind == kinds.SAMPLE_BLOCKED.name else f for f in found]
+            if f.kind == kinds.Name.SAMPLE_BLOCKED else f for f in found]
 
 
 RULES = (
