@@ -96,6 +96,9 @@ def main() -> int:
     # parent gone) take the clean-up below, as Ctrl-C does.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(0))
+    # A process started with SIGINT ignored (a background job, a test runner's worker) keeps
+    # it ignored, and Python then raises no KeyboardInterrupt: Ctrl-C must still stop us.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     watch_parent(os.getppid())
     deadlock = os.environ.get("DEADLOCK", "0") not in ("", "0")
     try:
