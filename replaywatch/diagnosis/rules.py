@@ -50,9 +50,16 @@ def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:
 BY_KIND: dict[Kind, Callable[..., Any]] = _by_kind(ALL)
 
 
+_grouped: tuple[tuple[Rule, ...], dict[Shape, tuple[Callable[..., Any], ...]]] | None = None
+
+
 def of_shape(shape: Shape) -> tuple[Callable[..., Any], ...]:
-    """The rules the engine runs for one shape."""
-    return tuple(r.judge for r in ALL if r.shape is shape)
+    """The rules the engine runs for one shape. The engine asks five times per table per
+    cycle, so the grouping is kept, and made again only if `ALL` is replaced."""
+    global _grouped
+    if _grouped is None or _grouped[0] is not ALL:
+        _grouped = (ALL, {s: tuple(r.judge for r in ALL if r.shape is s) for s in Shape})
+    return _grouped[1][shape]
 
 
 is_worker_starvation = rules_actors.is_worker_starvation
