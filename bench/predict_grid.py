@@ -5,11 +5,17 @@ min_size, dataset shape, item size). For each run the cell's workload
 (harness/loop_workload.py: a real Reverb server and Acme's dataset shape in one process)
 starts, and a sidecar (build_sidecar, polling every 0.5 s) is attached from the start line,
 before the first insert. The truth is the workload's own: the learner inside one next() for
-8 s. Recorded per run: the outcome, when the hang began, the sidecar's verdict and when it
-first said it. A cell the model calls `safe` agrees when no run hangs, `will_hang` when every
-run hangs, `can_hang` when at least one of up to `CAN_HANG_RUNS` runs hangs (a race: the
-runs stop at the first hang). Every fix the model proves for a cell is then applied and run
-once: a fix holds when that run does not hang.
+8 s. Runs alternate between two schedules: the machine's CPUs, and the workload pinned to
+one CPU (`taskset -c 0`: a learner in a one-core container). A race at warm-up needs the
+loop's `can_sample` check to read credit the table worker has not dealt yet, and how often
+it does depends on the schedule far more than on the configuration; a configuration that
+hangs under either is one that can hang. Recorded per run: the schedule, the outcome, when
+the hang began, the sidecar's verdict and when it first said it.
+
+A cell the model calls `safe` agrees when no run hangs, `will_hang` when every run hangs,
+`can_hang` when at least one of up to `CAN_HANG_RUNS` runs hangs (a race: the runs stop at
+the first hang). Every fix the model proves for a cell is then applied and run once on one
+CPU, the schedule where races show: a fix holds when that run does not hang.
 
     python -m bench.predict_grid --results bench/RESULTS.md      # make bench-grid
     python -m bench.predict_grid --cells 3 --runs 1              # a quick look
@@ -20,6 +26,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,11 +97,20 @@ def default_cells() -> list[Cell]:
     return [Cell(**c) for c in json.loads(CELLS_JSON.read_text())]
 
 
-def run_once(cell: Cell, workdir: Path) -> dict[str, Any]:
-    """One run of the workload with a sidecar attached from its start line."""
+def one_cpu_prefix() -> list[str]:
+    """`taskset -c 0` where the machine has more than one CPU to take away (and taskset)."""
+    if (os.cpu_count() or 1) > 1 and shutil.which("taskset"):
+        return ["taskset", "-c", "0"]
+    return []
+
+
+def run_once(cell: Cell, workdir: Path, one_cpu: bool = False) -> dict[str, Any]:
+    """One run of the workload with a sidecar attached from its start line; `one_cpu` pins
+    the workload (not the sidecar) to one CPU."""
     log = workdir / "workload.log"
-    proc = Proc([PYTHON, "harness/loop_workload.py", *cell.args(), "--start-delay", "1.5",
-                 "--train-s", "5", "--hang-after", "8"], stdout_path=log)
+    pin = one_cpu_prefix() if one_cpu else []
+    proc = Proc([*pin, PYTHON, "harness/loop_workload.py", *cell.args(), "--start-delay",
+                 "1.5", "--train-s", "5", "--hang-after", "8"], stdout_path=log)
     try:
         start = proc.announce(timeout_s=90, match=lambda record: "reverb" in record)
         config = cfg.WatchConfig(
@@ -111,7 +128,8 @@ def run_once(cell: Cell, workdir: Path) -> dict[str, Any]:
                     live, live_at = verdict, time.time()
                 time.sleep(0.5)
         end = _last_json(log)
-        return {**end, "live": live or budget.SAFE, "live_at": live_at}
+        return {**end, "live": live or budget.SAFE, "live_at": live_at,
+                "cpus": "one" if pin else "all"}
     finally:
         proc.kill()
 
@@ -139,10 +157,10 @@ def run_cell(cell: Cell, runs: int, workdir: Path, fixes: bool = True) -> dict[s
     limit = CAN_HANG_RUNS if predicted.verdict == budget.CAN_HANG else runs
     results: list[dict[str, Any]] = []
     while len(results) < max(runs, 1):
-        results.append(run_once(cell, workdir))
+        results.append(run_once(cell, workdir, one_cpu=len(results) % 2 == 1))
     while (predicted.verdict == budget.CAN_HANG and len(results) < limit
            and not any(r["outcome"] == "hang" for r in results)):
-        results.append(run_once(cell, workdir))
+        results.append(run_once(cell, workdir, one_cpu=len(results) % 2 == 1))
     row: dict[str, Any] = {"cell": cell.name, "spec": dataclasses.asdict(cell),
                            "predicted": predicted.verdict, "released": predicted.released,
                            "strandable": predicted.strandable, "runs": results}
@@ -157,7 +175,7 @@ def run_cell(cell: Cell, runs: int, workdir: Path, fixes: bool = True) -> dict[s
     if fixes:
         for fix in budget.fixes(*cell.model()):
             fixed = cell.fixed(fix)
-            run = run_once(fixed, workdir)
+            run = run_once(fixed, workdir, one_cpu=True)
             row["fixes"].append({"fix": fix.text(), "cell": fixed.name,
                                  "model": fixed.predict().verdict, "outcome": run["outcome"],
                                  "held": run["outcome"] == "ran"})
@@ -207,7 +225,9 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
         "",
         "`make bench-grid` (bench/predict_grid.py). Truth in the workload's own process "
         "(harness/loop_workload.py): the learner inside one next() for 8 s. A sidecar polls "
-        "every 0.5 s from the start line, 1.5 s before the first insert. `can_hang` agrees "
+        "every 0.5 s from the start line, 1.5 s before the first insert. Runs alternate "
+        "between all the machine's CPUs and the workload pinned to one (`taskset -c 0`); "
+        "fix runs are on one CPU. `can_hang` agrees "
         f"when one of up to {CAN_HANG_RUNS} runs hangs, `safe` when none does, `will_hang` "
         "when all do. Each fix the model proves is applied and run once. A `can_hang` cell is "
         "a race: whether a run hangs depends on how the released samples split across the "
@@ -228,7 +248,8 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
            "fresh processes, interpreter start included; no server, no TensorFlow)"]
           if predict_s is not None else []),
         "",
-        "| cell | model | released | strandable | runs | hangs | live | agrees | fixes held |",
+        "| cell | model | released | strandable | runs | hangs (all CPUs + one CPU) | live | "
+        "agrees | fixes held |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -236,7 +257,7 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
         fx = r["fixes"]
         lines.append(
             f"| {r['cell']} | {r['predicted']} | {_n(r['released'])} | {_n(r['strandable'])} | "
-            f"{len(r['runs'])} | {r['hangs']} | {'/'.join(live)} | "
+            f"{len(r['runs'])} | {_hangs(r['runs'])} | {'/'.join(live)} | "
             f"{'yes' if r['agrees'] else '**no**'} | "
             f"{_held(fx)} |")
     bad = [f for f in fixes if not f["held"]]
@@ -244,6 +265,13 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
         lines += ["", "Fixes that did not hold:", ""]
         lines += [f"- {f['cell']}: {f['fix']} -> {f['outcome']}" for f in bad]
     return "\n".join(lines) + "\n"
+
+
+def _hangs(runs: list[dict[str, Any]]) -> str:
+    """Hangs split by schedule; a run recorded before schedules alternated counts as all."""
+    def n(cpus: str) -> int:
+        return sum(1 for x in runs if x["outcome"] == "hang" and x.get("cpus", "all") == cpus)
+    return f"{n('all') + n('one')} ({n('all')} + {n('one')})"
 
 
 def _held(fixes: list[dict[str, Any]]) -> str:

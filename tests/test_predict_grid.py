@@ -30,7 +30,8 @@ def test_the_cells_file_loads_into_cells_with_unique_names() -> None:
 
 def test_the_table_counts_what_it_claims() -> None:
     run_ok = {"outcome": "ran", "live": "safe", "live_at": None}
-    run_hung = {"outcome": "hang", "hang_since": 10.0, "live": "can_hang", "live_at": 9.0}
+    run_hung = {"outcome": "hang", "hang_since": 10.0, "live": "can_hang", "live_at": 9.0,
+                "cpus": "one"}
     rows = [
         {"cell": "a", "predicted": "safe", "released": 40.0, "strandable": 30.0,
          "runs": [run_ok, run_ok], "hangs": 0, "agrees": True, "live_equals_offline": True,
@@ -44,3 +45,4 @@ def test_the_table_counts_what_it_claims() -> None:
     assert "agreement: **2/2** cells (100%)" in text
     assert "hung runs predicted before the hang began: **1/1**" in text
     assert "fixes that held: **0/1**" in text and "- b': error_buffer=31 -> hang" in text
+    assert "| b | can_hang | 20 | 30 | 1 | 1 (0 + 1) |" in text
