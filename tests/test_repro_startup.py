@@ -179,6 +179,36 @@ def test_learner_starting_while_the_first_step_compiles_then_healthy(servers) ->
     assert "learner_starting" not in kinds(after[-1])
 
 
+def test_a_learner_that_trains_briefly_then_hangs_is_a_stall_from_reverb_alone(servers) -> None:
+    # spi 4, error_buffer 40 (min_diff 0, max_diff 80): the actor outruns a learner drawing 4
+    # samples every 20 ms, so the learner paces the draws. It trains for 1 s, less than the
+    # stall window, then stops asking: from Reverb alone that was learner_starting for the
+    # whole grace (60 s here; 600 s by default) until sampling had moved for a window.
+    servers.append(server := reverb.Server([table(
+        reverb.rate_limiters.SampleToInsertRatio(4.0, 10, 40.0))]))
+    client = reverb.Client(f"localhost:{server.port}")
+    acting = actor(client)
+    learning = Loop(lambda: [None for _ in client.sample("replay", num_samples=4)],
+                    pause_s=0.02)
+    acting.start()
+    with sidecar_for(server.port, startup_grace_s=60.0) as sidecar:
+        seen: list[Published] = []
+        tick_until(sidecar, lambda s: False, 0.6, seen)
+        learning.start()
+        tick_until(sidecar, lambda s: False, 1.0, seen)  # 1 s of training
+        learning.stop()
+        stopped = time.monotonic()
+        took = tick_until(sidecar, lambda s: "insert_blocked" in kinds(s), 10.0)
+        state = sidecar.store.current()
+    acting.stop()
+    print(f"\ninsert_blocked {took} s after a learner that trained 1 s stopped "
+          f"(bound {DEADLINE_S} s)")
+    assert not set().union(*(alarms(s) for s in seen))
+    assert took is not None and took <= DEADLINE_S + SLACK_S
+    assert time.monotonic() - stopped >= WINDOW_S - POLL_S
+    assert "learner_starting" not in kinds(state)
+
+
 class CompilingLearner(threading.Thread):
     """Takes its first batch, compiles for `compile_s` (not in next(), no step), then steps."""
 

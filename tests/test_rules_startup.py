@@ -121,6 +121,22 @@ STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
      lambda: case(table_history(T20, [100 + min(10 * i, 120) for i in range(20)],
                                 [min(10 * i, 120) for i in range(20)],
                                 waiting_for_sampling_ms=waiting())), None),
+    # Reverb alone: the learner trained for 5 s, drawing 10 samples a poll with credit to
+    # spare (actors at max_diff, cursor 100), then stopped asking: it stepped, so the stall
+    # is judged as one (it was learner_starting for the whole 600 s grace).
+    ("no_learner_starting_after_five_polls_of_learner_paced_sampling",
+     rules_startup.is_learner_starting,
+     lambda: case(table_history(T20, [100 + min(10 * i, 50) for i in range(20)],
+                                [min(10 * i, 50) for i in range(20)],
+                                waiting_for_sampling_ms=waiting())), None),
+    # The same 50 samples drawn over 5 polls as the actors' inserts released them (cursor at
+    # min_diff 0 after every draw), then the actors ran on to max_diff: a first fill paced by
+    # the limiter, not by a learner, so still start-up.
+    ("learner_starting_after_a_first_fill_the_limiter_paced", rules_startup.is_learner_starting,
+     lambda: case(table_history(T20, [min(10 * i, 50) + max(0, min(50 * (i - 5), 100))
+                                      for i in range(20)],
+                                [min(10 * i, 50) for i in range(20)], min_diff=0.0,
+                                waiting_for_sampling_ms=waiting())), "learner_starting"),
     # A synchronous loop that drew samples and stopped inserting: from Reverb alone the
     # seed's stranded workers or a first compile; the one that must page does
     # (sample_blocked names both), so no grace.

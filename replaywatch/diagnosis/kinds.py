@@ -168,12 +168,12 @@ TOO_MANY_THREADS = Kind(
 LEARNER_STARTING = Kind(
     Name.LEARNER_STARTING, Severity.INFO, needs_probe=False,
     meaning="No learner has finished its first step yet (probe: no step or no second batch; "
-            "Reverb alone: sampling not yet seen flowing for a stall window, beyond a first "
-            "prefetch), so blocked inserts or an idle learner are start-up (a first jit "
-            "compile can take minutes), for up to `startup_grace_s` (600 s), and for one "
-            "stall window after the first step is seen (the counters rested through "
-            "start-up: a stall is timed from the first step). A hang at the first step is "
-            "caught when the grace ends.",
+            "Reverb alone: beyond one fill of the pipeline, no sampling the learner paced "
+            "over 4 polls nor moving for a stall window), so blocked inserts or an idle "
+            "learner are start-up (a first jit compile can take minutes), for up to "
+            "`startup_grace_s` (600 s), and for one stall window after the first step is "
+            "seen (the counters rested through start-up: a stall is timed from the first "
+            "step). A hang at the first step is caught when the grace ends.",
     fix="Wait; if it outlasts the grace it becomes the usual critical finding.",
     # Start-up explains these on the same table while the grace lasts (an info kind winning
     # over critical ones: the engine's supersession ignores severity).

@@ -85,23 +85,44 @@ def first_step_seen_at(case: TableCase) -> float | None:
     return max(seen, default=None)
 
 
+# Poll intervals of learner-paced sampling that make a learner that steps. A first fill of
+# the pipeline, drawn while the limiter has credit to spare, lands within one poll, or two when
+# large items take a while to travel (84x84x9 frames: 1 MiB responses); several more are a
+# learner coming back for batch after batch.
+PACED_POLLS = 4
+
+
+def learner_paced_polls(points: Sequence[TableSnapshot]) -> int:
+    """Poll intervals in which samples were drawn and the limiter could still sample at the
+    end: draws the learner asked for, not draws waiting on the limiter's credit."""
+    return sum(1 for a, b in zip(points, points[1:])
+               if samples_of(b) > samples_of(a) and lim.can_sample(b))
+
+
 def sampling_has_flowed(case: TableCase, th: Thresholds) -> bool:
     """Reverb alone: the learner has trained, not only filled its pipeline once.
 
     Asynchronous layout: a tf.data pipeline draws its first batches (`num_parallel_calls`
     workers and the prefetch buffer: 768 samples in our agent) before the learner's first
     step ends, then draws nothing while that step compiles and the actors run ahead to
-    max_diff. Sampling seen moving for a whole stall window is a learner that steps; less
-    may still be that first fill. Synchronous layout: any sample counts. There a loop that
-    drew samples and stopped inserting is, from Reverb alone, the seed's stranded workers
-    or a first compile; the one that pages is the one that must (sample_blocked says both).
+    max_diff. That fill is one burst: with credit to spare the workers take it within a poll;
+    with none, it is drawn as the actors' inserts release it, every draw waiting on the
+    limiter. So sampling is a learner that steps once it was drawn with credit to spare in
+    `PACED_POLLS` poll intervals (a learner that trains for 5 s and hangs is judged as a
+    hang), or seen moving for a whole stall window: a learner faster than its actors draws
+    every sample as it is released, which from Reverb alone looks like a slow first fill
+    until then (a trainer probe tells at once). Synchronous layout: any sample counts. There
+    a loop that drew samples and stopped inserting is, from Reverb alone, the seed's
+    stranded workers or a first compile; the one that pages is the one that must
+    (sample_blocked says both).
     """
     t = case.latest
     if t.rate_limiter.samples == 0:
         return False
     if lim.is_insert_blocking_disabled(t):
         return True
-    return win.progressing_s(case.history, samples_of) >= th.stall_window_s
+    return (learner_paced_polls(case.history) >= PACED_POLLS
+            or win.progressing_s(case.history, samples_of) >= th.stall_window_s)
 
 
 def startup_began(case: TableCase, th: Thresholds) -> tuple[float, str] | None:
@@ -110,8 +131,7 @@ def startup_began(case: TableCase, th: Thresholds) -> tuple[float, str] | None:
     With probes: the newest trainer's `started_at` (its process's own clock: a sidecar
     started late, or restarted, does not hand a hung learner a fresh grace). Reverb alone:
     sampling not yet seen flowing (at most a first fill of the pipeline) since the counters
-    started, which began `uptime_s` before the poll. A learner that hangs within its first
-    stall window of training looks the same from Reverb alone; the grace ends it too.
+    started, which began `uptime_s` before the poll.
     """
     if case.probes:
         if any(has_finished_first_step(p) for p in case.probes):
@@ -194,6 +214,7 @@ def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str]
     t, (start, basis) = case.latest, began
     evidence = {**limiter_evidence(t), "grace_started_at": start, "grace_basis": basis,
                 "sampling_seen_flowing_s": win.progressing_s(case.history, samples_of),
+                "learner_paced_polls": learner_paced_polls(case.history),
                 "grace_left_s": th.startup_grace_s - (case.now - start),
                 "startup_grace_s": th.startup_grace_s, "would_be": held,
                 "samples": t.rate_limiter.samples,
