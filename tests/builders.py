@@ -235,11 +235,15 @@ T20 = seconds(20)  # 1000 .. 1019
 
 
 def case(table: tuple[TableSnapshot, ...], *probes: tuple[ProbeSnapshot, ...],
-         now: float | None = None, actors: tuple[Actor, ...] = ()) -> TableCase:
-    """What a table rule judges: the table's history since its last reset, with probes."""
+         now: float | None = None, actors: tuple[Actor, ...] = (),
+         came_back: tuple[float, str] | None = None) -> TableCase:
+    """What a table rule judges: the table's history since its last reset, with probes;
+    `came_back`: when and how the server last came back ("restart" or "outage")."""
     history = win.since_last_reset(table)
     return TableCase(TARGET, history, probes,
-                     history[-1].observed_at if now is None else now, actors=actors)
+                     history[-1].observed_at if now is None else now, actors=actors,
+                     came_back_at=came_back and came_back[0],
+                     came_back_how=came_back and came_back[1])
 
 
 def assert_as_declared(finding: Finding | None, rule: Callable) -> None:

@@ -23,7 +23,7 @@ import reverb
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
-from replaywatch.probe import TrainerProbe
+from replaywatch.probe import ActorProbe, TrainerProbe
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
@@ -362,3 +362,105 @@ def test_a_server_restored_from_its_checkpoint_is_named_as_a_restore(servers) ->
     assert replay["restored_from_checkpoint"] is True
     assert replay["after"]["inserts"] == replay["before"]["inserts"] > 0
     assert not set().union(*(alarms(s) for s in seen))
+
+
+class ReconnectingActor(threading.Thread):
+    """An actor whose writer is wrapped by its ActorProbe; a call that fails because the
+    server went away is retried with a new writer, as an actor that outlives a restart does."""
+
+    def __init__(self, client: reverb.Client, probe: ActorProbe) -> None:
+        super().__init__(daemon=True)
+        self.client, self.probe, self.halt = client, probe, threading.Event()
+        self.inserted = 0
+
+    def run(self) -> None:
+        writer = self.probe.wrap_writer(self.client.trajectory_writer(num_keep_alive_refs=1))
+        while not self.halt.is_set():
+            try:
+                writer.append({"x": np.zeros(2, np.float32)})
+                writer.create_item("replay", 1.0, {"x": writer.history["x"][-1]})
+                writer.flush()
+                self.probe.step()
+                self.inserted += 1
+            except Exception:  # the server went away: a new writer once it is back
+                time.sleep(0.2)
+                try:
+                    writer = self.probe.wrap_writer(
+                        self.client.trajectory_writer(num_keep_alive_refs=1))
+                except Exception:
+                    pass
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=5)
+
+
+def resilient_learner(client: reverb.Client) -> Loop:
+    def step() -> None:
+        try:
+            for _ in client.sample("replay", num_samples=4):
+                pass
+        except Exception:  # the server went away: ask again
+            time.sleep(0.2)
+    return Loop(step)
+
+
+def restart_on(port: int, tables: Callable[[], list[reverb.Table]], path: str) -> reverb.Server:
+    """A server restored from the checkpoint at `path` on `port` (retrying while it frees)."""
+    for _ in range(50):
+        try:
+            return reverb.Server(tables(), port=port,
+                                 checkpointer=reverb.checkpointers.DefaultCheckpointer(path))
+        except Exception:
+            time.sleep(0.1)
+    raise AssertionError(f"port {port} did not free")
+
+
+def test_a_checkpoint_restore_pages_no_one_while_clients_reconnect(servers) -> None:
+    # A healthy job with its actor probed; checkpoint, stop, 0.5 s dark (a third of the
+    # stall window, as 4.3 s is of the default 10 s), restore on the same port. The writer
+    # is inside its call to the old server until gRPC reconnects (seconds after the stop),
+    # so writer_stalled and the stalls it causes opened on every restore.
+    port, path = free_port(), tempfile.mkdtemp(prefix="replaywatch-ckpt-")
+    tables = lambda: [table(reverb.rate_limiters.MinSize(1))]  # noqa: E731
+    server = reverb.Server(tables(), port=port,
+                           checkpointer=reverb.checkpointers.DefaultCheckpointer(path))
+    client = reverb.Client(f"localhost:{port}")
+    probe = ActorProbe(table="replay", name="actor-0")
+    probe.start()
+    acting, learning = ReconnectingActor(client, probe), resilient_learner(client)
+    acting.start()
+    learning.start()
+    seen: list[Published] = []
+    try:
+        with sidecar_for(port, probe=str(probe.url), reconnect_grace_s=30.0) as sidecar:
+            tick_until(sidecar, lambda s: False, 3.0, seen)
+            client.checkpoint()
+            server.stop()
+            time.sleep(0.5)
+            server = restart_on(port, tables, path)
+            servers.append(server)
+            back = time.monotonic()
+            inserts_at_restore = acting.inserted
+
+            def moving_again(s: Published) -> bool:
+                return acting.inserted > inserts_at_restore + 20
+
+            took = tick_until(sidecar, moving_again, 40.0, seen)
+            tick_until(sidecar, lambda s: False, 3.0, seen)
+    finally:
+        acting.stop()
+        learning.stop()
+        probe.stop()
+    restarted = [f for s in seen for f in s.findings if f.kind == "server_restarted"]
+    reconnecting = [f for s in seen for f in s.findings if f.kind == "reconnecting"]
+    print(f"\nclients inserting again {took} s after the restore; reconnecting held "
+          f"{sorted({k for f in reconnecting for k in f.evidence['would_be']})}")
+    assert took is not None, "the clients did not reconnect"
+    assert restarted and restarted[0].evidence["tables"]["replay"]["restored_from_checkpoint"]
+    pages = {k for s in seen for k in alarms(s)} - {"target_down"}
+    assert not pages, f"a restore paged {pages}"
+    assert time.monotonic() - back >= 0
+    assert "reconnecting" not in kinds(seen[-1]) or not alarms(seen[-1])
+

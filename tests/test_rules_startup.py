@@ -137,6 +137,20 @@ STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
                                       for i in range(20)],
                                 [min(10 * i, 50) for i in range(20)], min_diff=0.0,
                                 waiting_for_sampling_ms=waiting())), "learner_starting"),
+    # -- reconnecting: the server came back, its clients are not yet talking to it --------
+    # Inserts stopped since t=1000 with the learner waiting (sample_blocked), and the server
+    # answered again at t=1010 after an outage: 9 s ago, within the 30 s grace.
+    ("reconnecting_when_a_stall_follows_an_outage", rules_startup.is_reconnecting,
+     lambda: case(table_history(T20, 100, 100, min_diff=0.0, waiting_for_inserts_ms=waiting()),
+                  came_back=(1010.0, "outage")), "reconnecting"),
+    # The same stall 40 s after the server came back: past the grace, the usual finding.
+    ("no_reconnecting_after_the_grace", rules_startup.is_reconnecting,
+     lambda: case(table_history(T20, 100, 100, min_diff=0.0, waiting_for_inserts_ms=waiting()),
+                  came_back=(979.0, "outage")), None),
+    # The server came back but nothing is stalled: nothing to explain.
+    ("no_reconnecting_when_nothing_stalls", rules_startup.is_reconnecting,
+     lambda: case(table_history(T20, [100 + i for i in range(20)], [100 + i for i in range(20)],
+                                min_diff=0.0), came_back=(1010.0, "restart")), None),
     # A synchronous loop that drew samples and stopped inserting: from Reverb alone the
     # seed's stranded workers or a first compile; the one that must page does
     # (sample_blocked names both), so no grace.
@@ -174,7 +188,7 @@ def test_startup_rule(name: str, rule: Rule, scenario: Callable[[], Any],
 
 def judge(rule: Rule, c: TableCase) -> Finding | None:
     """A table rule as the engine runs it: an after-stalls rule is handed the stalls."""
-    if rule is rules_startup.is_learner_starting:
+    if rule in (rules_startup.is_learner_starting, rules_startup.is_reconnecting):
         return rule(c, DEFAULT, tuple(stall_findings(c, DEFAULT)))
     return rule(c, DEFAULT)
 
@@ -377,7 +391,15 @@ def restored_table(before_inserts: int = 100_500) -> tuple[TableSnapshot, ...]:
 
 def test_reverb_118_restore_is_named_and_says_one_insert_unblocks_sampling() -> None:
     assert 100_073 * 256 - 25_503_488 == 115_200
-    found = {f.kind: f for f in diagnose(target_view([restored_table()]), DEFAULT,
+    # 14 s after the restore the actors may still be reconnecting: not a page yet.
+    waiting_clients = {f.kind: f for f in diagnose(target_view([restored_table()]), DEFAULT,
+                                                   1019.0).findings}
+    assert set(waiting_clients) == {"server_restarted", "reconnecting"}
+    assert waiting_clients["reconnecting"].evidence["would_be"] == ["sample_blocked"]
+    assert waiting_clients["reconnecting"].since == 1005.0
+    # Past the reconnect grace nobody inserted: reverb#118's hang, named with its fix.
+    th = Thresholds(reconnect_grace_s=10.0)
+    found = {f.kind: f for f in diagnose(target_view([restored_table()]), th,
                                          1019.0).findings}
     assert set(found) == {"server_restarted", "sample_blocked"}
     restart = found["server_restarted"].evidence["tables"]["replay"]
@@ -399,6 +421,26 @@ def test_a_restore_whose_counters_did_not_go_back_is_seen_by_the_server_uptime()
     assert restart is not None
     assert restart.evidence["tables"]["replay"]["restored_from_checkpoint"] is True
     assert diagnose(target_view([table]), DEFAULT, 1019.0).findings[0].since >= 1005.0
+
+
+def test_a_restore_polled_in_its_first_second_after_a_young_server_is_a_restore() -> None:
+    # A server up 8 s inserting 100/s (800 items), checkpointed, stopped 4 s, restored: the
+    # first poll is 0.9 s after the restore. Its lifetime rate (100/s) times ten times 0.9 s
+    # covered the 800 restored inserts, so a fresh server was said; the actors' own rate
+    # cannot insert 800 in 0.9 s.
+    times = [1000.0 + i for i in range(8)] + [1012.0, 1013.0]
+    table = uptime(table_history(times, [100 * (i + 1) for i in range(8)] + [800, 800], 0),
+                   [1.0 + i for i in range(8)] + [0.9, 1.9])
+    restart = rules_startup.is_server_restarted(target_view([table]), DEFAULT, 1013.0)
+    assert restart is not None
+    assert restart.evidence["tables"]["replay"]["restored_from_checkpoint"] is True
+    assert "restored from a checkpoint" in restart.summary
+    # A fresh server under the same job inserting at three times the old pace is no restore.
+    fresh = uptime(table_history(times, [100 * (i + 1) for i in range(8)] + [270, 570], 0),
+                   [1.0 + i for i in range(8)] + [0.9, 1.9])
+    replaced = rules_startup.is_server_restarted(target_view([fresh]), DEFAULT, 1013.0)
+    assert replaced is not None
+    assert replaced.evidence["tables"]["replay"]["restored_from_checkpoint"] is False
 
 
 # -- the threshold: a flag and a TOML key like the others ---------------------------------------

@@ -31,6 +31,10 @@ class TableCase:
     actors: tuple[Actor, ...] = ()  # actor probes writing to it (none: no actor information)
     stacks: StackVerdict | None = None  # two py-spy dumps of the loop, when the keeper took them
     declared_layout: str | None = None  # the sidecar's --layout setting (layout.resolve)
+    # When the server last came back: a restart in the table's history, or its first answer
+    # after an outage; None if neither is in the view.
+    came_back_at: float | None = None
+    came_back_how: str | None = None
 
     @property
     def latest(self) -> TableSnapshot:

@@ -96,16 +96,23 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         probes = by_table.get(name, [])
+        came_back = came_back_at(view, name, th)
         case = TableCase(view.target, history, tuple(probes), now,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
-                         declared_layout=layout)
+                         declared_layout=layout, came_back_at=came_back and came_back[0],
+                         came_back_how=came_back and came_back[1])
+        stalls = []
         if has_enough_history(history, th):
             stalls = stall_findings(case, th)
-            stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
-                       if (f := rule(case, th, tuple(stalls))) is not None]
-            found += rules.with_restore_evidence(stalls, view.tables[name])
         else:
             insufficient.append(f"table:{name}")
+        # After-stalls rules also see the target-wide findings placed on this table (an
+        # actor's writer_stalled), even in a history too young for the stall rules: a
+        # writer stuck in its call to the server before a restart is seen at once.
+        on_table = tuple(stalls) + tuple(f for f in found if f.table == name)
+        stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
+                   if (f := rule(case, th, on_table)) is not None]
+        found += rules.with_restore_evidence(stalls, view.tables[name])
         found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
                   if (f := rule(case, th)) is not None]
         found += [f for probe in probes for rule in rules.of_shape(Shape.PROBE_SETTINGS)
@@ -113,6 +120,15 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
+
+
+def came_back_at(view: TargetView, table: str, th: Thresholds) -> tuple[float, str] | None:
+    """When the server behind `table` last came back, and how: a new server in the table's
+    history ("restart"), or the first answer after an outage target_down named ("outage")."""
+    seen = [(at, how) for at, how in ((win.restarted_at(view.tables[table]), "restart"),
+                                      (win.answered_again_at(view.polls, th.down_polls),
+                                       "outage")) if at is not None]
+    return max(seen, default=None)
 
 
 def stall_findings(case: TableCase, th: Thresholds) -> list[Finding]:

@@ -44,6 +44,7 @@ class Name(enum.StrEnum):
     TOO_MANY_THREADS = "too_many_threads"
     LEARNER_STARTING = "learner_starting"
     SERVER_RESTARTED = "server_restarted"
+    RECONNECTING = "reconnecting"
     WARMUP = "warmup"
 
 
@@ -178,6 +179,17 @@ LEARNER_STARTING = Kind(
     # Start-up explains these on the same table while the grace lasts (an info kind winning
     # over critical ones: the engine's supersession ignores severity).
     supersedes=(Name.LEARNER_STALLED, Name.SAMPLE_BLOCKED, Name.INSERT_BLOCKED))
+RECONNECTING = Kind(
+    Name.RECONNECTING, Severity.INFO, needs_probe=False,
+    meaning="The Reverb server came back (restarted, restored, or answering again after an "
+            "outage) less than `reconnect_grace_s` (30 s) ago and its clients are still "
+            "reconnecting (gRPC's back-off: about 12 s after a stop): an actor inside its "
+            "writer call, stopped inserts or sampling are the restart, shown with it as "
+            "their cause. Past the grace they are the usual findings.",
+    fix="Wait; if it outlasts the grace it becomes the usual finding.",
+    # A restart explains these on the same table while its clients reconnect.
+    supersedes=(Name.WORKER_STARVATION, Name.LEARNER_STALLED, Name.WRITER_STALLED,
+                Name.SAMPLE_BLOCKED, Name.INSERT_BLOCKED, Name.STALE_DATA))
 SERVER_RESTARTED = Kind(
     Name.SERVER_RESTARTED, Severity.INFO, needs_probe=False,
     meaning="The Reverb server was replaced under the same address (counters went back) or "
@@ -195,7 +207,7 @@ ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, TOO_MANY_THREADS,
-    LEARNER_STARTING, SERVER_RESTARTED, WARMUP,
+    LEARNER_STARTING, RECONNECTING, SERVER_RESTARTED, WARMUP,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

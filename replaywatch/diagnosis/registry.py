@@ -26,7 +26,8 @@ class Shape(enum.StrEnum):
     TABLE_STALL = "table_stall"
     # (case, probe, thresholds): one table and one trainer probe with that history.
     PROBE_STALL = "probe_stall"
-    # (case, thresholds, stalls): one table, after its stall rules, handed what they found.
+    # (case, thresholds, stalls): one table, after its stall rules, handed what they found
+    # and the target-wide findings placed on it; asked every poll, young history included.
     AFTER_STALLS = "after_stalls"
     # (case, thresholds): one table's settings; one snapshot proves it.
     TABLE_SETTINGS = "table_settings"

@@ -3,6 +3,7 @@
     warmup_impossible   max_size < min_size_to_sample: one snapshot proves it never starts
     learner_starting    no learner has finished its first step: blocked is start-up, for a while
     server_restarted    the server was replaced or restored from a checkpoint
+    reconnecting        the server came back and its clients are reconnecting: stalls wait
 
 Reverb's table worker accounts for all of its time in one of its states, so the sum of
 `table_worker_time` is the server's uptime (measured on Reverb 0.14: 2036 ms after 2.03 s).
@@ -25,11 +26,15 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
 
-# A fresh server's inserts stay within this factor of the old server's lifetime insert rate
-# times its own uptime; a restore shows counters far beyond (reverb#118: 100073 inserts on a
-# server one poll old). Equivalently: the counters kept a larger share of the old ones than
-# the new server's share of the old one's uptime, ten times over.
-RESTORE_FACTOR = 10.0
+# A fresh server's counters start at zero, so at its first poll it has inserted at most what
+# the actors insert per second times its uptime; a restore shows counters far beyond
+# (reverb#118: 100073 inserts on a server one poll old). The actors' rate is the old server's
+# fastest between two polls (its lifetime average hides a job that idled: a restore 0.9 s
+# after the stop of a server 8 s old was taken for a replacement), with this much margin for
+# a restarted job that inserts faster than before. Clients reconnect seconds after a
+# restart, so a fresh server polled in its first second has inserted almost nothing.
+RESTORE_FACTOR = 3.0
+RATE_INTERVAL_S = 0.5  # shorter poll intervals make a rate of noise
 
 
 def uptime_s(t: TableSnapshot) -> float:
@@ -246,13 +251,23 @@ def last_restart(points: Sequence[TableSnapshot]) -> Restart | None:
     if i == 0:
         return None
     before, after = points[i - 1], points[i]
+    rate = old_insert_rate(points[win.last_reset_index(points[:i]):i])
     restored = None
-    if uptime_s(before) > 0:
-        old_rate = inserts_of(before) / uptime_s(before)
+    if rate is not None:
         # Floored at 0.1 s: a server polled in its first milliseconds has no time to count.
-        fresh_most = RESTORE_FACTOR * old_rate * max(uptime_s(after), 0.1)
+        fresh_most = RESTORE_FACTOR * rate * max(uptime_s(after), 0.1)
         restored = inserts_of(after) > fresh_most
     return Restart(before, after, points[-1], restored)
+
+
+def old_insert_rate(old: Sequence[TableSnapshot]) -> float | None:
+    """The old server's fastest inserts per second: between two of its polls, or over its
+    lifetime; None when neither is known (one snapshot of a server with no uptime)."""
+    rates = [(inserts_of(b) - inserts_of(a)) / (b.observed_at - a.observed_at)
+             for a, b in zip(old, old[1:]) if b.observed_at - a.observed_at >= RATE_INTERVAL_S]
+    if old and uptime_s(old[-1]) > 0:
+        rates.append(inserts_of(old[-1]) / uptime_s(old[-1]))
+    return max(rates) if rates else None
 
 
 def is_server_restarted(view: TargetView, th: Thresholds, now: float) -> Finding | None:
@@ -307,8 +322,46 @@ def with_restore_evidence(found: list[Finding], points: Sequence[TableSnapshot])
             if f.kind == kinds.Name.SAMPLE_BLOCKED else f for f in found]
 
 
+# -- reconnecting -------------------------------------------------------------------------------
+
+# What a server coming back explains while its clients reconnect: a writer still inside the
+# call it made to the old server, and every stall that follows from clients not yet talking
+# to the new one. Configuration findings and the down rules are not among them.
+RECONNECT_EXPLAINS = frozenset(kinds.RECONNECTING.supersedes)
+
+
+def is_reconnecting(case: TableCase, th: Thresholds,
+                    stalls: Sequence[Finding]) -> Finding | None:
+    """The server came back less than `reconnect_grace_s` ago: its stalls are the reconnect.
+
+    Measured on Reverb 0.14 with a checkpoint restore on the same port: clients reconnect
+    about 12 s after the stop whatever the dark time (2-6 s dark, 5 runs), and an actor's
+    writer stays inside its call until then, so writer_stalled opened on every restore.
+    """
+    if case.came_back_at is None or case.now - case.came_back_at >= th.reconnect_grace_s:
+        return None
+    held = sorted({f.kind for f in stalls if f.kind in RECONNECT_EXPLAINS})
+    if not held:
+        return None
+    t, ago = case.latest, case.now - case.came_back_at
+    how = {"restart": "restarted (see server_restarted)",
+           "outage": "answered again after an outage"}.get(case.came_back_how or "", "came back")
+    evidence = {**limiter_evidence(t), "came_back_at": case.came_back_at,
+                "came_back_how": case.came_back_how, "seconds_since": ago,
+                "grace_left_s": th.reconnect_grace_s - ago,
+                "reconnect_grace_s": th.reconnect_grace_s, "would_be": held,
+                "inserts": t.rate_limiter.inserts, "samples": t.rate_limiter.samples}
+    summary = (f"The Reverb server at '{case.target}' {how} {ago:.0f} s ago; clients of "
+               f"'{t.name}' are still reconnecting, which is why {' / '.join(held)} "
+               "would be raised.")
+    fix = (f"Wait: if it still holds {th.reconnect_grace_s:g} s after the server came back, "
+           f"this becomes {' / '.join(held)}.")
+    return case.finding(kinds.RECONNECTING, summary, evidence, fix, since=case.came_back_at)
+
+
 RULES = (
     Rule(kinds.WARMUP_IMPOSSIBLE, is_warmup_impossible, Shape.TABLE_SETTINGS),
     Rule(kinds.LEARNER_STARTING, is_learner_starting, Shape.AFTER_STALLS),
     Rule(kinds.SERVER_RESTARTED, is_server_restarted, Shape.VIEW),
+    Rule(kinds.RECONNECTING, is_reconnecting, Shape.AFTER_STALLS),
 )

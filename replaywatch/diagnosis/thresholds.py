@@ -18,9 +18,14 @@ class Thresholds:
     # A learner's first step (a jit compile) may take minutes (acme#212: 20); until then
     # blocked inserts and an idle learner are learner_starting, for at most this long.
     startup_grace_s: float = 600.0
+    # Reverb's clients take seconds to reconnect after a restart or an outage (gRPC's
+    # back-off: about 12 s after a stop, however short the dark time); for this long after
+    # the server is back, the stalls that explains are `reconnecting`, not pages.
+    reconnect_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("stall_window_s", "spi_window_s", "min_history_s", "startup_grace_s"):
+        for name in ("stall_window_s", "spi_window_s", "min_history_s", "startup_grace_s",
+                     "reconnect_grace_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} ({value!r}) must be > 0")

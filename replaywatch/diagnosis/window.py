@@ -65,6 +65,23 @@ def failed_polls_at_end(polls: Sequence[PollRecord]) -> int:
     return run
 
 
+def answered_again_at(polls: Sequence[PollRecord], down_polls: int) -> float | None:
+    """The first answer after the newest run of more than `down_polls` failed polls (an
+    outage target_down named), if the server has answered since."""
+    for i in range(len(polls) - 1, 0, -1):
+        if polls[i].ok and not polls[i - 1].ok:
+            run = failed_polls_at_end(polls[:i])
+            if run > down_polls:
+                return polls[i].at
+    return None
+
+
+def restarted_at(snapshots: Sequence[TableSnapshot]) -> float | None:
+    """The first poll of the newest server behind a table's history, if it changed."""
+    i = last_reset_index(snapshots)
+    return snapshots[i].observed_at if i > 0 else None
+
+
 # -- counters and rates: reset-aware, time from the snapshots ------------------------------------
 
 def counter_increase(points: Sequence[tuple[float, float]]) -> float:
