@@ -6,6 +6,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.kinds import ALL, BY_NAME, worst_first
 from replaywatch.model import Finding, Severity
 from tests import test_rules as r
+from tests import test_rules_queue as q
 from tests import test_rules_startup as s
 
 
@@ -64,7 +65,8 @@ def test_the_markdown_table_has_one_row_per_kind_in_precedence_order() -> None:
 def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
     expected = {c[-1] for c in [*r.TABLE_CASES, *r.SPI_CASES, *r.STARVATION_CASES,
                                 *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
-                                *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES]}
+                                *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
+                                *q.QUEUE_CASES]}
     assert expected - {None} == set(BY_NAME)
 
 

@@ -45,6 +45,7 @@ class Name(enum.StrEnum):
     LEARNER_STARTING = "learner_starting"
     SERVER_RESTARTED = "server_restarted"
     RECONNECTING = "reconnecting"
+    DRAINED = "drained"
     WARMUP = "warmup"
 
 
@@ -197,6 +198,14 @@ SERVER_RESTARTED = Kind(
             "stall or a negative rate.",
     fix="Nothing, if the restart was intended; a restored limiter says how many inserts "
         "unblock it.")
+DRAINED = Kind(
+    Name.DRAINED, Severity.INFO, needs_probe=False,
+    meaning="A queue table (`reverb.Table.queue`) is empty at most polls while items move "
+            "through it: the learner is faster than the actors (how much faster, from the "
+            "table worker's time waiting for inserts). Not warm-up, not a stall.",
+    fix="Nothing to fix; more actors (or faster environment steps) train faster.",
+    # An empty queue is below min_size_to_sample; drained by a learner, it is not filling.
+    supersedes=(Name.WARMUP,))
 WARMUP = Kind(
     Name.WARMUP, Severity.INFO, needs_probe=False,
     meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
@@ -207,7 +216,7 @@ ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, TOO_MANY_THREADS,
-    LEARNER_STARTING, RECONNECTING, SERVER_RESTARTED, WARMUP,
+    LEARNER_STARTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

@@ -91,6 +91,14 @@ def limiter_slack(table: TableSnapshot) -> float:
     return table.rate_limiter.max_diff - table.rate_limiter.min_diff
 
 
+def is_queue(table: TableSnapshot) -> bool:
+    """Reverb's `Table.queue`: the Queue limiter (one sample per insert, min_size 1, min_diff
+    0, max_diff the table's size), so every item is sampled once, in order."""
+    rl = table.rate_limiter
+    return (rl.samples_per_insert == 1.0 and rl.min_size_to_sample == 1
+            and rl.min_diff == 0.0 and rl.max_diff == float(table.max_size))
+
+
 def is_warming_up(table: TableSnapshot) -> bool:
     """Below `min_size_to_sample`: sampling waits by design, not a stall."""
     return table.current_size < table.rate_limiter.min_size_to_sample

@@ -11,7 +11,8 @@ shape):
     rules_actors    worker_starvation, writer_stalled   (a proven circular wait; actor probes)
     rules_config    batch_exceeds_headroom, deadlock_risk                (settings that hang)
     rules_liveness  target_down, probe_down, too_many_threads            (whole target)
-    rules_startup   warmup_impossible, learner_starting, server_restarted
+    rules_startup   warmup_impossible, learner_starting, server_restarted, reconnecting
+    rules_queue     drained                                    (queue tables, on-policy)
 
 Adding a kind: declare it in `kinds` (its place in `ALL` is its precedence) and append its
 `Rule` to its family's `RULES`; nothing else in replaywatch/ names it.
@@ -27,6 +28,7 @@ from replaywatch.diagnosis import (
     rules_config,
     rules_learner,
     rules_liveness,
+    rules_queue,
     rules_stalls,
     rules_startup,
 )
@@ -34,7 +36,8 @@ from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.registry import Rule, Shape
 
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
-                         *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES)
+                         *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
+                         *rules_queue.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

@@ -74,6 +74,12 @@ def _sample_blocked(case: TableCase, idle: float, th: Thresholds) -> Finding:
     stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
     if stranded is not None:
         evidence.update(stranded.evidence())
+    if lim.is_queue(t):
+        # Each item is sampled once: what the learner's client drew and has not delivered
+        # as batches is the queue's too, though the table's size no longer counts it.
+        evidence["queue"] = True
+        evidence["items_in_learner_client"] = (
+            None if stranded is None else stranded.drawn - stranded.delivered)
     if case.actors and not synchronous:  # a synchronous loop's own probe is not an actor's
         evidence.update(act.evidence(case.actors, th, case.now))
     if synchronous:
