@@ -92,7 +92,8 @@ class FindingsKeeper:
         insufficient: list[str] = []
         targets = self._targets()
         for target, probes in targets.items():
-            view = history.view(target, probes, start=now - self._window_s)
+            view = history.view(target, probes, start=now - self._window_s,
+                                coarse_start=now - self._th.throughput_lookback_s)
             diagnosis = diagnose(view, self._th, now, stacks=self._stacks.verdicts(target),
                                  layout=self._layout)
             found.extend(diagnosis.findings)

@@ -11,6 +11,7 @@ from replaywatch.diagnosis.window import PollRecord, TargetView
 from replaywatch.model import ActorSnapshot, PollOutcome, ProbeSnapshot, TableSnapshot
 
 _SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
+COARSE_EVERY_S = 10.0  # the throughput baselines' bucket
 
 
 def _poll_at(r: Any) -> float:
@@ -35,13 +36,24 @@ class History:
     takes the lock briefly and readers get copies, never the live deques.
     """
 
-    def __init__(self, max_age_s: float = 900.0, max_points: int = 900):
+    def __init__(self, max_age_s: float = 900.0, max_points: int = 900,
+                 coarse_every_s: float = COARSE_EVERY_S, coarse_age_s: float = 0.0):
         if max_age_s <= 0 or max_points < 2:
             raise ValueError(
                 f"history max_age_s ({max_age_s}) must be > 0 and max_points ({max_points}) >= 2"
             )
+        if coarse_every_s <= 0 or coarse_age_s < 0:
+            raise ValueError(f"coarse_every_s ({coarse_every_s}) must be > 0 and coarse_age_s "
+                             f"({coarse_age_s}) >= 0")
         self._max_age_s = max_age_s
         self._max_points = max_points
+        # A coarse copy, one snapshot per `coarse_every_s`, kept for `coarse_age_s`: the
+        # throughput baselines look back half an hour, which the full history (every poll,
+        # for the stall rules) would hold at 1,800 snapshots a table.
+        self._coarse_every_s = coarse_every_s
+        self._coarse_age_s = coarse_age_s
+        self._coarse_tables: dict[tuple[str, str], collections.deque[TableSnapshot]] = {}
+        self._coarse_actors: dict[str, collections.deque[ActorSnapshot]] = {}
         self._lock = threading.Lock()
         self._polls: dict[str, collections.deque[PollRecord]] = {}
         self._tables: dict[tuple[str, str], collections.deque[TableSnapshot]] = {}
@@ -63,6 +75,8 @@ class History:
             for table in outcome.tables:
                 points = self._deque(self._tables, (table.target, table.name))
                 _append(points, table, oldest, _observed_at)
+                self._coarse(self._coarse_tables, (table.target, table.name), table,
+                             outcome.started_at)
             # A probe URL has one role at a time: a process replaced by one of
             # the other role (a port reused) starts that URL's history afresh.
             if outcome.probe is not None:
@@ -73,18 +87,32 @@ class History:
                 self._probes.pop(outcome.source, None)
                 points = self._deque(self._actors, outcome.source)
                 _append(points, outcome.actor, oldest, _observed_at)
+                self._coarse(self._coarse_actors, outcome.source, outcome.actor,
+                             outcome.started_at)
             self._records += 1
             if self._records % _SWEEP_EVERY == 0:
                 self._sweep(oldest)
 
+    def _coarse(self, store: dict[Any, collections.deque], key: Any, item: Any,
+                now: float) -> None:
+        """Keeps `item` in the coarse copy when `coarse_every_s` passed since the last kept."""
+        if self._coarse_age_s <= 0:
+            return
+        points = store.setdefault(key, collections.deque())
+        if not points or item.observed_at - points[-1].observed_at >= self._coarse_every_s:
+            _append(points, item, now - self._coarse_age_s, _observed_at)
+
     def _sweep(self, oldest: float) -> None:
         """Drops sources and tables that stopped reporting (removed, renamed)."""
         stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes, self._actors]
-        for store in stores:
+        coarse_oldest = oldest + self._max_age_s - self._coarse_age_s
+        for store, cut in [*((st, oldest) for st in stores),
+                           (self._coarse_tables, coarse_oldest),
+                           (self._coarse_actors, coarse_oldest)]:
             for key in list(store):
                 points = store[key]
                 stamp = _poll_at if store is self._polls else _observed_at
-                while points and stamp(points[0]) < oldest:
+                while points and stamp(points[0]) < cut:
                     points.popleft()
                 if not points:
                     del store[key]
@@ -111,9 +139,13 @@ class History:
         with self._lock:
             return {s: self._actors[s][-1] for s in sources if self._actors.get(s)}
 
-    def view(self, target: str, probes: Sequence[str], start: float) -> TargetView:
-        """An immutable slice since `start` for one target and its probes."""
+    def view(self, target: str, probes: Sequence[str], start: float,
+             coarse_start: float | None = None) -> TargetView:
+        """An immutable slice since `start` for one target and its probes; with
+        `coarse_start`, the coarse copy since then too."""
         with self._lock:
+            coarse = coarse_start is not None
+            cstart = coarse_start if coarse_start is not None else 0.0
             tables = {
                 name: tuple(s for s in points if s.observed_at >= start)
                 for (tgt, name), points in self._tables.items()
@@ -135,5 +167,15 @@ class History:
                 },
                 probe_polls={
                     p: tuple(r for r in self._polls.get(p, ()) if r.at >= start) for p in probes
+                },
+                coarse_tables={
+                    name: tuple(s for s in points if s.observed_at >= cstart)
+                    for (tgt, name), points in self._coarse_tables.items()
+                    if coarse and tgt == target
+                },
+                coarse_actors={
+                    p: tuple(s for s in self._coarse_actors[p] if s.observed_at >= cstart)
+                    for p in probes if coarse and p in self._coarse_actors
+                    and p in self._actors
                 },
             )

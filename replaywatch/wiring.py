@@ -21,7 +21,7 @@ from types import TracebackType
 from replaywatch.config import WatchConfig, default_db_path
 from replaywatch.errors import ConfigError
 from replaywatch.findings import FindingsKeeper
-from replaywatch.history import History
+from replaywatch.history import COARSE_EVERY_S, History
 from replaywatch.incidents import IncidentLog
 from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.sources.probe_http import HttpProbeSource
@@ -152,7 +152,13 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sid
 
     `incidents_path` overrides the config's log (":memory:" for a one-shot look).
     """
-    history = History(max_age_s=config.poll.history_s, max_points=config.poll.max_points)
+    th = config.thresholds
+    # Buckets of 10 s, or finer where a drop is judged over less than 100 s (a test's
+    # seconds-long thresholds): a span needs several buckets to be judged.
+    coarse_every_s = min(COARSE_EVERY_S, th.throughput_drop_for_s / 10)
+    history = History(max_age_s=config.poll.history_s, max_points=config.poll.max_points,
+                      coarse_every_s=coarse_every_s,
+                      coarse_age_s=th.throughput_lookback_s + coarse_every_s)
     store = StateStore()
     plan = plan_targets(config, make_bindings(config))
     incidents = open_incident_log(incidents_path or config.db_path or default_db_path())

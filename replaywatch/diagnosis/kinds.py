@@ -42,6 +42,7 @@ class Name(enum.StrEnum):
     SPI_DRIFT = "spi_drift"
     STALE_DATA = "stale_data"
     TOO_MANY_THREADS = "too_many_threads"
+    THROUGHPUT_DROP = "throughput_drop"
     LEARNER_STARTING = "learner_starting"
     SERVER_RESTARTED = "server_restarted"
     RECONNECTING = "reconnecting"
@@ -161,6 +162,15 @@ STALE_DATA = Kind(
             "limiter or a wide `SampleToInsertRatio` window never blocks the learner): it "
             "trains on a frozen table.",
     fix="Restart the actors (they are dead or stuck); check their logs.")
+THROUGHPUT_DROP = Kind(
+    Name.THROUGHPUT_DROP, Severity.WARNING, needs_probe=False,
+    meaning="A table's insert or sample rate, or an actor's steps per second (ActorProbe), "
+            "stayed below its own baseline (the median of 10 s rates over the last 30 min, "
+            "band at least +-50 %): below half for `throughput_drop_for_s` (300 s), below a "
+            "fifth for a fifth of that, while something still moves. Says whether the "
+            "server (its time per insert grew) or the clients are slower.",
+    fix="Server slower: check the replay host. Clients slower: the actors' environment "
+        "step or writer time (evidence), or the learner's step.")
 TOO_MANY_THREADS = Kind(
     Name.TOO_MANY_THREADS, Severity.WARNING, needs_probe=True,
     meaning="The trainer runs more threads than the threshold, counted by the OS "
@@ -215,7 +225,8 @@ WARMUP = Kind(
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, TOO_MANY_THREADS,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, THROUGHPUT_DROP,
+    TOO_MANY_THREADS,
     LEARNER_STARTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}

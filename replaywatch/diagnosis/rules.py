@@ -13,6 +13,7 @@ shape):
     rules_liveness  target_down, probe_down, too_many_threads            (whole target)
     rules_startup   warmup_impossible, learner_starting, server_restarted, reconnecting
     rules_queue     drained                                    (queue tables, on-policy)
+    rules_throughput throughput_drop                  (rates against their own baseline)
 
 Adding a kind: declare it in `kinds` (its place in `ALL` is its precedence) and append its
 `Rule` to its family's `RULES`; nothing else in replaywatch/ names it.
@@ -31,13 +32,14 @@ from replaywatch.diagnosis import (
     rules_queue,
     rules_stalls,
     rules_startup,
+    rules_throughput,
 )
 from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.registry import Rule, Shape
 
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
-                         *rules_queue.RULES)
+                         *rules_queue.RULES, *rules_throughput.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

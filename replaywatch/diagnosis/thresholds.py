@@ -22,10 +22,17 @@ class Thresholds:
     # back-off: about 12 s after a stop, however short the dark time); for this long after
     # the server is back, the stalls that explains are `reconnecting`, not pages.
     reconnect_grace_s: float = 30.0
+    # throughput_drop: a rate against its own baseline, the median of 10 s rates over this
+    # look-back (at least `throughput_min_baseline_s` of them), and how long it must stay
+    # below half of it to be a drop (below a fifth: a fifth of this).
+    throughput_baseline_s: float = 1800.0
+    throughput_min_baseline_s: float = 180.0
+    throughput_drop_for_s: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("stall_window_s", "spi_window_s", "min_history_s", "startup_grace_s",
-                     "reconnect_grace_s"):
+                     "reconnect_grace_s", "throughput_baseline_s", "throughput_min_baseline_s",
+                     "throughput_drop_for_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} ({value!r}) must be > 0")
@@ -38,6 +45,16 @@ class Thresholds:
                 f"min_history_s ({self.min_history_s}) must be <= stall_window_s "
                 f"({self.stall_window_s})"
             )
+        if self.throughput_min_baseline_s > self.throughput_baseline_s:
+            raise ValueError(
+                f"throughput_min_baseline_s ({self.throughput_min_baseline_s}) must be <= "
+                f"throughput_baseline_s ({self.throughput_baseline_s})"
+            )
+
+    @property
+    def throughput_lookback_s(self) -> float:
+        """History the throughput rule reads: the baseline and the span it judges."""
+        return self.throughput_baseline_s + self.throughput_drop_for_s
 
     @classmethod
     def field_names(cls) -> list[str]:

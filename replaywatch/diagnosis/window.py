@@ -47,6 +47,11 @@ class TargetView:
     probes: dict[str, tuple[ProbeSnapshot, ...]]  # trainer probes (and ones never read yet)
     probe_polls: dict[str, tuple[PollRecord, ...]]  # every probe's polls, both roles
     actors: dict[str, tuple[ActorSnapshot, ...]] = dataclasses.field(default_factory=dict)
+    # One snapshot per ~10 s over the throughput baselines' look-back (History's coarse copy).
+    coarse_tables: dict[str, tuple[TableSnapshot, ...]] = dataclasses.field(
+        default_factory=dict)
+    coarse_actors: dict[str, tuple[ActorSnapshot, ...]] = dataclasses.field(
+        default_factory=dict)
 
     def table_named(self, table: str | None) -> str | None:
         """The table a probe names, or, when it names none, the target's only table."""

@@ -1,0 +1,121 @@
+"""A rate against its own past: the robust baseline throughput_drop judges by.
+
+A job's rates are not normally distributed (evaluation pauses, checkpoints, bursts), so the
+baseline is the median of the rates between consecutive coarse snapshots (~10 s each) over
+the look-back, and its spread the median absolute deviation, as robust Prometheus anomaly
+rules do (median +- 2 MAD), with a minimum band of +-50 % of the median so a steady job is
+not flagged for noise. Buckets in which nothing moved are left out of the baseline: a pause
+or a stall is the stall rules' business, not a slower rate.
+
+A drop is judged on the span just before `now`, which the baseline never includes:
+
+    below half the baseline (or the band's low edge, if wider) for `drop_for_s`
+    below a fifth of it for `drop_for_s / 5`
+
+"below" for a span: its overall rate under the line, with at most one bucket in five at or
+above it (noise), and something moved in it (a full stop is a stall). Pure: time is an
+argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+MIN_BAND = 0.5  # the band's half-width is at least this share of the median
+MAD_BAND = 3.0  # else this many scaled MADs (1.4826 MAD is a standard deviation if normal)
+SEVERE = 0.2  # below a fifth of the baseline ...
+SEVERE_SPAN = 0.2  # ... for a fifth of drop_for_s
+ABOVE_ALLOWED = 0.2  # buckets of a span that may sit at or above the line
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """The rate between two coarse snapshots, stamped at the later one."""
+
+    start: float
+    end: float
+    rate: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    median: float
+    mad: float
+    seconds: float  # of moving buckets behind it
+    low: float  # the band's low edge
+
+    @classmethod
+    def of(cls, buckets: Sequence[Bucket]) -> Baseline:
+        rates = [b.rate for b in buckets]
+        median = statistics.median(rates)
+        mad = statistics.median(abs(r - median) for r in rates)
+        low = median - max(MIN_BAND * median, MAD_BAND * 1.4826 * mad)
+        return cls(median, mad, sum(b.seconds for b in buckets), max(low, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Drop:
+    """A series below its baseline for long enough."""
+
+    baseline: Baseline
+    rate: float  # over the span judged
+    span_s: float
+    line: float  # the rate it stayed under
+    severe: bool  # below a fifth
+
+    @property
+    def ratio(self) -> float:
+        return self.rate / self.baseline.median if self.baseline.median else 0.0
+
+
+def buckets(points: Sequence[T], at: Callable[[T], float], value: Callable[[T], float]
+            ) -> list[Bucket]:
+    """Rates between consecutive points of one counter (no resets inside: callers cut there)."""
+    out = []
+    for a, b in zip(points, points[1:]):
+        dt = at(b) - at(a)
+        if dt > 0 and value(b) >= value(a):
+            out.append(Bucket(at(a), at(b), (value(b) - value(a)) / dt))
+    return out
+
+
+def judge(series: Sequence[Bucket], now: float, drop_for_s: float, lookback_s: float,
+          min_baseline_s: float) -> Drop | None:
+    """The deeper of the two drops `series` shows at `now`, if any."""
+    for severe, span in ((True, SEVERE_SPAN * drop_for_s), (False, drop_for_s)):
+        found = _below(series, now, span, lookback_s, min_baseline_s, severe)
+        if found is not None:
+            return found
+    return None
+
+
+def _below(series: Sequence[Bucket], now: float, span: float, lookback_s: float,
+           min_baseline_s: float, severe: bool) -> Drop | None:
+    cut = now - span
+    recent = [b for b in series if b.end > cut]
+    past = [b for b in series if b.end <= cut and b.start >= cut - lookback_s and b.rate > 0]
+    if not recent or not past or recent[0].start > cut + _longest(recent):
+        return None  # the span is not covered yet
+    base = Baseline.of(past)
+    if base.seconds < min_baseline_s or base.median <= 0:
+        return None
+    line = SEVERE * base.median if severe else base.low
+    seconds = sum(b.seconds for b in recent)
+    rate = sum(b.rate * b.seconds for b in recent) / seconds
+    above = sum(1 for b in recent if b.rate >= line)
+    if rate <= 0 or rate >= line or above > ABOVE_ALLOWED * len(recent):
+        return None
+    return Drop(base, rate, seconds, line, severe)
+
+
+def _longest(buckets: Sequence[Bucket]) -> float:
+    return max(b.seconds for b in buckets)

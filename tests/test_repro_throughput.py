@@ -1,0 +1,91 @@
+"""throughput_drop on a real Reverb server with real threads: actors whose environment step
+grows, nothing ever blocked.
+
+Thresholds are scaled to seconds (a 30 s look-back, 6 s of baseline, 5 s below half, so 1 s
+below a fifth; the coarse history then keeps one snapshot per 0.5 s): the shape of the
+default 30 min / 3 min / 300 s / 60 s. The bound is the span the drop must last plus two
+buckets. Measured times are printed (`-s`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import reverb
+
+from tests.support.repro import SLACK_S, Loop, alarms, kinds, sidecar_for, table, tick_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+DROP_FOR_S = 5.0
+BUCKET_S = DROP_FOR_S / 10
+SCALED = dict(throughput_baseline_s=30.0, throughput_min_baseline_s=6.0,
+              throughput_drop_for_s=DROP_FOR_S)
+
+
+class SlowingActor(threading.Thread):
+    """Inserts one item per environment step; `step_s` is the step's duration."""
+
+    def __init__(self, client: reverb.Client, step_s: float) -> None:
+        super().__init__(daemon=True)
+        self.client, self.step_s, self.halt = client, step_s, threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            time.sleep(self.step_s)
+            try:
+                self.client.insert([np.zeros(2, np.float32)], {"replay": 1.0})
+            except Exception:  # the server went away: the test is over
+                return
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=2)
+
+
+@pytest.fixture
+def job() -> Iterator[tuple[reverb.Client, int]]:
+    server = reverb.Server([table(reverb.rate_limiters.MinSize(1), max_size=100_000)])
+    yield reverb.Client(f"localhost:{server.port}"), server.port
+    server.stop()
+
+
+# 6x, not 5x: a step five times longer is a rate a little above a fifth (each insert's own
+# time does not grow), which is "below half".
+@pytest.mark.parametrize("factor", [10, 6, 2.5], ids=["10x", "6x", "2.5x"])
+def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None:
+    client, port = job
+    actors = [SlowingActor(client, 0.02) for _ in range(2)]
+    learning = Loop(lambda: [None for _ in client.sample("replay", num_samples=4)],
+                    pause_s=0.02)
+    for a in actors:
+        a.start()
+    learning.start()
+    try:
+        with sidecar_for(port, **SCALED) as sidecar:
+            healthy: list = []
+            tick_until(sidecar, lambda s: False, 9.0, healthy)  # the baseline
+            for a in actors:
+                a.step_s = 0.02 * factor
+            slowed = time.monotonic()
+            took = tick_until(sidecar, lambda s: "throughput_drop" in kinds(s),
+                              2 * DROP_FOR_S + 3.0)
+            state = sidecar.store.current()
+    finally:
+        for a in actors:
+            a.stop()
+        learning.stop()
+    span = DROP_FOR_S / 5 if factor >= 5 else DROP_FOR_S
+    print(f"\nthroughput_drop at {factor}x: {took} s after the step slowed "
+          f"(bound {span + 2 * BUCKET_S} s + slack)")
+    assert not set().union(*(alarms(s) for s in healthy))
+    assert took is not None and took <= span + 2 * BUCKET_S + SLACK_S + 1.0
+    assert time.monotonic() - slowed >= span - BUCKET_S  # the span, to within a bucket
+    drop = next(f for f in state.findings if f.kind == "throughput_drop")
+    inserts = drop.evidence["series"]["inserts"]
+    assert inserts["ratio"] < (0.2 if factor >= 5 else 0.5)
+    assert drop.evidence["attribution"] == "clients"  # the server is not slower per insert

@@ -1,0 +1,167 @@
+"""throughput_drop: a rate against its own baseline (diagnosis/baseline.py), one table row per
+case with why, then the numbers it shows and what it blames.
+
+The rule reads the view's coarse snapshots: here one every 10 s; "100/s for 30 min" is 180
+such buckets. Default thresholds: a 30 min look-back, a 3 min minimum baseline, 300 s below
+half (60 s below a fifth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from replaywatch.diagnosis import baseline as bl
+from replaywatch.diagnosis import rules_throughput
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import ActorSnapshot, Finding, Severity, TableSnapshot
+from tests.builders import DEFAULT, TARGET, actor_snapshot, assert_as_declared, table_snapshot
+
+STEP = 10.0
+
+
+def rates(*spans: tuple[float, float]) -> list[float]:
+    """Per-bucket rates: (rate per second, seconds) spans, one value per 10 s bucket."""
+    return [r for rate, secs in spans for r in [rate] * int(secs / STEP)]
+
+
+def coarse_table(per_bucket: Sequence[float], ms_per_insert: Sequence[float] | float = 0.05,
+                 start: float = 0.0) -> tuple[TableSnapshot, ...]:
+    """A table seen every 10 s whose inserts (and samples: spi 1) follow `per_bucket`; the
+    table worker spends `ms_per_insert` inserting each."""
+    out, n, ms = [], 0.0, 0.0
+    cost = list(ms_per_insert) if isinstance(ms_per_insert, Sequence) else None
+    for i, rate in enumerate([0.0, *per_bucket]):
+        n += rate * STEP
+        ms += rate * STEP * (cost[i - 1] if cost and i else ms_per_insert if not cost else 0)
+        s = table_snapshot(start + STEP * i, int(n), int(n), min_diff=-1e9, max_diff=1e9)
+        out.append(dataclasses.replace(s, worker_time=dataclasses.replace(
+            s.worker_time, inserting_ms=int(ms), sleeping_ms=int(1000 * STEP * i))))
+    return tuple(out)
+
+
+def coarse_actor(per_bucket: Sequence[float], writer_share: float = 0.1
+                 ) -> tuple[ActorSnapshot, ...]:
+    out, n = [], 0.0
+    for i, rate in enumerate([0.0, *per_bucket]):
+        n += rate * STEP
+        a = actor_snapshot(STEP * i, int(n))
+        calls = tuple(dataclasses.replace(c, seconds_total=writer_share * STEP * i / len(a.calls))
+                      for c in a.calls)
+        out.append(dataclasses.replace(a, calls=calls))
+    return tuple(out)
+
+
+def view(table: tuple[TableSnapshot, ...], actors: dict[str, tuple] | None = None
+         ) -> TargetView:
+    return TargetView(TARGET, polls=(), tables={}, probes={}, probe_polls={},
+                      coarse_tables={"replay": table}, coarse_actors=actors or {})
+
+
+def now_of(table: tuple[TableSnapshot, ...]) -> float:
+    return table[-1].observed_at
+
+
+HEALTHY = rates((100, 1800))
+THROUGHPUT_CASES: list[tuple[str, Callable[..., Any], Callable[[], Any], str | None]] = [
+    # 100/s for 35 min: its own baseline.
+    ("no_throughput_drop_on_a_steady_job", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(rates((100, 2100)))), None),
+    # 30 min at 100/s, then 10/s for 70 s: below a fifth for more than 60 s.
+    ("throughput_drop_below_a_fifth_for_a_minute", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((10, 70)))), "throughput_drop"),
+    # ... for 50 s only: not yet.
+    ("no_throughput_drop_below_a_fifth_for_less_than_a_minute",
+     rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((10, 50)))), None),
+    # 40/s for 310 s: below half for more than 300 s.
+    ("throughput_drop_below_half_for_five_minutes", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((40, 310)))), "throughput_drop"),
+    # 40/s for 200 s: below half, not for long enough, and not below a fifth.
+    ("no_throughput_drop_below_half_for_less_than_five_minutes",
+     rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((40, 200)))), None),
+    # 60/s for 10 min: slower, inside the band (+-50 % at least).
+    ("no_throughput_drop_inside_the_band", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((60, 600)))), None),
+    # An evaluation pause every minute (10 s of nothing inserted in every 60 s): the
+    # baseline leaves still buckets out, and a span of mostly healthy buckets is no drop.
+    ("no_throughput_drop_with_an_evaluation_pause_every_minute",
+     rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(rates((100, 50), (0, 10)) * 40)), None),
+    # Nothing moved for 70 s: a stop is the stall rules', not a slower rate.
+    ("no_throughput_drop_when_everything_stopped", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((0, 70)))), None),
+    # Two minutes of history, then a drop: no baseline yet (start-up).
+    ("no_throughput_drop_without_three_minutes_of_baseline",
+     rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(rates((100, 120), (10, 70)))), None),
+    # 30 min of 100/s, an actor whose steps fell to 5/s for 70 s while the table (other
+    # actors) keeps its rate: that actor's drop.
+    ("throughput_drop_of_one_actor", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(rates((100, 1870))),
+                  {"http://actor:1": coarse_actor(rates((50, 1800), (5, 70)))}),
+     "throughput_drop"),
+]
+
+
+@pytest.mark.parametrize("name,rule,scenario,expected", THROUGHPUT_CASES,
+                         ids=[c[0] for c in THROUGHPUT_CASES])
+def test_throughput_rule(name: str, rule: Callable[..., Any], scenario: Callable[[], Any],
+                         expected: str | None) -> None:
+    v = scenario()
+    finding = rule(v, DEFAULT, now_of(v.coarse_tables["replay"]))
+    assert (finding.kind if finding else None) == expected
+    assert_as_declared(finding, rule)
+
+
+def drop_of(table: tuple[TableSnapshot, ...], **kw: Any) -> Finding:
+    finding = rules_throughput.is_throughput_drop(view(table, **kw), DEFAULT, now_of(table))
+    assert finding is not None
+    return finding
+
+
+def test_a_drop_shows_the_rate_the_baseline_and_the_band() -> None:
+    finding = drop_of(coarse_table(HEALTHY + rates((10, 70))))
+    assert finding.severity is Severity.WARNING and finding.table == "replay"
+    inserts = finding.evidence["series"]["inserts"]
+    assert inserts["rate_per_s"] == pytest.approx(10.0)
+    assert inserts["baseline_per_s"] == 100.0 and inserts["band_low_per_s"] == 50.0
+    assert inserts["below_a_fifth"] is True and inserts["ratio"] == pytest.approx(0.1)
+    assert set(finding.evidence["series"]) == {"inserts", "samples"}
+    assert "below a fifth of its own baseline" in finding.summary
+    assert finding.since == now_of(coarse_table(HEALTHY + rates((10, 70)))) - 60.0
+
+
+def test_a_drop_blames_the_server_when_its_time_per_insert_grew() -> None:
+    cost = [0.05] * 180 + [5.0] * 7  # 100x per insert: the worker busy 5 % of the time
+    slow = drop_of(coarse_table(HEALTHY + rates((10, 70)), ms_per_insert=cost))
+    assert slow.evidence["attribution"] == "server"
+    assert slow.fix.startswith("The Reverb server is slower")
+    clients = drop_of(coarse_table(HEALTHY + rates((10, 70))))
+    assert clients.evidence["attribution"] == "clients"
+    assert "the clients are slower" in clients.fix
+
+
+def test_a_drop_names_the_actor_and_its_writer_share() -> None:
+    finding = drop_of(coarse_table(rates((100, 1870))),
+                      actors={"http://actor:1": coarse_actor(rates((50, 1800), (5, 70)))})
+    assert list(finding.evidence["series"]) == ["actor actor-0 steps"]
+    assert finding.evidence["actors"]["actor-0"]["writer_share_before"] == pytest.approx(0.1)
+
+
+def test_the_baseline_is_the_median_with_a_band_of_at_least_half() -> None:
+    steady = bl.Baseline.of([bl.Bucket(0, 10, r) for r in [100.0] * 20])
+    assert (steady.median, steady.mad, steady.low) == (100.0, 0.0, 50.0)
+    noisy = bl.Baseline.of([bl.Bucket(0, 10, r) for r in [50.0, 150.0] * 10])
+    assert noisy.median == 100.0 and noisy.mad == 50.0 and noisy.low == 0.0
+
+
+def test_a_drop_needs_the_engine_to_hand_the_coarse_history() -> None:
+    table = coarse_table(HEALTHY + rates((10, 70)))
+    found = diagnose(view(table), DEFAULT, now_of(table)).findings
+    assert [f.kind for f in found] == ["throughput_drop"]
