@@ -17,9 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Reconciled, Transition, reconcile
+from replaywatch.diagnosis.rules_throughput import table_baselines
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
@@ -90,6 +92,7 @@ class FindingsKeeper:
             self._resume(now)
         found: list[Finding] = []
         insufficient: list[str] = []
+        baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
         targets = self._targets()
         for target, probes in targets.items():
             view = history.view(target, probes, start=now - self._window_s,
@@ -98,6 +101,8 @@ class FindingsKeeper:
                                  layout=self._layout)
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
+            for name, series in table_baselines(view, self._th, now).items():
+                baselines[(target, name)] = series
         found_keys = {f.key for f in found}
         self._held -= found_keys  # seen again: an ordinary finding from now on
         if now < self._hold_until:
@@ -125,6 +130,7 @@ class FindingsKeeper:
             incident_ids=ids,
             incident_log_error=log_error,
             incident_log_dropped=dropped,
+            baselines=baselines,
         )
 
     def _record(self, transitions: list[Transition], history: History,

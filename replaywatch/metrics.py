@@ -56,6 +56,15 @@ TABLE_GAUGES = (
     gauge("table_insert_blocking_disabled", "1 if max_diff is float max (synchronous layout).",
           TABLE),
 )
+RATE_BASELINE = gauge(
+    "table_rate_baseline_per_second",
+    "throughput_drop's baseline: the median 10 s rate of the series (inserts, samples) over "
+    "the look-back, before the span it judges; absent until established.",
+    (*TABLE, "series"))
+RATE_BAND_LOW = gauge(
+    "table_rate_band_low_per_second",
+    "The baseline band's low edge (at most half the baseline): below it for "
+    "throughput_drop_for_s is a throughput_drop.", (*TABLE, "series"))
 OBSERVED_SPI = gauge("table_observed_samples_per_insert",
                      "Samples per insert observed over the rate window.", TABLE)
 TABLE_COUNTERS = (
@@ -143,6 +152,12 @@ def _table_rows(state: Published) -> Group:
     worker: list[Row] = [((*key, st), snap.worker_time.ms(st) / 1000.0)
                          for key, snap in state.tables.items() for st in TableWorkerTime.STATES]
     yield WORKER, worker
+    yield RATE_BASELINE, [((*key, series), b.median)
+                          for key, found in state.baselines.items()
+                          for series, b in sorted(found.items())]
+    yield RATE_BAND_LOW, [((*key, series), b.low)
+                          for key, found in state.baselines.items()
+                          for series, b in sorted(found.items())]
 
 
 class ReplaywatchCollector:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from replaywatch.config import RATE_WINDOW_S
+from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.model import Finding, PollOutcome, SourceKind
@@ -37,6 +38,9 @@ class CycleFindings:
     incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
     incident_log_error: str | None = None
     incident_log_dropped: int = 0
+    # (target, table) -> series ("inserts", "samples") -> its throughput baseline now
+    baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
+        default_factory=dict)
 
 
 class Diagnoser(Protocol):
@@ -244,6 +248,7 @@ class Poller:
             incident_ids=found.incident_ids,
             incident_log_error=found.incident_log_error,
             incident_log_dropped=found.incident_log_dropped,
+            baselines=found.baselines,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, SourceKind, TableSnapshot
 
@@ -53,6 +54,9 @@ class Published:
     late_cycles: int = 0  # poll cycles that overran the interval
     # actor probes' latest documents, by URL (trainer probes' are in `probes`)
     actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)
+    # (target, table) -> series -> the throughput baseline (rules_throughput.table_baselines)
+    baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
+        default_factory=dict)
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, Severity
@@ -54,7 +55,9 @@ def full_picture() -> Published:
     return Published(at=2.0, cycle=3, sources=sources, tables={(target, table.name): table},
                      derived={(target, table.name): derive(history)}, probes={url: probe},
                      actors={ACTOR: actor_snapshot(2.0, 30, in_call="flush", blocked_for=1.0)},
-                     findings=(finding,), late_cycles=1, incident_log_dropped=1)
+                     findings=(finding,), late_cycles=1, incident_log_dropped=1,
+                     baselines={(target, table.name): {
+                         "inserts": Baseline(100.0, 5.0, 600.0, 50.0)}})
 
 
 def metrics_table() -> str:

@@ -18,7 +18,15 @@ from replaywatch.diagnosis import baseline as bl
 from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import ActorSnapshot, Finding, Severity, TableSnapshot
+from replaywatch.history import History
+from replaywatch.model import (
+    ActorSnapshot,
+    Finding,
+    PollOutcome,
+    Severity,
+    SourceKind,
+    TableSnapshot,
+)
 from tests.builders import DEFAULT, TARGET, actor_snapshot, assert_as_declared, table_snapshot
 
 STEP = 10.0
@@ -165,3 +173,24 @@ def test_a_drop_needs_the_engine_to_hand_the_coarse_history() -> None:
     table = coarse_table(HEALTHY + rates((10, 70)))
     found = diagnose(view(table), DEFAULT, now_of(table)).findings
     assert [f.kind for f in found] == ["throughput_drop"]
+
+
+def test_history_keeps_one_snapshot_per_bucket_for_the_look_back_and_baselines_follow() -> None:
+    # 1 Hz polls for 40 min into a history that keeps 60 s of every poll: the coarse copy
+    # holds one snapshot per 10 s over its 35 min, enough for the baseline the metrics show.
+    history = History(max_age_s=60.0, max_points=100, coarse_every_s=10.0,
+                      coarse_age_s=DEFAULT.throughput_lookback_s + 10.0)
+    for t in range(2400):
+        snap = table_snapshot(float(t), 100 * t, 100 * t, target=TARGET,
+                              min_diff=-1e9, max_diff=1e9)
+        history.record(PollOutcome(TARGET, SourceKind.REVERB, float(t), 0.001, (snap,)))
+    view_ = history.view(TARGET, [], start=2340.0,
+                         coarse_start=2399.0 - DEFAULT.throughput_lookback_s)
+    assert len(view_.tables["replay"]) == 60
+    coarse = view_.coarse_tables["replay"]
+    assert 200 <= len(coarse) <= 211
+    assert {b.observed_at - a.observed_at for a, b in zip(coarse, coarse[1:])} == {10.0}
+    found = rules_throughput.table_baselines(view_, DEFAULT, 2399.0)
+    assert found["replay"]["inserts"].median == pytest.approx(100.0)
+    assert found["replay"]["inserts"].low == pytest.approx(50.0)
+    assert history.view(TARGET, [], start=2340.0).coarse_tables == {}

@@ -98,6 +98,18 @@ def judge(series: Sequence[Bucket], now: float, drop_for_s: float, lookback_s: f
     return None
 
 
+def current(series: Sequence[Bucket], now: float, drop_for_s: float, lookback_s: float,
+            min_baseline_s: float) -> Baseline | None:
+    """The baseline a `drop_for_s` span ending now is judged against (the dashboard's band);
+    None until `min_baseline_s` of moving buckets precede that span."""
+    cut = now - drop_for_s
+    past = [b for b in series if b.end <= cut and b.start >= cut - lookback_s and b.rate > 0]
+    if not past:
+        return None
+    base = Baseline.of(past)
+    return base if base.seconds >= min_baseline_s and base.median > 0 else None
+
+
 def _below(series: Sequence[Bucket], now: float, span: float, lookback_s: float,
            min_baseline_s: float, severe: bool) -> Drop | None:
     cut = now - span

@@ -76,6 +76,21 @@ def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Find
     return _finding(view, name, points, actors, drops, th, now)
 
 
+def table_baselines(view: TargetView, th: Thresholds, now: float
+                    ) -> dict[str, dict[str, bl.Baseline]]:
+    """Each table's insert and sample baselines now (those established), for the metrics."""
+    out: dict[str, dict[str, bl.Baseline]] = {}
+    for name in sorted(view.coarse_tables):
+        points = win.since_last_reset(view.coarse_tables[name])
+        found = {series: b for series, value in (("inserts", inserts_of), ("samples", samples_of))
+                 if (b := bl.current(bl.buckets(points, _observed, value), now,
+                                     th.throughput_drop_for_s, th.throughput_baseline_s,
+                                     th.throughput_min_baseline_s)) is not None}
+        if found:
+            out[name] = found
+    return out
+
+
 def bl_bucket(points: Sequence[TableSnapshot]) -> float:
     """The coarse spacing seen (a table polled less often than the bucket has wider ones)."""
     gaps = [b.observed_at - a.observed_at for a, b in zip(points, points[1:])]
