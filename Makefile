@@ -22,7 +22,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid system-deps venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-long system-deps venv clean
 
 venv: $(STAMP)
 
@@ -85,6 +85,11 @@ bench:
 # apart from make bench. Its table replaces the "Prediction grid" section of bench/RESULTS.md.
 bench-grid: $(STAMP)
 	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
+
+# Long healthy runs and throughput_drop's detection times (about 50 minutes).
+bench-long:
+	@$(MAKE) --no-print-directory -j2 venv system-deps
+	$(PY) -m bench.long --results bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -19,16 +20,18 @@ import reverb
 from agents import replay as replay_lib
 from agents.acting import TD3Actor
 from agents.adders import NStepTransitionAdder, transition_example
-from agents.config import ReplayConfig, TD3Config
+from agents.config import ReplayConfig, RunConfig, StepDelay, TD3Config
 from agents.environments import EnvironmentSpec, make_environment
 from agents.learning import PolicyParams, TD3Learner
 from agents.networks import TD3Networks, make_networks
 from replaywatch.probe import ActorProbe, TrainerProbe
 
 
-def make_environment_factory(config: TD3Config) -> Callable[[int], object]:
+def make_environment_factory(config: TD3Config, delay: StepDelay | None = None
+                             ) -> Callable[[int], object]:
     def factory(seed: int):
-        return make_environment(seed, config.pixels, config.image_size, config.frame_stack)
+        return make_environment(seed, config.pixels, config.image_size, config.frame_stack,
+                                delay)
 
     return factory
 
@@ -40,6 +43,14 @@ def make_replay_table(
     example = transition_example(spec.observation_shape, spec.observation_dtype, spec.action_size)
     table = replay_lib.make_replay_table(config, replay_lib.make_signature(example))
     return table if insert_blocking else replay_lib.disable_insert_blocking(table)
+
+
+def make_checkpointer(run: RunConfig) -> reverb.checkpointers.CheckpointerBase | None:
+    """A checkpointer into a fresh temporary directory when the run checkpoints."""
+    if not run.checkpoint_every_s:
+        return None
+    return reverb.checkpointers.DefaultCheckpointer(
+        tempfile.mkdtemp(prefix="replaywatch-agent-checkpoints-"))
 
 
 def make_probe(config: ReplayConfig, listen: str) -> TrainerProbe:

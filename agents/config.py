@@ -25,6 +25,46 @@ def _require(ok: bool, message: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepDelay:
+    """What each environment step costs on top of the simulator's own: `base_s`, growing
+    linearly to `base_s * factor` over `ramp_s` from `after_s` after the environment is made.
+
+    A stand-in for a costly simulator and for one that slows down (the throughput a job
+    loses without anything blocking: reverb#99, Mava#366), to test that replaywatch names it.
+    """
+
+    base_s: float = 0.0
+    factor: float = 1.0
+    after_s: float = 0.0
+    ramp_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.base_s < 0 or self.factor <= 0 or self.after_s < 0 or self.ramp_s < 0:
+            raise ValueError(f"step delay ({self}) needs base_s, after_s, ramp_s >= 0 and "
+                             "factor > 0")
+        if self.factor != 1.0 and self.base_s == 0:
+            raise ValueError("a slow-down multiplies --env-step-delay-s, which is 0")
+
+    @classmethod
+    def parse(cls, base_s: float, slow_down: str | None) -> StepDelay:
+        """`FACTOR@SECONDS[:RAMP]`: e.g. `10@240:90`, ten times slower from 240 s, over 90 s."""
+        if not slow_down:
+            return cls(base_s)
+        try:
+            factor, _, rest = slow_down.partition("@")
+            after, _, ramp = rest.partition(":")
+            return cls(base_s, float(factor), float(after), float(ramp or 0))
+        except ValueError as error:
+            raise ValueError(f"slow-down {slow_down!r}: FACTOR@SECONDS[:RAMP] ({error})") from None
+
+    def at(self, elapsed_s: float) -> float:
+        if self.factor == 1.0 or elapsed_s <= self.after_s:
+            return self.base_s
+        done = 1.0 if self.ramp_s == 0 else min(1.0, (elapsed_s - self.after_s) / self.ramp_s)
+        return self.base_s * (1.0 + (self.factor - 1.0) * done)
+
+
+@dataclasses.dataclass(frozen=True)
 class TD3Config:
     """TD3 (Fujimoto et al. 2018) with n-step returns; DrQ-v2 style when `pixels`."""
 
@@ -83,6 +123,9 @@ class ReplayConfig:
     num_parallel_calls: int = 1
     prefetch_size: int = 4
     max_in_flight_items: int = 5  # the adder's unconfirmed inserts before flush() blocks
+    # `reverb.Table.queue(table, max_replay_size)`: every item sampled once, in order (an
+    # on-policy layout; the Queue limiter replaces SampleToInsertRatio). Distributed only.
+    queue: bool = False
 
     def __post_init__(self) -> None:
         _require(bool(self.table), "table must be a non-empty name")
@@ -186,6 +229,11 @@ class RunConfig:
     # Sleep this long inside the learner's first update, after its first batch: a stand-in
     # for a long first jit compile (acme#212), to test start-up awareness. 0: none.
     first_step_delay_s: float = 0.0
+    # What each environment step costs on top of Pendulum's own, and how it grows
+    # (environments.StepDelay; --env-step-delay-s, --slow-down FACTOR@SECONDS[:RAMP]).
+    env_step_delay: StepDelay = StepDelay()
+    # Checkpoint the Reverb server (`client.checkpoint()`) every this many seconds; 0: never.
+    checkpoint_every_s: float = 0.0
     # Distributed: Ray custom resources that place each role on the nodes offering them.
     replay_resource: str | None = None
     learner_resource: str | None = None
@@ -207,6 +255,8 @@ class RunConfig:
             self.actor_update_period >= 1,
             f"actor_update_period ({self.actor_update_period}) must be >= 1",
         )
+        _require(self.checkpoint_every_s >= 0,
+                 f"checkpoint_every_s ({self.checkpoint_every_s}) must be >= 0 (0: never)")
         _require(self.first_step_delay_s >= 0,
                  f"first_step_delay_s ({self.first_step_delay_s}) must be >= 0 (0: none)")
         _require(self.max_policy_lag >= 0,

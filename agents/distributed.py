@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,7 @@ import jax  # noqa: E402
 import ray  # noqa: E402
 
 from agents import builder, placement, reporting  # noqa: E402
+from agents import replay as replay_lib  # noqa: E402
 from agents.acting import PolicyLagBound, run_episode  # noqa: E402
 from agents.config import ReplayConfig, RunConfig, StallInjection, StallKind, TD3Config  # noqa: E402
 from agents.environments import EnvironmentSpec, make_environment_spec  # noqa: E402
@@ -61,11 +63,17 @@ def _emit_stderr(record: dict[str, Any]) -> None:
 class ReplayProcess:
     """Owns the Reverb server; the table's rate limiter blocks inserts and samples."""
 
-    def __init__(self, replay: ReplayConfig, spec: EnvironmentSpec, port: int):
+    def __init__(self, replay: ReplayConfig, spec: EnvironmentSpec, run: RunConfig):
         import reverb
 
         self._table = builder.make_replay_table(replay, spec, insert_blocking=True)
-        self._server = reverb.Server([self._table], port=port or None)
+        self._server = reverb.Server([self._table], port=run.reverb_port or None,
+                                     checkpointer=builder.make_checkpointer(run))
+        self._stop_checkpoints = threading.Event()
+        if run.checkpoint_every_s:
+            replay_lib.checkpoint_every(f"127.0.0.1:{self._server.port}",
+                                        run.checkpoint_every_s, self._stop_checkpoints,
+                                        _emit_stderr)
 
     def where(self, loopback: bool) -> dict[str, Any]:
         """Its Reverb address and its Ray node. On a cluster the address has this node's IP
@@ -164,7 +172,8 @@ class ActorProcess:
         import reverb
 
         self._slot = slot
-        self._env = builder.make_environment_factory(td3)(run.seed + 1 + index)
+        self._env = builder.make_environment_factory(td3, run.env_step_delay)(
+            run.seed + 1 + index)
         spec = make_environment_spec(self._env)
         networks = builder.make_networks(spec, td3)
         probe = builder.make_actor_probe(replay.table, slot_name(slot), probe_listen,
@@ -247,7 +256,7 @@ def _drive(
     # actors take the Reverb address from the replay process's handle when they need it.
     loopback = not run.ray_address
     replay_process = ReplayProcess.options(**placement.role_options(run.replay_resource)).remote(
-        replay, spec, run.reverb_port)
+        replay, spec, run)
     learner = LearnerProcess.options(
         max_concurrency=run.num_actors + 4, **placement.role_options(run.learner_resource)
     ).remote(td3, replay, spec, replay_process, loopback, run.seed, run.probe_listen,

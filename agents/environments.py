@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from agents.config import StepDelay
 
 ENV_ID = "Pendulum-v1"
 
@@ -76,8 +79,21 @@ class PixelPendulum(gym.Wrapper):
         return self._observation(), float(reward), terminated, truncated, info
 
 
+class SlowSteps(gym.Wrapper):
+    """Sleeps `delay.at(seconds since made)` before each step."""
+
+    def __init__(self, env: gym.Env, delay: StepDelay):
+        super().__init__(env)
+        self._delay, self._made = delay, time.monotonic()
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        time.sleep(self._delay.at(time.monotonic() - self._made))
+        return self.env.step(action)
+
+
 def make_environment(
-    seed: int, pixels: bool = False, image_size: int = 64, frame_stack: int = 3
+    seed: int, pixels: bool = False, image_size: int = 64, frame_stack: int = 3,
+    delay: StepDelay | None = None,
 ) -> gym.Env:
     with warnings.catch_warnings():
         # RescaleAction's float64 bounds make Box warn about casting to float32: harmless.
@@ -86,6 +102,8 @@ def make_environment(
         env = gym.wrappers.RescaleAction(env, min_action=-1.0, max_action=1.0)
     if pixels:
         env = PixelPendulum(env, image_size, frame_stack)
+    if delay is not None and delay.base_s > 0:
+        env = SlowSteps(env, delay)
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -29,6 +30,7 @@ import jax
 import reverb
 
 from agents import builder, reporting
+from agents import replay as replay_lib
 from agents.acting import TD3Actor, run_episode
 from agents.config import ReplayConfig, RunConfig, TD3Config
 from agents.environments import make_environment_spec
@@ -89,12 +91,16 @@ class LearningActor:
 
 
 def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -> None:
-    make_env = builder.make_environment_factory(td3)
-    env, eval_env = make_env(run.seed), make_env(run.seed + 1000)
+    env = builder.make_environment_factory(td3, run.env_step_delay)(run.seed)
+    eval_env = builder.make_environment_factory(td3)(run.seed + 1000)
     spec = make_environment_spec(env)
     table = builder.make_replay_table(replay, spec, insert_blocking=False)
-    server = reverb.Server([table], port=run.reverb_port or None)
+    server = reverb.Server([table], port=run.reverb_port or None,
+                           checkpointer=builder.make_checkpointer(run))
     address = f"127.0.0.1:{server.port}"
+    stop_checkpoints = threading.Event()
+    if run.checkpoint_every_s:
+        replay_lib.checkpoint_every(address, run.checkpoint_every_s, stop_checkpoints, emit)
     client = reverb.Client(address)
     networks = builder.make_networks(spec, td3)
     key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
@@ -143,6 +149,7 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
         progress.flush()
         emit({"event": "done", "env_steps": env_steps, "learner_steps": learner.steps})
     finally:
+        stop_checkpoints.set()
         adder.close()
         loop_probe.stop()
         parts.probe.stop()

@@ -14,7 +14,8 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import reverb
@@ -40,6 +41,8 @@ def make_rate_limiter(config: ReplayConfig) -> reverb.rate_limiters.SampleToInse
 
 
 def make_replay_table(config: ReplayConfig, signature: dict[str, tf.TensorSpec]) -> reverb.Table:
+    if config.queue:
+        return reverb.Table.queue(config.table, config.max_replay_size, signature=signature)
     return reverb.Table(
         name=config.table,
         sampler=reverb.selectors.Uniform(),
@@ -48,6 +51,27 @@ def make_replay_table(config: ReplayConfig, signature: dict[str, tf.TensorSpec])
         rate_limiter=make_rate_limiter(config),
         signature=signature,
     )
+
+
+def checkpoint_every(address: str, seconds: float, stop: threading.Event,
+                     emit: Callable[[dict[str, Any]], None]) -> threading.Thread:
+    """Checkpoints the server at `address` every `seconds` until `stop`, on a daemon thread;
+    each checkpoint is reported as an event (its path and how long it took)."""
+    def loop() -> None:
+        client = reverb.Client(address)
+        while not stop.wait(seconds):
+            t0 = time.monotonic()
+            try:
+                path = client.checkpoint()
+            except Exception as error:  # a server going away at the end of the run
+                emit({"event": "checkpoint_failed", "error": str(error)[:200]})
+                continue
+            emit({"event": "checkpoint", "path": path,
+                  "seconds": round(time.monotonic() - t0, 3)})
+
+    thread = threading.Thread(target=loop, name="checkpoints", daemon=True)
+    thread.start()
+    return thread
 
 
 def disable_insert_blocking(table: reverb.Table) -> reverb.Table:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from agents.config import ReplayConfig, RunConfig, StallInjection, TD3Config
+from agents.config import ReplayConfig, RunConfig, StallInjection, StepDelay, TD3Config
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -110,6 +110,15 @@ def make_parser() -> argparse.ArgumentParser:
         help="both modes: sleep this long inside the learner's first update, after its first "
         "batch is taken; a stand-in for a long first JAX compile (acme#212), not a real one",
     )
+    add("--env-step-delay-s", type=float, default=0.0, metavar="SECONDS",
+        help="every environment step sleeps this long (a costly simulator)")
+    add("--slow-down", default=None, metavar="FACTOR@SECONDS[:RAMP]",
+        help="the step delay grows FACTOR times from SECONDS after each environment starts, "
+        "over RAMP seconds (e.g. 10@240:90): throughput that falls without blocking")
+    add("--checkpoint-every-s", type=float, default=0.0, metavar="SECONDS",
+        help="checkpoint the Reverb server every SECONDS (client.checkpoint()); 0: never")
+    add("--queue", action="store_true",
+        help="distributed: the table is reverb.Table.queue (each item sampled once, in order)")
     add("--no-actor-probes", action="store_true",
         help="no ActorProbe on the actors (distributed) or on the loop (sync)")
     add(
@@ -144,6 +153,7 @@ def configs_from_args(
             max_replay_size=args.max_replay_size,
             num_parallel_calls=args.num_parallel_calls,
             prefetch_size=args.prefetch_size,
+            queue=args.queue,
         )
         stall = StallInjection.parse(args.inject_stall) if args.inject_stall else None
         run = RunConfig(
@@ -164,10 +174,15 @@ def configs_from_args(
             actor_probes=not args.no_actor_probes,
             max_policy_lag=args.max_policy_lag,
             first_step_delay_s=args.first_step_delay_s,
+            env_step_delay=StepDelay.parse(args.env_step_delay_s, args.slow_down),
+            checkpoint_every_s=args.checkpoint_every_s,
             replay_resource=args.replay_resource,
             learner_resource=args.learner_resource,
             actor_resource=args.actor_resource,
         )
+        if replay.queue and run.mode != "distributed":
+            raise ValueError("--queue needs --mode distributed: a queue's inserts block when "
+                             "it is full, and in sync mode the learner is the inserting thread")
     except ValueError as error:
         parser.error(str(error))
     _check_listen(parser, run.probe_listen)

@@ -58,6 +58,15 @@ RUNS = {r.name: r for r in (
                                   f"{FIRST_STEP_DELAY_S:g}"], first_step=True),
     HealthyRun("first_step_60s_sync", ["--mode", "sync", "--first-step-delay-s",
                                        f"{FIRST_STEP_DELAY_S:g}"], first_step=True),
+    # An on-policy queue (reverb.Table.queue) fed by the distributed actors.
+    HealthyRun("queue", [*watched.DISTRIBUTED, "--queue", "--max-replay-size", "512"]),
+    # A sync loop that evaluates (5 episodes, no inserts, no samples) every 3000 environment
+    # steps, about once a minute here, and checkpoints its Reverb server every 2 minutes.
+    HealthyRun("eval_checkpoint", ["--mode", "sync", "--eval-every", "3000",
+                                   "--eval-episodes", "5", "--checkpoint-every-s", "120"]),
+    # A 10-minute first compile (bench-long).
+    HealthyRun("first_step_600s", [*watched.DISTRIBUTED, "--first-step-delay-s", "600"],
+               first_step=True),
 )}
 DEFAULT_RUNS = ("sync", "async", "distributed", "first_step_60s")
 

@@ -29,9 +29,10 @@ _SIDECARS = itertools.count()  # each sidecar its own log and incident db
 
 
 def spawn_agent(flags: list[str], log: Path) -> AgentProcess:
-    """The agent with no end and no evals, so only the fault changes its course."""
-    return AgentProcess([*flags, "--steps", "100000000", "--eval-every", "0",
-                         "--probe-listen", "127.0.0.1:0"], log=log).spawn()
+    """The agent with no end and no evals, so only the fault changes its course (a run's
+    own flags come last and win: bench-long's evaluation pauses)."""
+    return AgentProcess(["--steps", "100000000", "--eval-every", "0",
+                         "--probe-listen", "127.0.0.1:0", *flags], log=log).spawn()
 
 
 def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dict[str, str]]:

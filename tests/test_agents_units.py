@@ -7,6 +7,7 @@ small fakes behind the two methods it calls (`ready()`, `can_sample()`).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,14 @@ import reverb
 from agents import replay as replay_lib
 from agents.acting import PolicyLagBound
 from agents.adders import NStepTransitionAdder, transition_example
-from agents.config import ReplayConfig, RunConfig, StallInjection, StallKind, TD3Config
+from agents.config import (
+    ReplayConfig,
+    RunConfig,
+    StallInjection,
+    StallKind,
+    StepDelay,
+    TD3Config,
+)
 from agents.environments import make_environment, make_environment_spec, render_pendulum
 from agents.learning import Transition, make_initial_state, make_update_fn
 from agents.local import LearningActor
@@ -351,3 +359,61 @@ def test_policy_lag_bound_waits_in_the_probe_until_the_learner_steps_then_fetche
     assert fetched == ["learner"] and probe.snapshot()["waits_total"] == 1
     assert PolicyLagBound(0, learner, probe.waiting, lambda: None).after_step() is None
     assert len(learner.calls) == 3  # 0: off, never asks
+
+
+def test_a_slow_down_multiplies_the_step_delay_after_its_time_over_its_ramp() -> None:
+    delay = StepDelay.parse(0.02, "10@240:90")
+    assert (delay.factor, delay.after_s, delay.ramp_s) == (10.0, 240.0, 90.0)
+    assert delay.at(0.0) == delay.at(240.0) == 0.02
+    assert delay.at(285.0) == pytest.approx(0.11)  # half-way up the ramp
+    assert delay.at(400.0) == pytest.approx(0.2)
+    assert StepDelay.parse(0.02, "5@60").at(61.0) == pytest.approx(0.1)  # no ramp: at once
+    assert StepDelay.parse(0.0, None).at(1e6) == 0.0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--slow-down", "10@240"], "multiplies --env-step-delay-s, which is 0"),
+    (["--env-step-delay-s", "0.02", "--slow-down", "ten@240"], "FACTOR@SECONDS[:RAMP]"),
+    (["--queue"], "--queue needs --mode distributed"),
+    (["--checkpoint-every-s", "-1"], "checkpoint_every_s (-1.0) must be >= 0"),
+])
+def test_bench_long_flags_reject_bad_values_in_one_line(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        configs_from_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_long_flags_reach_the_configs() -> None:
+    _, replay, run = configs_from_args(
+        ["--mode", "distributed", "--queue", "--env-step-delay-s", "0.02", "--slow-down",
+         "10@240:90", "--checkpoint-every-s", "120"])
+    assert replay.queue and run.checkpoint_every_s == 120.0
+    assert run.env_step_delay == StepDelay(0.02, 10.0, 240.0, 90.0)
+
+
+def test_a_queue_replay_table_has_the_queue_limiter() -> None:
+    spec = make_environment_spec(make_environment(0))
+    example = transition_example(spec.observation_shape, spec.observation_dtype,
+                                 spec.action_size)
+    table = replay_lib.make_replay_table(ReplayConfig(queue=True, max_replay_size=64,
+                                                      min_replay_size=1, tolerance=1.0),
+                                         replay_lib.make_signature(example))
+    server = reverb.Server([table])
+    try:
+        info = reverb.Client(f"localhost:{server.port}").server_info(timeout=5)
+        limiter = info[ReplayConfig().table].rate_limiter_info
+        assert (limiter.samples_per_insert, limiter.min_size_to_sample, limiter.min_diff,
+                limiter.max_diff) == (1.0, 1, 0.0, 64.0)
+        assert info[ReplayConfig().table].max_times_sampled == 1
+    finally:
+        server.stop()
+
+
+def test_a_delayed_environment_sleeps_before_each_step() -> None:
+    env = make_environment(0, delay=StepDelay(0.05))
+    t0 = time.monotonic()
+    for _ in range(4):
+        env.step(env.action_space.sample())
+    assert time.monotonic() - t0 >= 0.2
