@@ -59,7 +59,7 @@ def _judge(points: Sequence[Any], value: Any, th: Thresholds, now: float) -> bl.
 
 def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Finding | None:
     points = win.since_last_reset(view.coarse_tables[name])
-    if not points or now - points[-1].observed_at > th.stall_window_s + bl_bucket(points):
+    if not points or now - points[-1].observed_at > th.stall_window_s + _coarse_spacing(points):
         return None  # a table not seen lately is the down rules' business
     drops: dict[str, bl.Drop] = {}
     for series, value in (("inserts", inserts_of), ("samples", samples_of)):
@@ -91,7 +91,7 @@ def table_baselines(view: TargetView, th: Thresholds, now: float
     return out
 
 
-def bl_bucket(points: Sequence[TableSnapshot]) -> float:
+def _coarse_spacing(points: Sequence[TableSnapshot]) -> float:
     """The coarse spacing seen (a table polled less often than the bucket has wider ones)."""
     gaps = [b.observed_at - a.observed_at for a, b in zip(points, points[1:])]
     return max(gaps, default=0.0)
