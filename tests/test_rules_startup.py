@@ -106,9 +106,9 @@ STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     # Reverb alone: actors at max_diff, nothing sampled, the server up ~19 s.
     ("learner_starting_when_inserts_block_before_any_sample", rules_startup.is_learner_starting,
      lambda: case(insert_blocked_at_start()), "learner_starting"),
-    # The server has been up 700 s and nothing was ever sampled: past the 600 s grace.
+    # The server has been up 1000 s and nothing was ever sampled: past the 900 s grace.
     ("no_learner_starting_after_the_grace", rules_startup.is_learner_starting,
-     lambda: case(uptime(insert_blocked_at_start(), [681.0 + i for i in range(20)])), None),
+     lambda: case(uptime(insert_blocked_at_start(), [981.0 + i for i in range(20)])), None),
     # Reverb alone, actors at max_diff (cursor 100) after the pipeline's first fill (30
     # samples in one poll, then none): the learner compiles its first step, as the bench's
     # first_step_60s run showed (768 samples prefetched, then insert_blocked paged for 61 s).
@@ -123,7 +123,7 @@ STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
                                 waiting_for_sampling_ms=waiting())), None),
     # Reverb alone: the learner trained for 5 s, drawing 10 samples a poll with credit to
     # spare (actors at max_diff, cursor 100), then stopped asking: it stepped, so the stall
-    # is judged as one (it was learner_starting for the whole 600 s grace).
+    # is judged as one (it was learner_starting for the whole grace).
     ("no_learner_starting_after_five_polls_of_learner_paced_sampling",
      rules_startup.is_learner_starting,
      lambda: case(table_history(T20, [100 + min(10 * i, 50) for i in range(20)],
@@ -170,10 +170,10 @@ STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
     # Probe: no step marked, but a second batch was taken: the first step ended.
     ("no_learner_starting_after_a_second_batch", rules_startup.is_learner_starting,
      lambda: case(CAN_SAMPLE, compiling(batches=2)), None),
-    # Probe: the trainer started 700 s ago (its started_at) and never stepped: hung.
+    # Probe: the trainer started 1000 s ago (its started_at) and never stepped: hung.
     ("no_learner_starting_when_the_trainer_started_before_the_grace",
      rules_startup.is_learner_starting,
-     lambda: case(CAN_SAMPLE, compiling(started_at=319.0)), None),
+     lambda: case(CAN_SAMPLE, compiling(started_at=19.0)), None),
 ]
 
 
@@ -220,7 +220,7 @@ def test_learner_starting_says_when_its_grace_began_and_why() -> None:
     finding = judge(rules_startup.is_learner_starting, case(CAN_SAMPLE, compiling()))
     assert finding is not None and finding.severity is Severity.INFO
     assert finding.evidence["grace_basis"] == "probe started_at"
-    assert finding.since == 995.0 and finding.evidence["grace_left_s"] == 600 - 24
+    assert finding.since == 995.0 and finding.evidence["grace_left_s"] == 900 - 24
     assert finding.evidence["would_be"] == ["learner_stalled"]
     alone = judge(rules_startup.is_learner_starting, case(insert_blocked_at_start()))
     assert alone is not None
@@ -451,6 +451,6 @@ def test_startup_grace_has_its_flag_and_is_validated() -> None:
     args = build_parser().parse_args(["watch", "--reverb", "h:1", "--startup-grace-s", "45"])
     assert config_from_args(args, {}).thresholds.startup_grace_s == 45.0
     default = build_parser().parse_args(["watch", "--reverb", "h:1"])
-    assert config_from_args(default, {}).thresholds.startup_grace_s == 600.0
+    assert config_from_args(default, {}).thresholds.startup_grace_s == 900.0
     with pytest.raises(ValueError, match=r"startup_grace_s \(0\) must be > 0"):
         Thresholds(startup_grace_s=0)

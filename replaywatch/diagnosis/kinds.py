@@ -183,7 +183,7 @@ LEARNER_STARTING = Kind(
             "Reverb alone: beyond one fill of the pipeline, no sampling the learner paced "
             "over 4 polls nor moving for a stall window), so blocked inserts or an idle "
             "learner are start-up (a first jit compile can take minutes), for up to "
-            "`startup_grace_s` (600 s), and for one stall window after the first step is "
+            "`startup_grace_s` (900 s), and for one stall window after the first step is "
             "seen (the counters rested through start-up: a stall is timed from the first "
             "step). A hang at the first step is caught when the grace ends.",
     fix="Wait; if it outlasts the grace it becomes the usual critical finding.",

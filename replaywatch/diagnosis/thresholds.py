@@ -16,8 +16,10 @@ class Thresholds:
     too_many_threads: int = 500  # the seed's job ran over 500 threads
     min_history_s: float = 3.0  # shorter history is "insufficient data"
     # A learner's first step (a jit compile) may take minutes (acme#212: 20); until then
-    # blocked inserts and an idle learner are learner_starting, for at most this long.
-    startup_grace_s: float = 600.0
+    # blocked inserts and an idle learner are learner_starting, for at most this long. A
+    # 10-minute compile ends ~10 min 10 s after the process starts (start-up and the first
+    # fill come first): 600 s paged it as learner_stalled in make bench-long.
+    startup_grace_s: float = 900.0
     # Reverb's clients take seconds to reconnect after a restart or an outage (gRPC's
     # back-off: about 12 s after a stop, however short the dark time); for this long after
     # the server is back, the stalls that explains are `reconnecting`, not pages.
