@@ -29,6 +29,10 @@ class SourceKind(enum.StrEnum):
     PROBE = "probe"
 
 
+# How a poll error says the server accepted the call but did not answer in time (a timeout,
+# not a refused connection): its table lock held, by a checkpoint or a hung server.
+NO_ANSWER = "did not answer within"
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyDistributionOptions:
     """A sampler or remover: one of fifo, uniform, prioritized, heap, lifo."""

@@ -25,6 +25,8 @@ from replaywatch.diagnosis import (
 )
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.case import TableCase
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import (
     FLOAT_MAX,
@@ -510,6 +512,7 @@ def test_deadlock_risk_on_the_seed_with_acme_interleave_gives_the_models_fixes()
 # -- reachability and threads ---------------------------------------------------------------------
 
 T5 = seconds(5)
+BUSY = "h:1: ServerInfo did not answer within 0.8s (connected, no answer)"
 VIEW_CASES = [
     # Three failed polls in a row: more than down_polls (2).
     ("target_down_after_three_failed_polls", rules_liveness.is_target_down,
@@ -520,6 +523,14 @@ VIEW_CASES = [
     # A failure in the past, answering again.
     ("no_target_down_once_it_answers_again", rules_liveness.is_target_down,
      target_view(target_polls=polls(T5, ok=[False, False, False, False, True])), None),
+    # Three polls the server took and did not answer (its table lock held): busy, 2 s in.
+    ("checkpointing_when_the_server_takes_calls_but_answers_none",
+     rules_liveness.is_checkpointing,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False],
+                                    error=BUSY)), "checkpointing"),
+    # Refused connections are a server gone, not a busy one.
+    ("no_checkpointing_when_the_server_refuses_connections", rules_liveness.is_checkpointing,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False])), None),
     # A probe whose last three polls failed.
     ("probe_down_after_three_failed_polls", rules_liveness.is_probe_down,
      target_view(probe_polls={"http://p": polls(T5, ok=[True, True, False, False, False])}),
@@ -539,6 +550,15 @@ def test_view_rule(name: str, rule: Callable, view: Any, expected: str | None) -
     finding = rule(view, DEFAULT, 1004.0)
     assert (finding.kind if finding else None) == expected
     assert_as_declared(finding, rule)
+
+
+def test_a_busy_server_is_checkpointing_then_target_down_after_the_grace() -> None:
+    view = target_view(target_polls=polls(T5, ok=[True, True, False, False, False],
+                                          error=BUSY))
+    found = [f.kind for f in diagnose(view, DEFAULT, 1004.0).findings]
+    assert found == ["checkpointing"]  # target_down stands down while the grace lasts
+    later = [f.kind for f in diagnose(view, Thresholds(checkpoint_grace_s=1.0), 1004.0).findings]
+    assert later == ["target_down"]
 
 
 def test_target_down_since_is_the_first_failed_poll() -> None:

@@ -46,6 +46,7 @@ class Name(enum.StrEnum):
     LEARNER_STARTING = "learner_starting"
     SERVER_RESTARTED = "server_restarted"
     RECONNECTING = "reconnecting"
+    CHECKPOINTING = "checkpointing"
     DRAINED = "drained"
     WARMUP = "warmup"
 
@@ -190,6 +191,16 @@ LEARNER_STARTING = Kind(
     # Start-up explains these on the same table while the grace lasts (an info kind winning
     # over critical ones: the engine's supersession ignores severity).
     supersedes=(Name.LEARNER_STALLED, Name.SAMPLE_BLOCKED, Name.INSERT_BLOCKED))
+CHECKPOINTING = Kind(
+    Name.CHECKPOINTING, Severity.INFO, needs_probe=False,
+    meaning="The Reverb server takes ServerInfo calls but answers none in time, for less "
+            "than `checkpoint_grace_s` (60 s): its table lock is held, as a checkpoint holds "
+            "it while it copies every item (`client.checkpoint()`), or as a hung server does. "
+            "Past the grace it is `target_down`; clients held meanwhile are `reconnecting` "
+            "once it answers.",
+    fix="Nothing, if a checkpoint is running; if it lasts, look at the replay process.",
+    # A server that is busy, not gone.
+    supersedes=(Name.TARGET_DOWN,))
 RECONNECTING = Kind(
     Name.RECONNECTING, Severity.INFO, needs_probe=False,
     meaning="The Reverb server came back (restarted, restored, or answering again after an "
@@ -227,7 +238,7 @@ ALL: tuple[Kind, ...] = (
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, THROUGHPUT_DROP,
     TOO_MANY_THREADS,
-    LEARNER_STARTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
+    LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

@@ -24,6 +24,10 @@ class Thresholds:
     # back-off: about 12 s after a stop, however short the dark time); for this long after
     # the server is back, the stalls that explains are `reconnecting`, not pages.
     reconnect_grace_s: float = 30.0
+    # A server that takes calls but answers none (its table lock held) is `checkpointing`
+    # for this long, then target_down: Reverb copies every item under the lock (~2.7 us an
+    # item on Reverb 0.14), and a 2-minute checkpoint interval paged target_down here.
+    checkpoint_grace_s: float = 60.0
     # throughput_drop: a rate against its own baseline, the median of 10 s rates over this
     # look-back (at least `throughput_min_baseline_s` of them), and how long it must stay
     # below half of it to be a drop (below a fifth: a fifth of this).
@@ -33,8 +37,8 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         for name in ("stall_window_s", "spi_window_s", "min_history_s", "startup_grace_s",
-                     "reconnect_grace_s", "throughput_baseline_s", "throughput_min_baseline_s",
-                     "throughput_drop_for_s"):
+                     "reconnect_grace_s", "checkpoint_grace_s", "throughput_baseline_s",
+                     "throughput_min_baseline_s", "throughput_drop_for_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} ({value!r}) must be > 0")

@@ -18,6 +18,7 @@ import grpc
 
 from replaywatch.errors import SourceProtocolError, SourceTimeout, SourceUnreachable
 from replaywatch.model import (
+    NO_ANSWER,
     KeyDistributionOptions,
     PollOutcome,
     RateLimiterInfo,
@@ -140,14 +141,14 @@ class ReverbSource(PolledSource):
             code = e.code() if hasattr(e, "code") else None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise SourceTimeout(
-                    f"{self.name}: ServerInfo did not answer within {self._timeout_s:g}s"
+                    f"{self.name}: ServerInfo {NO_ANSWER} {self._timeout_s:g}s"
                 ) from None
             if code == grpc.StatusCode.UNAVAILABLE and _FROZEN in (_details(e) or ""):
                 # It accepted the connection and never spoke HTTP/2: alive but not answering
                 # (a frozen process), as a deadline on an open channel would say; gRPC reports
                 # it this way when the channel happened to be (re)connecting at the freeze.
                 raise SourceTimeout(
-                    f"{self.name}: ServerInfo did not answer within {self._timeout_s:g}s "
+                    f"{self.name}: ServerInfo {NO_ANSWER} {self._timeout_s:g}s "
                     "(connected, no answer)") from None
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise SourceUnreachable(f"{self.name}: unreachable ({_details(e)})") from None
