@@ -73,18 +73,27 @@ def test_a_queue_drained_by_a_faster_learner_is_drained_not_warmup(job) -> None:
     assert finding.evidence["insert_rate_per_s"] > 0
 
 
-def test_a_queue_whose_actors_stop_is_sample_blocked(job) -> None:
-    client, port = job
+def stop_one_side(client: reverb.Client, port: int, side: str, kind: str, timeout_s: float
+                  ) -> tuple[list[Published], float | None, Published, float]:
+    """A healthy queue job for 2.5 s, then its actors or its learner stop: the healthy
+    states, how long until `kind`, the state then, and seconds since the stop."""
     acting, learning, seen = healthy(client)
+    stopping, other = (acting, learning) if side == "actors" else (learning, acting)
     try:
         with sidecar_for(port) as sidecar:
             tick_until(sidecar, lambda s: False, 2.5, seen)
-            acting.stop()
-            took = tick_until(sidecar, lambda s: "sample_blocked" in kinds(s),
-                              DEADLINE_S + SLACK_S)
+            stopping.stop()
+            stopped = time.monotonic()
+            took = tick_until(sidecar, lambda s: kind in kinds(s), timeout_s)
             state = sidecar.store.current()
     finally:
-        learning.halt.set()  # blocked in sample() on an empty queue: the fixture's stop ends it
+        other.halt.set()  # blocked on an empty or full queue: the fixture's stop ends it
+    return seen, took, state, time.monotonic() - stopped
+
+
+def test_a_queue_whose_actors_stop_is_sample_blocked(job) -> None:
+    seen, took, state, _ = stop_one_side(*job, "actors", "sample_blocked",
+                                         DEADLINE_S + SLACK_S)
     print(f"\nsample_blocked {took} s after the actors stopped (bound {DEADLINE_S} s)")
     assert not set().union(*(alarms(s) for s in seen))
     assert took is not None
@@ -93,19 +102,9 @@ def test_a_queue_whose_actors_stop_is_sample_blocked(job) -> None:
 
 
 def test_a_queue_whose_learner_stops_fills_and_is_insert_blocked(job) -> None:
-    client, port = job
-    acting, learning, seen = healthy(client)
-    try:
-        with sidecar_for(port) as sidecar:
-            tick_until(sidecar, lambda s: False, 2.5, seen)
-            learning.stop()
-            stopped = time.monotonic()
-            took = tick_until(sidecar, lambda s: "insert_blocked" in kinds(s), 10.0)
-            state = sidecar.store.current()
-    finally:
-        acting.halt.set()  # blocked in insert() on a full queue: the fixture's stop ends it
+    seen, took, state, since = stop_one_side(*job, "learner", "insert_blocked", 10.0)
     print(f"\ninsert_blocked {took} s after the learner stopped")
     assert not set().union(*(alarms(s) for s in seen))
-    assert took is not None and time.monotonic() - stopped <= 10.0 + SLACK_S
+    assert took is not None and since <= 10.0 + SLACK_S
     table = next(f for f in state.findings if f.kind == "insert_blocked")
     assert table.evidence["current_size"] == QUEUE_SIZE

@@ -48,3 +48,18 @@ def test_a_restore_that_keeps_counters_is_found_by_the_worker_uptime() -> None:
                          waiting_for_inserts_ms=[1000, 2000, 50, 1050])
     assert last_reset_index(hist) == 2
     assert last_reset_index(hist[:1]) == 0 and last_reset_index(()) == 0
+
+
+def test_answered_again_is_the_first_answer_after_a_long_enough_outage() -> None:
+    from replaywatch.diagnosis.window import PollRecord, answered_again_at
+
+    def polls(oks: str) -> tuple[PollRecord, ...]:
+        return tuple(PollRecord(float(i), c == "o", 0.001, None if c == "o" else "x")
+                     for i, c in enumerate(oks))
+
+    assert answered_again_at(polls("ooxxxoo"), 2) == 5.0  # three failures, back at t=5
+    assert answered_again_at(polls("ooxxoo"), 2) is None  # two are not target_down
+    assert answered_again_at(polls("oxxxooxoo"), 2) == 4.0  # a later single failure: no
+    assert answered_again_at(polls("ooxxx"), 2) is None  # still down
+    assert answered_again_at(polls("xxxoo"), 2) == 3.0  # the view began mid-outage
+    assert answered_again_at(polls("oooo"), 2) is None

@@ -114,11 +114,10 @@ def _below(series: Sequence[Bucket], now: float, span: float, lookback_s: float,
            min_baseline_s: float, severe: bool) -> Drop | None:
     cut = now - span
     recent = [b for b in series if b.end > cut]
-    past = [b for b in series if b.end <= cut and b.start >= cut - lookback_s and b.rate > 0]
-    if not recent or not past or recent[0].start > cut + _longest(recent):
+    if not recent or recent[0].start > cut + _longest(recent):
         return None  # the span is not covered yet
-    base = Baseline.of(past)
-    if base.seconds < min_baseline_s or base.median <= 0:
+    base = current(series, now, span, lookback_s, min_baseline_s)
+    if base is None:
         return None
     line = SEVERE * base.median if severe else base.low
     seconds = sum(b.seconds for b in recent)

@@ -24,7 +24,7 @@ from replaywatch.diagnosis.registry import Shape
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding
+from replaywatch.model import Finding, TableSnapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +91,13 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     found = [f for rule in rules.of_shape(Shape.VIEW) if (f := rule(view, th, now)) is not None]
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
+    answered_again = win.answered_again_at(view.polls, th.down_polls)
     for name in sorted(view.tables):
         history = win.since_last_reset(view.tables[name])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         probes = by_table.get(name, [])
-        came_back = came_back_at(view, name, th)
+        came_back = came_back_at(view.tables[name], answered_again)
         case = TableCase(view.target, history, tuple(probes), now,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
                          declared_layout=layout, came_back_at=came_back and came_back[0],
@@ -122,12 +123,12 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
 
 
-def came_back_at(view: TargetView, table: str, th: Thresholds) -> tuple[float, str] | None:
-    """When the server behind `table` last came back, and how: a new server in the table's
-    history ("restart"), or the first answer after an outage target_down named ("outage")."""
-    seen = [(at, how) for at, how in ((win.restarted_at(view.tables[table]), "restart"),
-                                      (win.answered_again_at(view.polls, th.down_polls),
-                                       "outage")) if at is not None]
+def came_back_at(table: tuple[TableSnapshot, ...], answered_again: float | None
+                 ) -> tuple[float, str] | None:
+    """When the server behind a table last came back, and how: a new server in the table's
+    history ("restart"), or its first answer after an outage target_down named ("outage")."""
+    seen = [(at, how) for at, how in ((win.restarted_at(table), "restart"),
+                                      (answered_again, "outage")) if at is not None]
     return max(seen, default=None)
 
 

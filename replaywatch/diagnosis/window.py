@@ -73,12 +73,15 @@ def failed_polls_at_end(polls: Sequence[PollRecord]) -> int:
 def answered_again_at(polls: Sequence[PollRecord], down_polls: int) -> float | None:
     """The first answer after the newest run of more than `down_polls` failed polls (an
     outage target_down named), if the server has answered since."""
-    for i in range(len(polls) - 1, 0, -1):
-        if polls[i].ok and not polls[i - 1].ok:
-            run = failed_polls_at_end(polls[:i])
-            if run > down_polls:
-                return polls[i].at
-    return None
+    answer, run = None, 0
+    for record in reversed(polls):
+        if record.ok:
+            if run > down_polls and answer is not None:
+                return answer.at
+            answer, run = record, 0
+        elif answer is not None:
+            run += 1
+    return answer.at if answer is not None and run > down_polls else None
 
 
 def restarted_at(snapshots: Sequence[TableSnapshot]) -> float | None:
