@@ -64,7 +64,10 @@ def actor() -> Iterator[tuple[ActorProbe, BlockedWriter]]:
 
 
 def watch_config(tmp_path: Path, *flags: str) -> WatchConfig:
+    # The ticks are driven by hand, so the interval only sets the probes' timeout; 80% of 0.2 s
+    # was too short for a probe answering from a loaded machine.
     args = build_parser().parse_args(["watch", "--reverb", CLOSED, "--interval", "0.2",
+                                      "--timeout", "3",
                                       "--db", str(tmp_path / "i.db"), *flags])
     return config_from_args(args, {})
 
