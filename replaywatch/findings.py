@@ -21,7 +21,7 @@ from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Reconciled, Transition, reconcile
-from replaywatch.diagnosis.rules_throughput import table_baselines
+from replaywatch.diagnosis.rules_throughput import held_baselines, table_baselines
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
@@ -86,6 +86,11 @@ class FindingsKeeper:
         if self._active:
             log.info("resumed %d open incident(s) from the log", len(self._active))
 
+    def _held_baselines(self, target: str) -> dict[str, dict[str, Baseline]]:
+        """The baselines of this target's open throughput drops, by table."""
+        return {f.table: held_baselines(f.evidence) for f in self._active.values()
+                if f.kind == kinds.THROUGHPUT_DROP.name and f.target == target and f.table}
+
     def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus], now: float
                        ) -> CycleFindings:
         if not self._resumed:
@@ -97,6 +102,7 @@ class FindingsKeeper:
         for target, probes in targets.items():
             view = history.view(target, probes, start=now - self._window_s,
                                 coarse_start=now - self._th.throughput_lookback_s)
+            view = dataclasses.replace(view, held_baselines=self._held_baselines(target))
             diagnosis = diagnose(view, self._th, now, stacks=self._stacks.verdicts(target),
                                  layout=self._layout)
             found.extend(diagnosis.findings)

@@ -18,6 +18,7 @@ from replaywatch.diagnosis import baseline as bl
 from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
+from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
 from replaywatch.model import (
     ActorSnapshot,
@@ -194,3 +195,47 @@ def test_history_keeps_one_snapshot_per_bucket_for_the_look_back_and_baselines_f
     assert found["replay"]["inserts"].median == pytest.approx(100.0)
     assert found["replay"]["inserts"].low == pytest.approx(50.0)
     assert history.view(TARGET, [], start=2340.0).coarse_tables == {}
+
+
+def test_an_open_drop_is_judged_against_the_baseline_it_opened_with() -> None:
+    # Two hours 10x slower after 30 min at 100/s: by then the look-back holds slow rates only
+    # and is its own median. The open finding's baseline keeps it named until the rate is
+    # back above half of 100/s.
+    opened = drop_of(coarse_table(HEALTHY + rates((10, 70))))
+    held = rules_throughput.held_baselines(opened.evidence)
+    assert held["inserts"].median == 100.0 and held["inserts"].low == 50.0
+    night = coarse_table(HEALTHY + rates((10, 7200)))
+    assert rules_throughput.is_throughput_drop(view(night), DEFAULT, now_of(night)) is None
+    kept = dataclasses.replace(view(night), held_baselines={"replay": held})
+    still = rules_throughput.is_throughput_drop(kept, DEFAULT, now_of(night))
+    assert still is not None and still.evidence["series"]["inserts"]["baseline_per_s"] == 100.0
+    back = coarse_table(HEALTHY + rates((10, 7200), (100, 300)))
+    again = dataclasses.replace(view(back), held_baselines={"replay": held})
+    assert rules_throughput.is_throughput_drop(again, DEFAULT, now_of(back)) is None
+    # The dashboard's band stays at the held baseline while the drop is open.
+    band = rules_throughput.table_baselines(kept, DEFAULT, now_of(night))
+    assert band["replay"]["inserts"].median == 100.0
+
+
+def test_evidence_without_baselines_holds_nothing() -> None:
+    assert rules_throughput.held_baselines({}) == {}
+    assert rules_throughput.held_baselines({"series": {"inserts": {"ratio": 0.1}}}) == {}
+
+
+def test_the_keeper_keeps_a_drop_open_past_half_the_look_back() -> None:
+    # Polls every 10 s through the findings keeper: 30 min at 100/s, then 90 min at 10/s.
+    # Judged against the look-back alone the drop resolved about 15 min after it began.
+    history = History(max_age_s=60.0, max_points=100, coarse_every_s=10.0,
+                      coarse_age_s=DEFAULT.throughput_lookback_s + 10.0)
+    keeper = FindingsKeeper(lambda: {TARGET: []}, DEFAULT, 10.0, None)
+    n, open_at = 0, []
+    for i in range(720):
+        t = 10.0 * i
+        n += 100 * 10 if t <= 1800 else 10 * 10
+        snap = table_snapshot(t, n, n, target=TARGET, min_diff=-1e9, max_diff=1e9)
+        history.record(PollOutcome(TARGET, SourceKind.REVERB, t, 0.001, (snap,)))
+        found = keeper.diagnose_cycle(history, {}, t).findings
+        if any(f.kind == "throughput_drop" for f in found):
+            open_at.append(t)
+    assert open_at and open_at[0] <= 1800 + 80 and open_at[-1] == 7190.0
+    assert len(open_at) == (7190 - open_at[0]) / 10 + 1  # never resolved in between

@@ -15,6 +15,12 @@ A drop is judged on the span just before `now`, which the baseline never include
 "below" for a span: its overall rate under the line, with at most one bucket in five at or
 above it (noise), and something moved in it (a full stop is a stall). Pure: time is an
 argument.
+
+An open drop keeps the baseline it opened with (`held`, the keeper's memory of the open
+finding): judged against the look-back alone, a drop that outlasts half of it becomes its own
+median and is forgotten, and a job ten times slower all night would be named for 15 minutes.
+It stays named while the rate stays under the held line, and resolves once a span shows it
+above again. A restart of the server or the actor starts the series, and its baseline, anew.
 """
 
 from __future__ import annotations
@@ -89,10 +95,13 @@ def buckets(points: Sequence[T], at: Callable[[T], float], value: Callable[[T], 
 
 
 def judge(series: Sequence[Bucket], now: float, drop_for_s: float, lookback_s: float,
-          min_baseline_s: float) -> Drop | None:
-    """The deeper of the two drops `series` shows at `now`, if any."""
+          min_baseline_s: float, held: Baseline | None = None) -> Drop | None:
+    """The deeper of the two drops `series` shows at `now`, if any; against `held`, the
+    baseline of a drop already open, when there is one."""
     for severe, span in ((True, SEVERE_SPAN * drop_for_s), (False, drop_for_s)):
-        found = _below(series, now, span, lookback_s, min_baseline_s, severe)
+        base = held if held is not None else current(series, now, span, lookback_s,
+                                                      min_baseline_s)
+        found = _below(series, now, span, base, severe)
         if found is not None:
             return found
     return None
@@ -110,13 +119,12 @@ def current(series: Sequence[Bucket], now: float, drop_for_s: float, lookback_s:
     return base if base.seconds >= min_baseline_s and base.median > 0 else None
 
 
-def _below(series: Sequence[Bucket], now: float, span: float, lookback_s: float,
-           min_baseline_s: float, severe: bool) -> Drop | None:
+def _below(series: Sequence[Bucket], now: float, span: float, base: Baseline | None,
+           severe: bool) -> Drop | None:
     cut = now - span
     recent = [b for b in series if b.end > cut]
     if not recent or recent[0].start > cut + _longest(recent):
         return None  # the span is not covered yet
-    base = current(series, now, span, lookback_s, min_baseline_s)
     if base is None:
         return None
     line = SEVERE * base.median if severe else base.low

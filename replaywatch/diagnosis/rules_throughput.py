@@ -52,25 +52,29 @@ def is_throughput_drop(view: TargetView, th: Thresholds, now: float) -> Finding 
     return min(found, key=lambda f: f.evidence["worst_ratio"], default=None)
 
 
-def _judge(points: Sequence[Any], value: Any, th: Thresholds, now: float) -> bl.Drop | None:
+def _judge(points: Sequence[Any], value: Any, th: Thresholds, now: float,
+           held: bl.Baseline | None) -> bl.Drop | None:
     return bl.judge(bl.buckets(points, _observed, value), now, th.throughput_drop_for_s,
-                    th.throughput_baseline_s, th.throughput_min_baseline_s)
+                    th.throughput_baseline_s, th.throughput_min_baseline_s, held)
 
 
 def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Finding | None:
     points = win.since_last_reset(view.coarse_tables[name])
     if not points or now - points[-1].observed_at > th.stall_window_s + _coarse_spacing(points):
         return None  # a table not seen lately is the down rules' business
+    held = view.held_baselines.get(name, {})
     drops: dict[str, bl.Drop] = {}
     for series, value in (("inserts", inserts_of), ("samples", samples_of)):
-        if (d := _judge(points, value, th, now)) is not None:
+        if (d := _judge(points, value, th, now, held.get(series))) is not None:
             drops[series] = d
     actors = {url: h for url, h in sorted(view.coarse_actors.items())
               if view.table_named(h[-1].table if h else None) == name}
     for history in actors.values():
         mine = win.actor_since_last_restart(history)
-        if (d := _judge(mine, lambda a: float(a.steps_total), th, now)) is not None:
-            drops[f"actor {mine[-1].name} steps"] = d
+        series = f"actor {mine[-1].name} steps"
+        if (d := _judge(mine, lambda a: float(a.steps_total), th, now,
+                        held.get(series))) is not None:
+            drops[series] = d
     if not drops:
         return None
     return _finding(view, name, points, actors, drops, th, now)
@@ -78,16 +82,31 @@ def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Find
 
 def table_baselines(view: TargetView, th: Thresholds, now: float
                     ) -> dict[str, dict[str, bl.Baseline]]:
-    """Each table's insert and sample baselines now (those established), for the metrics."""
+    """Each table's insert and sample baselines now (those established, or held by an open
+    drop), for the metrics."""
     out: dict[str, dict[str, bl.Baseline]] = {}
     for name in sorted(view.coarse_tables):
         points = win.since_last_reset(view.coarse_tables[name])
+        held = view.held_baselines.get(name, {})
         found = {series: b for series, value in (("inserts", inserts_of), ("samples", samples_of))
-                 if (b := bl.current(bl.buckets(points, _observed, value), now,
-                                     th.throughput_drop_for_s, th.throughput_baseline_s,
-                                     th.throughput_min_baseline_s)) is not None}
+                 if (b := held.get(series) or bl.current(
+                     bl.buckets(points, _observed, value), now, th.throughput_drop_for_s,
+                     th.throughput_baseline_s, th.throughput_min_baseline_s)) is not None}
         if found:
             out[name] = found
+    return out
+
+
+def held_baselines(evidence: dict[str, Any]) -> dict[str, bl.Baseline]:
+    """The baselines an open throughput_drop's evidence records, by series: what the drop is
+    judged against until it resolves (kept in the finding, so a restarted sidecar has them)."""
+    out = {}
+    for series, d in (evidence.get("series") or {}).items():
+        try:
+            out[series] = bl.Baseline(float(d["baseline_per_s"]), float(d["baseline_mad"]),
+                                      float(d["baseline_seconds"]), float(d["band_low_per_s"]))
+        except (KeyError, TypeError, ValueError):
+            continue  # an older sidecar's evidence: judged against the look-back again
     return out
 
 

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.model import ActorSnapshot, ProbeSnapshot, TableSnapshot
 
 T = TypeVar("T", TableSnapshot, ProbeSnapshot)
@@ -52,6 +53,9 @@ class TargetView:
         default_factory=dict)
     coarse_actors: dict[str, tuple[ActorSnapshot, ...]] = dataclasses.field(
         default_factory=dict)
+    # By table, then series: the baselines of throughput drops already open (the findings
+    # keeper's memory), which they go on being judged against until the rate recovers.
+    held_baselines: dict[str, dict[str, Baseline]] = dataclasses.field(default_factory=dict)
 
     def table_named(self, table: str | None) -> str | None:
         """The table a probe names, or, when it names none, the target's only table."""
