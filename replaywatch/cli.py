@@ -3,8 +3,9 @@
 `replaywatch watch` serves the API and metrics while polling in the background;
 `replaywatch check` polls for a few seconds and prints what it saw. Both build
 their parts in replaywatch.wiring. `replaywatch predict` runs the budget model on a
-configuration before the job starts. Bad input is one line on stderr and exit
-code 2, never a traceback.
+configuration before the job starts. `replaywatch bundle` saves a running sidecar's
+evidence, `analyze` re-derives a bundle's verdict offline and `report` writes it as
+Markdown. Bad input is one line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from replaywatch import config as cfg
+from replaywatch.analyze import add_arguments as add_analyze_arguments
+from replaywatch.analyze import run_analyze
 from replaywatch.check import run_check
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
+from replaywatch.fetch_bundle import add_arguments as add_fetch_arguments
+from replaywatch.fetch_bundle import run_fetch
 from replaywatch.model import LAYOUTS
 from replaywatch.predict import add_arguments as add_predict_arguments
 from replaywatch.predict import run_predict
+from replaywatch.report import add_arguments as add_report_arguments
+from replaywatch.report import run_report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--db", metavar="PATH", help="incident log (SQLite) path")
     watch.add_argument("--targets-file", metavar="PATH",
                        help="more targets in Prometheus file_sd format (JSON/YAML), reloaded")
+    watch.add_argument("--bundle-dir", metavar="DIR",
+                       help="where a bundle is written when a critical finding opens "
+                            "(default: bundles/ next to --db)")
+    watch.add_argument("--bundle-keep", type=int, default=20, metavar="N",
+                       help="the newest N bundles kept (default 20; 0: none written)")
     watch.add_argument("--trainer-pid", type=int, metavar="PID",
                        help="take py-spy stacks of this trainer when a critical finding opens")
     watch.add_argument("--token-file", metavar="FILE",
@@ -103,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON document")
     predict = sub.add_parser("predict", help="will this configuration hang? (before it starts)")
     add_predict_arguments(predict)
+    fetch = sub.add_parser("bundle", help="save a running sidecar's evidence to a file")
+    add_fetch_arguments(fetch)
+    analyze = sub.add_parser("analyze", help="re-derive a bundle's verdict offline")
+    add_analyze_arguments(analyze)
+    report = sub.add_parser("report", help="a bundle as Markdown for an issue tracker")
+    add_report_arguments(report)
     return parser
 
 
@@ -135,6 +153,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
         db_path=getattr(args, "db", None), trainer_pid=getattr(args, "trainer_pid", None),
         targets_file=getattr(args, "targets_file", None),
         layout=args.layout or (cfg.layout_from_file(args.config) if args.config else None),
+        bundle_dir=getattr(args, "bundle_dir", None),
+        bundle_keep=getattr(args, "bundle_keep", 20),
     )
 
 
@@ -148,6 +168,13 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     try:
         if args.command == "predict":
             return run_predict(args, sys.stdout)
+        if args.command == "analyze":
+            return run_analyze(args, sys.stdout)
+        if args.command == "report":
+            return run_report(args, sys.stdout)
+        if args.command == "bundle":
+            return run_fetch(args, dict(os.environ if environ is None else environ),
+                             sys.stdout)
         config = config_from_args(args, dict(os.environ if environ is None else environ))
         if args.command == "watch":
             # The one function-level import, on purpose: the web stack (fastapi,

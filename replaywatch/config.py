@@ -140,8 +140,12 @@ class WatchConfig:
     trainer_pid: int | None = None
     targets_file: str | None = None
     layout: str | None = None  # sync, sync-ratio, async, async-lag: for jobs not wrapped
+    bundle_dir: str | None = None  # None: `bundles` next to the incident log
+    bundle_keep: int = 20  # the newest bundles kept; 0 writes none
 
     def __post_init__(self) -> None:
+        if self.bundle_keep < 0:
+            raise ConfigError(f"--bundle-keep must be 0 or more, got {self.bundle_keep}")
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ConfigError(f"--layout {self.layout!r} must be one of {', '.join(LAYOUTS)}")
         if not self.targets and not self.targets_file:

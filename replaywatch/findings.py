@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from replaywatch.bundle import Inputs
+from replaywatch.bundle_store import BundleStore
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.engine import diagnose
@@ -56,6 +58,7 @@ class FindingsKeeper:
         incidents: IncidentLog | None,
         stacks: StackTaker | None = None,
         layout: str | None = None,
+        bundles: BundleStore | None = None,
     ):
         """`stacks`: who takes the trainer's stacks (None: a taker with probes' /stacks only)."""
         self._targets = targets
@@ -72,6 +75,9 @@ class FindingsKeeper:
         # several failed polls, a stall a whole window. Until then an incident
         # resumed from the log is held open, not resolved and then re-opened.
         self._hold_s = thresholds.stall_window_s + (thresholds.down_polls + 2) * interval_s
+        self._bundles = bundles
+        # target -> the last cycle's inputs and the findings they gave (a bundle's content)
+        self._last: dict[str, tuple[Inputs, tuple[Finding, ...]]] = {}
 
     def _resume(self, now: float) -> None:
         """Open incidents from before a restart continue, not duplicated."""
@@ -86,6 +92,10 @@ class FindingsKeeper:
         if self._active:
             log.info("resumed %d open incident(s) from the log", len(self._active))
 
+    def last_cycle(self, target: str) -> tuple[Inputs, tuple[Finding, ...]] | None:
+        """The last cycle's diagnosis inputs for `target` and the findings it had after it."""
+        return self._last.get(target)
+
     def _held_baselines(self, target: str) -> dict[str, dict[str, Baseline]]:
         """The baselines of this target's open throughput drops, by table."""
         return {f.table: held_baselines(f.evidence) for f in self._active.values()
@@ -99,12 +109,15 @@ class FindingsKeeper:
         insufficient: list[str] = []
         baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
         targets = self._targets()
+        inputs: dict[str, Inputs] = {}
         for target, probes in targets.items():
             view = history.view(target, probes, start=now - self._window_s,
                                 coarse_start=now - self._th.throughput_lookback_s)
             view = dataclasses.replace(view, held_baselines=self._held_baselines(target))
-            diagnosis = diagnose(view, self._th, now, stacks=self._stacks.verdicts(target),
-                                 layout=self._layout)
+            verdicts = self._stacks.verdicts(target)
+            diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
+            inputs[target] = Inputs(view, now, self._th, self._layout, verdicts, tuple(
+                f for f in self._active.values() if f.target == target))
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
             for name, series in table_baselines(view, self._th, now).items():
@@ -112,7 +125,12 @@ class FindingsKeeper:
         found_keys = {f.key for f in found}
         self._held -= found_keys  # seen again: an ordinary finding from now on
         if now < self._hold_until:
-            found += [self._active[k] for k in self._held if k in self._active]
+            held = [self._active[k] for k in self._held if k in self._active]
+            found += held
+            for f in held:
+                if f.target in inputs:
+                    inputs[f.target] = dataclasses.replace(
+                        inputs[f.target], held=(*inputs[f.target].held, f))
         else:
             self._held.clear()
         result: Reconciled = reconcile(self._active, found, set(targets), now)
@@ -121,6 +139,10 @@ class FindingsKeeper:
         transitions = list(result.transitions) + [
             Transition("resolved", dataclasses.replace(f, resolved_at=now)) for f in gone]
         self._active = {k: f for k, f in result.active.items() if f.target in targets}
+        ordered = worst_first(self._active.values())
+        # Replaced whole, never changed in place: an API thread reads it for a bundle.
+        self._last = {t: (i, tuple(f for f in ordered if f.target == t))
+                      for t, i in inputs.items()}
         self._forget_verdicts()
         self._dump_loop_stacks(transitions)
         self._record(transitions, history, targets, now)
@@ -131,7 +153,7 @@ class FindingsKeeper:
             log_error = self._incidents.last_error
             dropped = self._incidents.dropped
         return CycleFindings(
-            findings=worst_first(self._active.values()),
+            findings=ordered,
             insufficient=tuple(insufficient),
             incident_ids=ids,
             incident_log_error=log_error,
@@ -146,20 +168,41 @@ class FindingsKeeper:
             level = logging.WARNING if f.severity >= Severity.WARNING else logging.INFO
             log.log(level, "%s %s %s %s: %s", t.kind, f.kind, f.target, f.table, f.summary)
         if self._incidents is None:
+            for t in self._critical_openings(transitions):
+                self._bundle(t.finding, expect_stacks=False)
             return
         if not transitions and self._incidents.last_error is None:
             return
         # With no new transitions this retries what a failed write left queued.
         self._incidents.apply(transitions, self._context(transitions, history, targets))
-        for t in transitions:
-            if t.kind != "opened" or t.finding.severity != Severity.CRITICAL:
-                continue
+        for t in self._critical_openings(transitions):
             if self._wants_loop_dumps(t.finding):
-                continue  # its two dumps are attached when taken
-            if t.finding.evidence.get("from_stacks"):
+                # its two dumps are attached when taken
+                self._bundle(t.finding, expect_stacks=True)
+            elif t.finding.evidence.get("from_stacks"):
+                self._bundle(t.finding, expect_stacks=True)
                 self._attach_loop_dumps(t.finding)
             else:
-                self._capture_stacks(t.finding, targets.get(t.finding.target, []))
+                urls = targets.get(t.finding.target, [])
+                self._bundle(t.finding, expect_stacks=self._stacks.will_capture(urls))
+                self._capture_stacks(t.finding, urls)
+
+    @staticmethod
+    def _critical_openings(transitions: list[Transition]) -> list[Transition]:
+        return [t for t in transitions
+                if t.kind == "opened" and t.finding.severity == Severity.CRITICAL]
+
+    def _bundle(self, finding: Finding, expect_stacks: bool) -> None:
+        """This cycle's bundle for a critical that opened, written once its stacks are in."""
+        last = self._last.get(finding.target)
+        if self._bundles is not None and last is not None:
+            self._bundles.on_critical(finding, last[0], last[1], expect_stacks)
+
+    def _attach(self, finding_id: str, stacks: dict[str, Any]) -> bool:
+        """Stacks to the incident log, and to the bundle waiting for them."""
+        if self._bundles is not None:
+            self._bundles.stacks_taken(finding_id, stacks)
+        return self._incidents is not None and self._incidents.attach_stacks(finding_id, stacks)
 
     def _context(self, transitions: list[Transition], history: History,
                  targets: dict[str, list[str]]) -> dict[str, Any]:
@@ -180,7 +223,7 @@ class FindingsKeeper:
 
     def _capture_stacks(self, finding: Finding, probe_urls: list[str]) -> None:
         if self._incidents is not None:
-            self._stacks.capture(finding.finding_id, probe_urls, self._incidents.attach_stacks)
+            self._stacks.capture(finding.finding_id, probe_urls, self._attach)
 
     # -- two dumps of a synchronous loop, without any probe ----------------------------------
 
@@ -197,7 +240,7 @@ class FindingsKeeper:
                 and not finding.evidence.get("trainer_probes"))
 
     def _dump_loop_stacks(self, transitions: list[Transition]) -> None:
-        attach = self._incidents.attach_stacks if self._incidents is not None else None
+        attach = self._attach if self._incidents is not None else None
         for t in transitions:
             if t.kind == "opened" and self._wants_loop_dumps(t.finding):
                 f = t.finding
@@ -208,4 +251,4 @@ class FindingsKeeper:
         """A starvation named from stacks keeps the dumps that named it; no third dump."""
         kept = self._stacks.dumps(finding.target, finding.table)
         if kept is not None and self._incidents is not None:
-            self._incidents.attach_stacks(finding.finding_id, kept)
+            self._attach(finding.finding_id, kept)

@@ -92,7 +92,7 @@ class StackTaker:
 
     def capture(self, finding_id: str, probe_urls: list[str], attach: Attach) -> None:
         """The trainer's stacks, from its probes and py-spy, attached once fetched."""
-        if not probe_urls and self.trainer_pid is None:
+        if not self.will_capture(probe_urls):
             return
 
         def capture() -> None:
@@ -103,6 +103,10 @@ class StackTaker:
         # Nobody joins it: it ends when the fetch does (every fetch has a timeout),
         # and a daemon thread never holds up the sidecar's exit.
         threading.Thread(target=capture, name="replaywatch-stacks", daemon=True).start()
+
+    def will_capture(self, probe_urls: Sequence[str]) -> bool:
+        """Whether `capture` has anywhere to take stacks from."""
+        return bool(probe_urls) or self.trainer_pid is not None
 
     def can_dump_loop(self) -> bool:
         return self.trainer_pid is not None

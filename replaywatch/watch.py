@@ -33,7 +33,7 @@ def build_app(sidecar: Sidecar) -> FastAPI:
     config = sidecar.config
     app = create_app(sidecar.store, make_registry(sidecar.store.current), sidecar.history,
                      sidecar.incidents, history_s=config.poll.history_s, serve=config.serve,
-                     extra_routers=(page.router,))
+                     extra_routers=(page.router,), bundles=sidecar.bundles)
 
     # Render /metrics on the poller's thread before each publish, so a scrape is
     # a cache hit and never renders (50 targets x 5 tables: ~9 ms of CPU, bench/render_cost.py).

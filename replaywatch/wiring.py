@@ -14,10 +14,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import platform
 import threading
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
+from replaywatch.bundle_store import BundleMaker, BundleStore, default_directory
 from replaywatch.config import WatchConfig, default_db_path
 from replaywatch.errors import ConfigError
 from replaywatch.findings import FindingsKeeper
@@ -119,6 +122,7 @@ class Sidecar:
     incidents: IncidentLog
     keeper: FindingsKeeper
     poller: Poller
+    bundles: BundleMaker
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     _threads: list[threading.Thread] = dataclasses.field(default_factory=list)
 
@@ -170,11 +174,25 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sid
         assert poller is not None
         return targets_of(poller.bindings)
 
+    db = incidents_path or config.db_path or default_db_path()
+    store_dir = config.bundle_dir or default_directory(db)
+    bundles = BundleStore(store_dir, bundle_config(config), incidents, keep=config.bundle_keep)
     keeper = FindingsKeeper(current_targets, config.thresholds, config.poll.interval_s,
                             incidents, stacks=StackTaker(config.trainer_pid),
-                            layout=config.layout)
+                            layout=config.layout, bundles=bundles)
     poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
                     timeout_s=config.poll.effective_timeout_s, reload=plan.reload,
                     config_errors=plan.errors)
+    maker = BundleMaker(bundles, keeper.last_cycle, lambda: list(current_targets()))
     return Sidecar(config=config, history=history, store=store, incidents=incidents,
-                   keeper=keeper, poller=poller)
+                   keeper=keeper, poller=poller, bundles=maker)
+
+
+def bundle_config(config: WatchConfig) -> dict[str, Any]:
+    """The settings a bundle records beside the thresholds."""
+    return {"interval_s": config.poll.interval_s, "timeout_s": config.poll.effective_timeout_s,
+            "history_s": config.poll.history_s, "layout": config.layout,
+            "trainer_pid": config.trainer_pid, "targets": list(config.targets),
+            "targets_file": config.targets_file,
+            "probes": [{"url": p.url, "target": p.target} for p in config.probes],
+            "python": platform.python_version()}

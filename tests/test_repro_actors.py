@@ -37,6 +37,7 @@ from replaywatch.model import Finding
 from replaywatch.probe import ActorProbe, TrainerProbe
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
+from tests.support.repro import assert_replays
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -160,6 +161,7 @@ def tick_until(core: Sidecar, done: Callable[[Published], bool], timeout_s: floa
     while time.monotonic() - start < timeout_s:
         t0 = time.monotonic()
         state = core.poller.tick()
+        assert_replays(core, state)
         seen.append(state)
         if done(state):
             return state

@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 
 from harness.procs import Proc
+from replaywatch import bundle as bd
 from replaywatch.config import PollConfig, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
+from tests.support.repro import assert_replays, wait_for_bundles
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -51,6 +53,7 @@ def test_a_hung_synchronous_loop_is_worker_starvation_from_two_real_dumps(
         deadline, starved, opened_at = time.monotonic() + 60, None, None
         while time.monotonic() < deadline and starved is None:
             state = core.poller.tick()
+            assert_replays(core, state)
             seen += [f.kind for f in state.findings]
             if opened_at is None and found(state, "sample_blocked") is not None:
                 opened_at = time.monotonic()
@@ -69,3 +72,14 @@ def test_a_hung_synchronous_loop_is_worker_starvation_from_two_real_dumps(
         for _ in range(5):
             time.sleep(POLL_S)
             assert found(core.poller.tick(), "worker_starvation") is not None
+        # The bundles written when sample_blocked, then worker_starvation, opened carry
+        # the two dumps, deduplicated: one entry per distinct stack, with its count.
+        kept = {bd.read(p).live["findings"][0]["kind"]: bd.read(p)
+                for p in wait_for_bundles(core, 2)}
+        assert set(kept) == {"sample_blocked", "worker_starvation"}
+        for kind, b in kept.items():
+            assert b.doc["reason"].startswith(f"opened critical {kind}:")
+            assert len(b.doc["stacks"]) == 2  # the dump and the one a second later
+            for dump in b.doc["stacks"].values():
+                assert dump["thread_count"] >= sum(g["count"] for g in dump["stacks"]) >= 1
+            assert not [m for m in b.doc["missing"] if m["what"].startswith("stacks")]

@@ -14,7 +14,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from replaywatch.api import routes_findings, routes_health, routes_tables
+from replaywatch.api import routes_bundles, routes_findings, routes_health, routes_tables
 from replaywatch.api.cache import RenderCache
 from replaywatch.api.deps import ApiError, IncidentReader
 from replaywatch.api.schemas import ErrorOut
@@ -76,6 +76,7 @@ def create_app(
     history_s: float = 900.0,
     serve: ServeConfig = ServeConfig(),
     extra_routers: tuple[Any, ...] = (),
+    bundles: Any = None,
 ) -> FastAPI:
     """Builds the API over the poller's published state; does no I/O itself."""
     app = FastAPI(title="replaywatch", version="0.1.0", docs_url="/docs", redoc_url=None,
@@ -86,6 +87,7 @@ def create_app(
     app.state.incidents = incidents
     app.state.history_s = history_s
     app.state.cache = RenderCache()
+    app.state.bundles = bundles  # a BundleMaker, or None: no bundles served
     # Plain ASGI, not @app.middleware("http"): Starlette runs that kind through a
     # task group and memory streams, eight more event-loop turns a request, and
     # each turn may wait for the GIL while the poller computes (strace of one
@@ -118,6 +120,7 @@ def create_app(
     app.include_router(routes_health.router)
     app.include_router(routes_tables.router)
     app.include_router(routes_findings.router)
+    app.include_router(routes_bundles.router)
     for router in extra_routers:
         app.include_router(router)
     return app

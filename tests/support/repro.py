@@ -7,6 +7,7 @@ slack is scheduling jitter on a 2-core machine shared by several test runs.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import reverb
 
+from replaywatch import bundle as bd
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
@@ -51,17 +53,55 @@ def alarms(state: Published) -> set[str]:
 
 def tick_until(sidecar: Sidecar, done: Callable[[Published], bool], timeout_s: float,
                seen: list[Published] | None = None) -> float | None:
-    """Ticks every POLL_S until `done(state)`; seconds it took, or None at the timeout."""
+    """Ticks every POLL_S until `done(state)`; seconds it took, or None at the timeout.
+
+    Every cycle's bundle must give the same verdict offline (assert_replays): each
+    reproduction checks `replaywatch analyze` on every finding it meets.
+    """
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         t0 = time.monotonic()
         state = sidecar.poller.tick()
+        took = time.monotonic() - start
+        assert_replays(sidecar, state)
         if seen is not None:
             seen.append(state)
         if done(state):
-            return time.monotonic() - start
+            return took
         time.sleep(max(0.0, POLL_S - (time.monotonic() - t0)))
     return None
+
+
+def assert_replays(sidecar: Sidecar, state: Published) -> list[bd.Bundle]:
+    """Each target's bundle of this cycle, through JSON, gives the verdict the sidecar
+    published, byte for byte, and fits the bundle's size limit."""
+    out = []
+    for target in sidecar.config.targets:
+        text = bd.fit(sidecar.bundles.now(target))
+        assert len(text.encode()) <= bd.MAX_BYTES
+        b = bd.parse(text, f"bundle of {target}")
+        published = bd.verdict_document(target, b.inputs.now,
+                                        [f for f in state.findings if f.target == target])
+        assert bd.dumps_verdict(b.live) == bd.dumps_verdict(published)
+        offline = bd.verdict_document(target, b.inputs.now, bd.verdict(b.inputs))
+        assert bd.dumps_verdict(offline) == bd.dumps_verdict(b.live), target
+        out.append(b)
+        if os.environ.get("REPLAYS_LOG"):  # which kinds the reproductions replayed
+            with open(os.environ["REPLAYS_LOG"], "a") as f:
+                f.write(" ".join(x["kind"] for x in b.live["findings"]) + "\n")
+    return out
+
+
+def wait_for_bundles(sidecar: Sidecar, n: int, timeout_s: float = 20.0) -> list[str]:
+    """The bundle files the sidecar wrote, oldest first, once there are `n`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        paths = sidecar.bundles.store.paths()
+        if len(paths) >= n:
+            return sorted(paths)
+        time.sleep(0.1)
+    raise AssertionError(f"{len(sidecar.bundles.store.paths())} bundles written in "
+                         f"{timeout_s:g} s, expected {n}")
 
 
 class Loop(threading.Thread):
