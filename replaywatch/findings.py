@@ -158,6 +158,8 @@ class FindingsKeeper:
             incident_ids=ids,
             incident_log_error=log_error,
             incident_log_dropped=dropped,
+            bundles_written=self._bundles.written if self._bundles else 0,
+            bundle_failures=self._bundles.failed if self._bundles else 0,
             baselines=baselines,
         )
 

@@ -84,6 +84,10 @@ CYCLE = gauge("poll_cycle_duration_seconds", "Duration of the last poll cycle.")
 LOG_OK = gauge("incident_log_healthy", "1 while the incident log accepts writes.")
 DROPPED = counter("incident_log_dropped",
                   "Transitions the incident log lost because its write queue was full.")
+BUNDLES = counter("bundles_written", "Incident bundles written to the bundle directory.")
+BUNDLE_FAILURES = counter("bundle_failures",
+                          "Bundles not written (a full disk, an unwritable directory); the log "
+                          "says why.")
 LATE_CYCLES = counter("late_poll_cycles",
                       "Poll cycles that overran the interval (the next one started late).")
 
@@ -106,6 +110,8 @@ def families(state: Published) -> Group:
     yield CYCLE, [((), state.cycle_duration_s)]
     yield LOG_OK, [((), 0.0 if state.incident_log_error else 1.0)]
     yield DROPPED, [((), state.incident_log_dropped)]
+    yield BUNDLES, [((), state.bundles_written)]
+    yield BUNDLE_FAILURES, [((), state.bundle_failures)]
     yield LATE_CYCLES, [((), state.late_cycles)]
 
 

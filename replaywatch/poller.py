@@ -38,6 +38,8 @@ class CycleFindings:
     incident_ids: dict[str, int] = dataclasses.field(default_factory=dict)
     incident_log_error: str | None = None
     incident_log_dropped: int = 0
+    bundles_written: int = 0
+    bundle_failures: int = 0
     # (target, table) -> series ("inserts", "samples") -> its throughput baseline now
     baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
         default_factory=dict)
@@ -248,6 +250,8 @@ class Poller:
             incident_ids=found.incident_ids,
             incident_log_error=found.incident_log_error,
             incident_log_dropped=found.incident_log_dropped,
+            bundles_written=found.bundles_written,
+            bundle_failures=found.bundle_failures,
             baselines=found.baselines,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),

@@ -18,9 +18,9 @@ from replaywatch.diagnosis import ratelimiter as rl
 from replaywatch.model import Finding, TableSnapshot
 
 ROWS = 12  # counters over time: at most this many rows per table
-# Frames a blocked thread sits in: tf.data's next(), Reverb's sampler and writers, waits.
-_BLOCKING = ("GetNext", "__next__", "next", "get_next", "Sample", "sample", "flush",
-             "create_item", "append", "end_episode", "wait", "get", "acquire", "sleep")
+# Where a stuck learner or actor sits: an iterator's next() (tf.data's), a writer's call.
+_IN_NEXT = frozenset({"__next__", "iterator_get_next", "get_next", "GetNext", "_next_internal"})
+_WRITER_CALLS = frozenset({"flush", "create_item", "append", "end_episode"})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -153,19 +153,28 @@ def _probes(b: bd.Bundle) -> list[str]:
 
 
 def blocked_stack(stacks: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | None:
-    """The place and the stack group most likely blocked: its innermost frame is a blocking
-    call (next(), a sample, a writer call, a wait); else the first group."""
-    if not stacks:
-        return None
-    first = None
-    for where, doc in sorted(stacks.items()):
+    """The place and the stack group most likely blocked: a thread inside an iterator's
+    next(), else one inside a writer call, else the main thread; never a probe's own server
+    thread (it is there in every dump, waiting for the next request)."""
+    best: tuple[int, str, dict[str, Any]] | None = None
+    for where, doc in sorted((stacks or {}).items()):
         for group in (doc or {}).get("stacks") or []:
-            frames = group.get("frames") or []
-            first = first or (where, group)
-            names = [str(f.get("function") or f.get("name") or "") for f in frames[-3:]]
-            if any(n.strip("_") in _BLOCKING or n in _BLOCKING for n in names):
-                return where, group
-    return first
+            names = group.get("threads") or []
+            if names and all(str(n).startswith("replaywatch-") for n in names):
+                continue
+            score = _blocked_score(group.get("frames") or [], names)
+            if best is None or score > best[0]:
+                best = (score, where, group)
+    return (best[1], best[2]) if best is not None else None
+
+
+def _blocked_score(frames: Sequence[dict[str, Any]], threads: Sequence[str]) -> int:
+    functions = {str(f.get("function") or f.get("name") or "") for f in frames}
+    if functions & _IN_NEXT:
+        return 3
+    if functions & _WRITER_CALLS:
+        return 2
+    return 1 if "MainThread" in threads else 0
 
 
 def _stack(stacks: dict[str, Any] | None) -> list[str]:

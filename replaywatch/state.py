@@ -52,6 +52,8 @@ class Published:
     config_errors: tuple[str, ...] = ()
     incident_log_dropped: int = 0  # transitions the incident log lost to a full queue
     late_cycles: int = 0  # poll cycles that overran the interval
+    bundles_written: int = 0  # incident bundles written since the sidecar started
+    bundle_failures: int = 0  # bundles that could not be written
     # actor probes' latest documents, by URL (trainer probes' are in `probes`)
     actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)
     # (target, table) -> series -> the throughput baseline (rules_throughput.table_baselines)

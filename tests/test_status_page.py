@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harness.procs import PYTHON, ROOT, Proc, get_json, wait_until
+from harness.procs import PYTHON, ROOT, Proc, get_json, get_text, wait_until
 from replaywatch.probe import ActorProbe
 
 pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
@@ -213,6 +213,13 @@ def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
     assert page.locator("#probes .pill.up").count() == 1
     assert page.locator('#incidents tr[data-incident] td.kind', has_text="worker_starvation"
                         ).count() == 1
+    # Each incident links its Markdown report, built from its bundle.
+    row = page.locator("#incidents tr[data-incident]", has_text="worker_starvation")
+    href = row.locator("a.report").get_attribute("href")
+    assert href == f"/api/v1/incidents/{row.get_attribute('data-incident')}/report"
+    status, report = get_text(base + href)
+    assert status == 200 and report.startswith("# replaywatch: ")
+    assert "## The blocked thread" in report and " in __next__" in report
     # Live: the page redraws without a reload.
     first = page.locator("body").get_attribute("data-updated")
     page.locator(f"body:not([data-updated={json.dumps(first)}])").wait_for(state="attached")

@@ -528,6 +528,26 @@
     verdict.textContent = worst ? findings.length + " active finding(s), worst " + worst : "healthy";
   }
 
+  // The incident's Markdown report (from its bundle), to paste into an issue tracker. With
+  // a token the link cannot carry the header: the report is fetched and saved as a file.
+  function reportLink(id) {
+    const path = "/api/v1/incidents/" + id + "/report";
+    const link = el("a", { class: "report", href: path, "data-incident": id }, "report");
+    link.addEventListener("click", async (event) => {
+      const t = token();
+      if (!t) return;
+      event.preventDefault();
+      const r = await fetch(path, { headers: { Authorization: "Bearer " + t },
+        cache: "no-store", credentials: "omit" });
+      const text = await r.text();
+      const save = el("a", { href: URL.createObjectURL(new Blob([text],
+        { type: "text/markdown" })), download: "incident-" + id + ".md" });
+      save.click();
+      URL.revokeObjectURL(save.href);
+    });
+    return link;
+  }
+
   function renderIncidents(doc) {
     if (doc.log === "disabled") {
       fill("incidents", el("p", { class: "empty" }, "incident log disabled"));
@@ -544,10 +564,11 @@
         el("td", {}, clock(i.since)),
         // An open incident's row is written on transitions only: its age is now - since.
         el("td", { class: "num" }, duration((i.resolved_at || Date.now() / 1000) - i.since)),
-        el("td", { class: "summary" }, i.summary)));
+        el("td", { class: "summary" }, i.summary),
+        el("td", {}, reportLink(i.id))));
     fill("incidents", rows.length
-      ? table(["id", "state", "severity", "kind", "where", "opened", "duration", "summary"], rows,
-        "grid incidents")
+      ? table(["id", "state", "severity", "kind", "where", "opened", "duration", "summary",
+        "report"], rows, "grid incidents")
       : el("p", { class: "empty" }, "no incidents recorded"));
   }
 

@@ -1,0 +1,152 @@
+"""Every finding kind's bundle replays to the live verdict, on real Reverb.
+
+tests/support/repro.py's tick_until checks, at every cycle of every reproduction, that the
+cycle's bundle (through JSON) gives the published verdict byte for byte offline. The
+reproductions there reach these kinds (a run with REPLAYS_LOG=file lists them):
+
+    test_repro_startup     learner_starting, learner_stalled, insert_blocked, stale_data,
+                           target_down, server_restarted, reconnecting, warmup_impossible
+    test_repro_actors      sample_blocked, writer_stalled, probe_down, worker_starvation
+    test_repro_stacks      sample_blocked, worker_starvation (from two py-spy dumps)
+    test_repro_queue       drained, insert_blocked
+    test_repro_throughput  throughput_drop
+
+The kinds no other in-process reproduction reaches get theirs here: an in-process Reverb
+server, a TrainerProbe over real HTTP declaring its dataset, real writers and samplers, a
+socket that takes connections and answers nothing. Each is ticked until its kind shows.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import reverb
+
+from replaywatch.diagnosis import kinds as kinds_module
+from replaywatch.probe import TrainerProbe
+from tests.support.repro import Loop, actor, kinds, sidecar_for, table, tick_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+REPRODUCED_ELSEWHERE = {
+    "learner_starting", "learner_stalled", "insert_blocked", "stale_data", "target_down",
+    "server_restarted", "reconnecting", "warmup_impossible", "sample_blocked",
+    "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop"}
+
+
+def _probed(limiter: reverb.rate_limiters.RateLimiter, **declared: Any
+            ) -> Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]:
+    """A server with `limiter` and a trainer probe declaring its dataset, nothing flowing."""
+    def make() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+        server = reverb.Server([table(limiter)], port=None)
+        probe = TrainerProbe(table="replay", listen="127.0.0.1:0", **declared)
+        probe.start()
+        try:
+            yield server.port, str(probe.url), {}
+        finally:
+            probe.stop()
+            server.stop()
+    return make
+
+
+def _too_many_threads() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    # This test process runs Reverb's and gRPC's threads: more than two.
+    yield from _probed(reverb.rate_limiters.MinSize(1), batch_size=4)()
+
+
+def _warmup() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    server = reverb.Server([table(reverb.rate_limiters.MinSize(100_000), max_size=200_000)],
+                           port=None)
+    inserting = actor(reverb.Client(f"localhost:{server.port}"))
+    inserting.start()
+    try:
+        yield server.port, None, {}
+    finally:
+        inserting.stop()
+        server.stop()
+
+
+def _spi_drift() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    # Inserts never block (max_diff at float max) and the learner samples one item per
+    # 50 ms against hundreds of inserts a second: samples per insert far below 1.
+    limiter = reverb.rate_limiters.RateLimiter(samples_per_insert=1.0, min_size_to_sample=200,
+                                               min_diff=150.0, max_diff=sys.float_info.max)
+    server = reverb.Server([table(limiter, max_size=100_000)], port=None)
+    client = reverb.Client(f"localhost:{server.port}")
+    for _ in range(250):
+        client.insert([np.zeros(2, np.float32)], {"replay": 1.0})
+    loops = [actor(client), Loop(lambda: [None for _ in client.sample("replay", num_samples=1)],
+                                 pause_s=0.05)]
+    for loop in loops:
+        loop.start()
+    try:
+        yield server.port, None, {"spi_window_s": 2.0, "spi_min_inserts": 20}
+    finally:
+        for loop in loops:
+            loop.stop()
+        server.stop()
+
+
+def _checkpointing() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    # A server whose table lock is held answers no ServerInfo call, though it takes the
+    # connection: a listening socket that reads nothing is the same on the wire.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield sock.getsockname()[1], None, {}
+    finally:
+        sock.close()
+        for conn in held:
+            conn.close()
+
+
+CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]] = {
+    # sync-ratio, 2 workers of 16, error_buffer 20: the grid's hang, predicted from the
+    # declared dataset before any batch.
+    "deadlock_risk": _probed(reverb.rate_limiters.SampleToInsertRatio(4, 1000, 20),
+                             batch_size=16, num_parallel_calls=2, layout="sync-ratio"),
+    # batch 256 against 100 samples of credit: no batch can ever complete.
+    "batch_exceeds_headroom": _probed(reverb.rate_limiters.RateLimiter(
+        samples_per_insert=128, min_size_to_sample=1000, min_diff=128_000 - 100,
+        max_diff=128_000 + 100), batch_size=256, num_parallel_calls=1, layout="sync-ratio"),
+    "too_many_threads": _too_many_threads,
+    "warmup": _warmup,
+    "spi_drift": _spi_drift,
+    "checkpointing": _checkpointing,
+}
+
+
+def test_every_kind_has_a_reproduction_that_replays() -> None:
+    assert set(CASES) | REPRODUCED_ELSEWHERE == {k.name for k in kinds_module.ALL}
+    assert not set(CASES) & REPRODUCED_ELSEWHERE
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_the_kinds_bundle_replays_to_the_live_verdict(kind: str) -> None:
+    thresholds = {"too_many_threads": 2} if kind == "too_many_threads" else {}
+    setup = CASES[kind]()
+    port, probe, more = next(setup)
+    try:
+        with sidecar_for(port, probe=probe, **{**thresholds, **more}) as sidecar:
+            # tick_until replays every cycle's bundle against the published verdict
+            took = tick_until(sidecar, lambda s: kind in kinds(s), 8.0)
+    finally:
+        setup.close()
+    assert took is not None, f"{kind} never showed"
