@@ -1,10 +1,11 @@
 """`replaywatch analyze BUNDLE`: the verdict re-derived offline from a bundle's evidence.
 
 The same pure diagnosis the sidecar ran, over the bundle's snapshots, at the bundle's clock,
-with its thresholds (or others: `--config`, `--stall-window-s 30`, ... as `watch` takes
-them: "would a 30 s window have paged?"). Printed as text, or with `--json` as the verdict
-document, which equals the one the sidecar gave byte for byte when the thresholds are the
-bundle's. Exit 1 when the verdict has a critical finding, 0 when not, 2 on bad input.
+with its thresholds (or others: `--thresholds stall_window_s=30`, `--config`, or the flags
+`watch` takes, `--stall-window-s 30`: "would a 30 s window have paged?"). Printed as text,
+or with `--json` as the verdict document, which equals the one the sidecar gave byte for
+byte when the thresholds are the bundle's. Exit 1 when the verdict has a critical finding,
+0 when not, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import IO, Any
 from replaywatch import bundle as bd
 from replaywatch import config as cfg
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.errors import ConfigError
 from replaywatch.model import Finding, Severity
 
 
@@ -26,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the verdict document")
     p.add_argument("--config", metavar="FILE", help="TOML file with a [thresholds] table: "
                    "re-judge under these instead of the bundle's")
+    p.add_argument("--thresholds", metavar="NAME=VALUE[,...]", default=None,
+                   help="thresholds to re-judge under, e.g. stall_window_s=30,down_polls=5 "
+                        "(each also has its own flag: --stall-window-s 30)")
     for name in Thresholds.field_names():
         kind = int if isinstance(getattr(Thresholds(), name), int) else float
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"th_{name}", type=kind,
@@ -35,9 +40,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def thresholds_for(args: argparse.Namespace, bundled: Thresholds) -> Thresholds | None:
     """The bundle's thresholds with the command line's overrides; None: none given."""
     overrides: dict[str, Any] = cfg.load_config_file(args.config) if args.config else {}
+    overrides.update(parse_pairs(args.thresholds or ""))
     overrides.update(cfg.threshold_overrides(
         [(n, getattr(args, f"th_{n}")) for n in Thresholds.field_names()]))
     return cfg.thresholds_from(overrides, base=bundled) if overrides else None
+
+
+def parse_pairs(text: str) -> dict[str, Any]:
+    """`stall_window_s=30,down_polls=5` as typed overrides; ConfigError on a bad pair."""
+    defaults = Thresholds()
+    out: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not hasattr(defaults, name):
+            raise ConfigError(f"--thresholds: {pair!r} is not NAME=VALUE with a known name "
+                              f"({', '.join(Thresholds.field_names())})")
+        kind = type(getattr(defaults, name))
+        try:
+            out[name] = kind(value.strip())
+        except ValueError:
+            raise ConfigError(f"--thresholds: {name} wants a {kind.__name__}, got "
+                              f"{value.strip()!r}") from None
+    return out
 
 
 def changed(bundled: Thresholds, used: Thresholds) -> dict[str, tuple[Any, Any]]:

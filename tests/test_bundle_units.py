@@ -124,6 +124,8 @@ def test_other_thresholds_re_judge_the_same_evidence(tmp_path: Path) -> None:
     assert code == 0, out
     assert "stall_window_s=30 (the sidecar had 10)" in out
     assert "CRITICAL" not in out
+    assert run("analyze", str(path), "--thresholds", "stall_window_s=30")[0] == 0
+    assert run("analyze", str(path), "--thresholds", "stall_window_s=10,down_polls=3")[0] == 1
     toml = tmp_path / "th.toml"
     toml.write_text("[thresholds]\nstall_window_s = 30.0\n")
     assert run("analyze", str(path), "--config", str(toml), "--json")[0] == 0
@@ -156,6 +158,20 @@ def test_a_bad_bundle_is_one_line_and_exit_2(tmp_path: Path, content: bytes, mes
         assert main([command, str(path)], environ={}) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("pairs,message", [
+    ("stall_window=30", "not NAME=VALUE with a known name"),
+    ("stall_window_s", "not NAME=VALUE"),
+    ("down_polls=two", "down_polls wants a int"),
+    ("stall_window_s=-1", "must be > 0"),
+])
+def test_bad_thresholds_are_one_line(tmp_path: Path, pairs: str, message: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(seed_bundle(tmp_path)), "--thresholds", pairs],
+                environ={}) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
 def test_a_missing_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
