@@ -22,7 +22,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-long system-deps venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-long bench-bundles system-deps venv clean
 
 venv: $(STAMP)
 
@@ -90,6 +90,11 @@ bench-grid: $(STAMP)
 bench-long:
 	@$(MAKE) --no-print-directory -j2 venv system-deps
 	$(PY) -m bench.long --results bench/RESULTS.md
+
+# Every real-Reverb reproduction's bundles: sizes, and each replayed against the live verdict
+# (about 3 minutes).
+bench-bundles: $(STAMP)
+	$(PY) -m bench.bundle_sizes --results bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

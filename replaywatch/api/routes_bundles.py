@@ -39,7 +39,11 @@ def _maker(request: Request) -> BundleMaker:
 
 
 def _attachment(doc: dict[str, Any], name: str) -> Response:
-    return Response(json.dumps(doc, sort_keys=True), media_type="application/json",
+    try:
+        text = bd.fit(doc)  # within the bundle's 5 MB, saying what it dropped
+    except ValueError as e:
+        raise ApiError(413, f"no bundle within {bd.MAX_BYTES} bytes: {e}") from None
+    return Response(text, media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 

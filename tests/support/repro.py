@@ -7,6 +7,7 @@ slack is scheduling jitter on a 2-core machine shared by several test runs.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -86,9 +87,10 @@ def assert_replays(sidecar: Sidecar, state: Published) -> list[bd.Bundle]:
         offline = bd.verdict_document(target, b.inputs.now, bd.verdict(b.inputs))
         assert bd.dumps_verdict(offline) == bd.dumps_verdict(b.live), target
         out.append(b)
-        if os.environ.get("REPLAYS_LOG"):  # which kinds the reproductions replayed
+        if os.environ.get("REPLAYS_LOG"):  # which kinds the reproductions replayed, and sizes
             with open(os.environ["REPLAYS_LOG"], "a") as f:
-                f.write(" ".join(x["kind"] for x in b.live["findings"]) + "\n")
+                f.write(json.dumps({"bytes": len(text.encode()), "kinds": [
+                    x["kind"] for x in b.live["findings"]]}) + "\n")
     return out
 
 
