@@ -91,6 +91,18 @@ def reverb_workload(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str
 
 
 @pytest.fixture
+def reverb_servers(spawn: Callable[..., Proc]) -> Callable[[int], list[str]]:
+    """N independent Reverb servers in one subprocess (one TensorFlow import, not N); load
+    on the first only. For tests that never kill or stop one of them alone."""
+
+    def start(n: int) -> list[str]:
+        proc = spawn([PYTHON, WORKLOAD, "--servers", str(n)], name="reverb")
+        return list(proc.announce(timeout_s=60)["all"])
+
+    return start
+
+
+@pytest.fixture
 def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
     """`replaywatch watch` as a real process on a free port: (proc, base URL)."""
 

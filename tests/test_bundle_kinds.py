@@ -19,18 +19,34 @@ socket that takes connections and answers nothing. Each is ticked until its kind
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import reverb
 
+from replaywatch import bundle as bd
+from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis import kinds as kinds_module
+from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.probe import TrainerProbe
-from tests.support.repro import Loop, actor, kinds, sidecar_for, table, tick_until
+from replaywatch.wiring import build_sidecar
+from tests.support.repro import (
+    POLL_S,
+    WINDOW_S,
+    Loop,
+    actor,
+    kinds,
+    sidecar_for,
+    table,
+    tick_until,
+    wait_for_bundles,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
@@ -150,3 +166,26 @@ def test_the_kinds_bundle_replays_to_the_live_verdict(kind: str) -> None:
     finally:
         setup.close()
     assert took is not None, f"{kind} never showed"
+
+
+def test_a_bundle_whose_stack_dump_failed_says_why(tmp_path: Path) -> None:
+    # A critical with --trainer-pid naming a process that is gone: py-spy fails for real, and
+    # the bundle written after it says so beside the probe's stacks, not silently.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    port, probe, _ = next(setup := CASES["batch_exceeds_headroom"]())
+    assert probe is not None
+    th = Thresholds(stall_window_s=WINDOW_S, min_history_s=0.5)
+    config = WatchConfig(targets=(f"127.0.0.1:{port}",), probes=(ProbeTarget(probe, None),),
+                         trainer_pid=gone.pid, thresholds=th,
+                         poll=PollConfig(interval_s=POLL_S, history_s=300.0))
+    try:
+        with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as sidecar:
+            tick_until(sidecar, lambda s: "batch_exceeds_headroom" in kinds(s), 8.0)
+            (path,) = wait_for_bundles(sidecar, 1)
+    finally:
+        setup.close()
+    b = bd.read(path)
+    assert list(b.doc["stacks"]) == [probe]  # the probe's /stacks answered
+    (why,) = [m for m in b.doc["missing"] if m["what"] == f"stacks from py-spy:{gone.pid}"]
+    assert why["why"].startswith("py-spy dump")

@@ -71,11 +71,10 @@ def test_a_broken_edit_keeps_the_last_good_targets(tmp_path: Path) -> None:
 
 
 def test_the_sidecar_reloads_the_file_without_a_restart(
-    reverb_workload: Callable[..., tuple[Proc, str]], sidecar: Callable[..., tuple[Proc, str]],
+    reverb_servers: Callable[[int], list[str]], sidecar: Callable[..., tuple[Proc, str]],
     tmp_path: Path,
 ) -> None:
-    _, first = reverb_workload()
-    _, second = reverb_workload()
+    first, second = reverb_servers(2)
     path = tmp_path / "targets.json"
     path.write_text(json.dumps([{"targets": [first], "labels": {"job": "one"}}]))
     _, base = sidecar("--targets-file", str(path), "--interval", "0.5", "--db",
