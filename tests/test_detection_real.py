@@ -6,9 +6,13 @@ window plus three polls of the fault's onset, taken from the trainer itself,
 with no other warning or critical finding. bench/detection.py repeats these
 runs and reports the latencies.
 
-Here only the two scenarios no other test runs on the real agent; `make bench` runs all
-five, and the other three faults have their own tests on the real agent, where more is
-asserted than the finding: seed_hang in tests/test_alerting_e2e.py (the alert reaches
+Here only warmup, the one scenario no other test runs on the real agent; `make bench` runs
+all five. batch_headroom (a Ray agent whose batch exceeds what its policy-lag bound frees)
+is judged from the configuration on the first poll: its real reproductions are cheaper
+without the agent (tests/test_bundle_kinds.py: a real server and TrainerProbe;
+tests/test_loop_layout.py: the loop workload before its first next()), and the agent's
+start-up made it make test's slowest test (139 s). The other three faults have their own
+tests on the real agent, where more is asserted than the finding: seed_hang in tests/test_alerting_e2e.py (the alert reaches
 the webhook) and tests/test_ray_cluster.py (with and without probes), actor_exit in
 tests/test_agents_distributed.py and tests/test_ray_cluster.py (recovery after
 replacements), learner_hang in tests/test_ray_cluster.py. Each of the three cost 30-75 s
@@ -33,7 +37,7 @@ DEADLINE_S = STALL_WINDOW_S + 3 * INTERVAL_S
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", ["batch_headroom", "warmup"])
+@pytest.mark.parametrize("name", ["warmup"])
 def test_each_fault_is_named_within_the_stall_window_and_three_polls(name: str,
                                                                     tmp_path: Path) -> None:
     scenario = SCENARIOS[name]
