@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,11 @@ import pytest
 from replaywatch.diagnosis import baseline as bl
 from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.lifecycle import Transition
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
+from replaywatch.incidents import IncidentLog
 from replaywatch.model import (
     ActorSnapshot,
     Finding,
@@ -239,3 +242,27 @@ def test_the_keeper_keeps_a_drop_open_past_half_the_look_back() -> None:
             open_at.append(t)
     assert open_at and open_at[0] <= 1800 + 80 and open_at[-1] == 7190.0
     assert len(open_at) == (7190 - open_at[0]) / 10 + 1  # never resolved in between
+
+
+def test_a_restarted_sidecar_keeps_judging_an_open_drop_by_its_logged_baseline(
+        tmp_path: Path) -> None:
+    # The drop opened against 100/s and the sidecar restarted two hours into it: its own
+    # history holds slow rates only. The baseline comes back with the incident's evidence.
+    log = IncidentLog(str(tmp_path / "i.db"))
+    opened = drop_of(coarse_table(HEALTHY + rates((10, 70))))
+    assert log.connect()
+    log.apply([Transition("opened", dataclasses.replace(opened, target=TARGET))], {})
+    log.close()
+    history = History(max_age_s=60.0, max_points=100, coarse_every_s=10.0,
+                      coarse_age_s=DEFAULT.throughput_lookback_s + 10.0)
+    keeper = FindingsKeeper(lambda: {TARGET: []}, DEFAULT, 10.0,
+                            IncidentLog(str(tmp_path / "i.db")))
+    n, kept = 0, []
+    for i in range(120):  # 20 min at 10/s, far past the minute a resumed incident is held
+        t = 10_000.0 + 10.0 * i
+        n += 10 * 10
+        snap = table_snapshot(t, n, n, target=TARGET, min_diff=-1e9, max_diff=1e9)
+        history.record(PollOutcome(TARGET, SourceKind.REVERB, t, 0.001, (snap,)))
+        found = keeper.diagnose_cycle(history, {}, t).findings
+        kept.append(any(f.kind == "throughput_drop" for f in found))
+    assert all(kept)
