@@ -19,6 +19,7 @@ from replaywatch.diagnosis import baseline as bl
 from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.lifecycle import Transition
+from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.findings import FindingsKeeper
 from replaywatch.history import History
@@ -226,22 +227,25 @@ def test_evidence_without_baselines_holds_nothing() -> None:
 
 
 def test_the_keeper_keeps_a_drop_open_past_half_the_look_back() -> None:
-    # Polls every 10 s through the findings keeper: 30 min at 100/s, then 90 min at 10/s.
-    # Judged against the look-back alone the drop resolved about 15 min after it began.
+    # Polls every 10 s through the findings keeper, a 10 min look-back: 10 min at 100/s,
+    # then 30 min at 10/s. Judged against the look-back alone the drop resolved about 5 min
+    # after it began.
+    th = Thresholds(throughput_baseline_s=600.0, throughput_min_baseline_s=60.0,
+                    throughput_drop_for_s=100.0)
     history = History(max_age_s=60.0, max_points=100, coarse_every_s=10.0,
-                      coarse_age_s=DEFAULT.throughput_lookback_s + 10.0)
-    keeper = FindingsKeeper(lambda: {TARGET: []}, DEFAULT, 10.0, None)
+                      coarse_age_s=th.throughput_lookback_s + 10.0)
+    keeper = FindingsKeeper(lambda: {TARGET: []}, th, 10.0, None)
     n, open_at = 0, []
-    for i in range(720):
+    for i in range(240):
         t = 10.0 * i
-        n += 100 * 10 if t <= 1800 else 10 * 10
+        n += 100 * 10 if t <= 600 else 10 * 10
         snap = table_snapshot(t, n, n, target=TARGET, min_diff=-1e9, max_diff=1e9)
         history.record(PollOutcome(TARGET, SourceKind.REVERB, t, 0.001, (snap,)))
         found = keeper.diagnose_cycle(history, {}, t).findings
         if any(f.kind == "throughput_drop" for f in found):
             open_at.append(t)
-    assert open_at and open_at[0] <= 1800 + 80 and open_at[-1] == 7190.0
-    assert len(open_at) == (7190 - open_at[0]) / 10 + 1  # never resolved in between
+    assert open_at and open_at[0] <= 600 + 40 and open_at[-1] == 2390.0
+    assert len(open_at) == (2390 - open_at[0]) / 10 + 1  # never resolved in between
 
 
 def test_a_restarted_sidecar_keeps_judging_an_open_drop_by_its_logged_baseline(
