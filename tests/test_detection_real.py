@@ -12,11 +12,11 @@ is judged from the configuration on the first poll: its real reproductions are c
 without the agent (tests/test_bundle_kinds.py: a real server and TrainerProbe;
 tests/test_loop_layout.py: the loop workload before its first next()), and the agent's
 start-up made it make test's slowest test (139 s). The other three faults have their own
-tests on the real agent, where more is asserted than the finding: seed_hang in tests/test_alerting_e2e.py (the alert reaches
-the webhook) and tests/test_ray_cluster.py (with and without probes), actor_exit in
-tests/test_agents_distributed.py and tests/test_ray_cluster.py (recovery after
-replacements), learner_hang in tests/test_ray_cluster.py. Each of the three cost 30-75 s
-here again.
+tests on the real agent, where more is asserted than the finding: seed_hang in
+tests/test_alerting_e2e.py (the alert reaches the webhook) and tests/test_ray_cluster.py
+(with and without probes), actor_exit in tests/test_agents_distributed.py and
+tests/test_ray_cluster.py (recovery after replacements), learner_hang in
+tests/test_ray_cluster.py. Each of the three cost 30-75 s here again.
 """
 
 from __future__ import annotations

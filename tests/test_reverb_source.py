@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import sys
 from collections.abc import Iterator
 
@@ -11,7 +13,7 @@ import reverb
 import tensorflow as tf
 
 from replaywatch.diagnosis import ratelimiter
-from replaywatch.model import FLOAT_MAX
+from replaywatch.model import FLOAT_MAX, NO_ANSWER
 from replaywatch.sources.reverb import ReverbSource, snapshot_from_info
 from replaywatch.sources.reverb_wire import decode_server_info
 
@@ -115,6 +117,31 @@ def test_a_dead_address_fails_fast_as_data_not_an_exception() -> None:
     outcome = ReverbSource("127.0.0.1:9", timeout_s=0.5).poll()
     assert not outcome.ok and "unreachable" in (outcome.error or "")
     assert outcome.duration_s < 0.6
+
+
+def test_a_connection_nothing_answers_is_no_answer_not_unreachable() -> None:
+    # A listener whose backlog is full answers no SYN: the connect never completes, as with
+    # a server whose threads all wait on its table lock. Nothing refused it: every poll is
+    # "did not answer" (checkpointing, then target_down), never "unreachable".
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    source = ReverbSource(f"127.0.0.1:{port}", timeout_s=0.5)
+    try:
+        errors = [source.poll().error for _ in range(3)]
+    finally:
+        source.close()
+        for sock in (listener, *fillers):
+            sock.close()
+    assert all(e and NO_ANSWER in e and "(connecting, no answer)" in e for e in errors), errors
 
 
 def test_the_sidecar_source_does_not_import_tensorflow() -> None:

@@ -603,8 +603,8 @@ def test_probe_down_names_the_role_the_url_last_answered_as() -> None:
 # -- writer_stalled: an actor stuck inside its writer, not throttled -----------------------------
 
 def writer_view(table: tuple[TableSnapshot, ...], *actors: tuple[ActorSnapshot, ...],
-                target_ok: list[bool] | None = None) -> TargetView:
-    view = target_view([table], target_polls=polls(T20, ok=target_ok or True))
+                target_ok: list[bool] | None = None, error: str = "unreachable") -> TargetView:
+    view = target_view([table], target_polls=polls(T20, ok=target_ok or True, error=error))
     return dataclasses.replace(view, actors={h[0].probe: h for h in actors},
                                probe_polls={h[0].probe: polls([a.observed_at for a in h])
                                             for h in actors})
@@ -628,6 +628,17 @@ WRITER_CASES: list[tuple[str, TargetView, str | None]] = [
     ("writer_stalled_when_the_server_is_down",
      writer_view(INSERTS_WOULD_PASS[:6], in_writer("create_item", 1006.0),
                  target_ok=[True] * 6 + [False] * 14), "writer_stalled"),
+    # The server answers no poll in time (and refuses none) for 14 s: paused, as by a
+    # checkpoint, which holds every writer by design (checkpointing, within its grace).
+    ("no_writer_stalled_while_the_server_is_paused",
+     writer_view(INSERTS_WOULD_PASS[:6], in_writer("create_item", 1002.0),
+                 target_ok=[True] * 6 + [False] * 14,
+                 error="127.0.0.1:1: ServerInfo did not answer within 0.8s"), None),
+    # In flush() since the limiter held inserts (a 10-minute first compile), then the
+    # server went away: the limiter holds it, not the outage.
+    ("no_writer_stalled_when_the_limiter_held_it_before_the_server_went",
+     writer_view(INSERTS_HELD[:6], in_writer("flush", 1002.0),
+                 target_ok=[True] * 6 + [False] * 14), None),
     # Held at max_diff: actors waiting for the learner to sample are insert_blocked's.
     ("no_writer_stalled_when_the_limiter_holds_inserts",
      writer_view(INSERTS_HELD, in_writer("flush", 1004.0)), None),

@@ -193,11 +193,12 @@ LEARNER_STARTING = Kind(
     supersedes=(Name.LEARNER_STALLED, Name.SAMPLE_BLOCKED, Name.INSERT_BLOCKED))
 CHECKPOINTING = Kind(
     Name.CHECKPOINTING, Severity.INFO, needs_probe=False,
-    meaning="The Reverb server takes ServerInfo calls but answers none in time, for less "
-            "than `checkpoint_grace_s` (60 s): its table lock is held, as a checkpoint holds "
-            "it while it copies every item (`client.checkpoint()`), or as a hung server does. "
-            "Past the grace it is `target_down`; clients held meanwhile are `reconnecting` "
-            "once it answers.",
+    meaning="The Reverb server answers no ServerInfo call (nor, on a new channel, the "
+            "connection) in time and refuses none, for less than `checkpoint_grace_s` (60 s): "
+            "its table lock is held, as a checkpoint holds it while it copies every item "
+            "(`client.checkpoint()`), or as a hung server does. Writers held meanwhile are "
+            "held by the pause, not `writer_stalled`. Past the grace it is `target_down`; "
+            "clients held meanwhile are `reconnecting` once it answers.",
     fix="Nothing, if a checkpoint is running; if it lasts, look at the replay process.",
     # A server that is busy, not gone.
     supersedes=(Name.TARGET_DOWN,))

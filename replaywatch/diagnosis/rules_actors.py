@@ -31,7 +31,7 @@ from replaywatch.diagnosis.ratelimiter import (
     sample_headroom,
 )
 from replaywatch.diagnosis.registry import Rule, Shape
-from replaywatch.diagnosis.rules_liveness import failing_since
+from replaywatch.diagnosis.rules_liveness import failing_since, paused_since
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
 from replaywatch.model import ActorSnapshot, Finding
@@ -173,8 +173,14 @@ def is_writer_stalled(view: TargetView, th: Thresholds, now: float) -> Finding |
     Not throttled: the Reverb server does not answer (a writer whose server went
     away blocks forever, reverb#4), or the limiter of the actor's table would
     have accepted an insert at every poll since the call began (`can_insert`).
-    An actor held at max_diff by the limiter waits by design: insert_blocked.
+    An actor held at max_diff by the limiter waits by design: insert_blocked. A server
+    paused (checkpointing: unanswered, not refusing, within its grace) holds writers by
+    design too; and a call that began while the limiter held inserts is the limiter's,
+    whatever the server does after (a 10-minute first compile, then a server too busy to
+    answer a poll, must not turn the actors it held into writer_stalled).
     """
+    if paused_since(view, th, now) is not None:
+        return None
     server_down = failing_since(view.polls, th) is not None
     stalled: list[tuple[ActorSnapshot, str]] = []
     for url in sorted(view.actors):
@@ -186,9 +192,17 @@ def is_writer_stalled(view: TargetView, th: Thresholds, now: float) -> Finding |
             continue
         table = a.table if a.table is not None or len(view.tables) != 1 else next(
             iter(view.tables))
-        if server_down or _limiter_let_in(view, table, a.observed_at - a.blocked_for_s):
+        entered = a.observed_at - a.blocked_for_s
+        if _limiter_let_in(view, table, entered) or (
+                server_down and not _limiter_held(view, table, entered)):
             stalled.append((a, table or ""))
     return _writer_stalled(view, stalled, server_down, now) if stalled else None
+
+
+def _limiter_held(view: TargetView, table: str | None, since: float) -> bool:
+    """Some answered snapshot of the table since `since` would have refused an insert."""
+    points = win.window(view.tables.get(table or "", ()), since)
+    return any(not can_insert(s, 1) for s in points)
 
 
 def _limiter_let_in(view: TargetView, table: str | None, since: float) -> bool:

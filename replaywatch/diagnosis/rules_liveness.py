@@ -100,28 +100,40 @@ def _too_many_threads(view: TargetView, over: dict[str, Probe], th: Thresholds,
         since=min(since), last_seen=now)
 
 
-def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | None:
-    """target_down's polls all timed out on a server that took the call: it is busy, for up
-    to `checkpoint_grace_s`.
-
-    A refused connection is a server gone; a call taken and not answered is a server whose
-    table lock is held. Reverb's `Table::Checkpoint` holds it while it copies every item
-    (measured on 0.14: 0.8 s at 300,000 items; a sync loop checkpointing every 2 minutes
-    under load went 3 polls of 0.8 s unanswered), and so does a hung server; which, only
-    the time tells, so the grace ends and target_down opens.
-    """
+def paused_since(view: TargetView, th: Thresholds, now: float) -> PollRecord | None:
+    """The first unanswered poll of a server that is paused, not gone: more than `down_polls`
+    polls unanswered within their deadline (none refused), for less than
+    `checkpoint_grace_s`. Writers and samplers held meanwhile are held by the pause."""
     first = failing_since(view.polls, th)
     if first is None or now - first.at >= th.checkpoint_grace_s:
         return None
     failing = [r for r in view.polls if r.at >= first.at]
-    if not all(r.error and NO_ANSWER in r.error for r in failing):
+    return first if all(r.error and NO_ANSWER in r.error for r in failing) else None
+
+
+def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """target_down's polls all timed out on a server that refused nothing: it is busy, for
+    up to `checkpoint_grace_s`.
+
+    A refused connection is a server gone; a call (or a connection) not answered within its
+    deadline is a server whose table lock is held, its threads all waiting on it. Reverb's
+    `Table::Checkpoint` holds it while it copies every item (measured on 0.14: 0.8 s at
+    300,000 items; a sync loop checkpointing every 2 minutes under load went 3 polls of
+    0.8 s unanswered, and a new channel's connection during one timed out the same way), and
+    so does a hung server or a host that is gone; which, only the time tells, so the grace
+    ends and target_down opens.
+    """
+    first = paused_since(view, th, now)
+    if first is None:
         return None
+    failing = [r for r in view.polls if r.at >= first.at]
     evidence = {"failed_polls": len(failing), "last_error": failing[-1].error,
                 "seconds_since": now - first.at,
                 "grace_left_s": th.checkpoint_grace_s - (now - first.at)}
     return kinds.CHECKPOINTING.finding(
-        view.target, "", f"The Reverb server '{view.target}' takes calls but answers none in "
-        "time: its table lock is held, by a checkpoint copying its items or by a hung server.",
+        view.target, "", f"The Reverb server '{view.target}' answers no call in time and "
+        "refuses none: its table lock is held, by a checkpoint copying its items or by a hung "
+        "server.",
         evidence, f"Wait: if it still does not answer {th.checkpoint_grace_s:g} s after its "
         "first unanswered poll, this becomes target_down.", since=first.at, last_seen=now)
 

@@ -24,9 +24,10 @@ class Thresholds:
     # back-off: about 12 s after a stop, however short the dark time); for this long after
     # the server is back, the stalls that explains are `reconnecting`, not pages.
     reconnect_grace_s: float = 30.0
-    # A server that takes calls but answers none (its table lock held) is `checkpointing`
-    # for this long, then target_down: Reverb copies every item under the lock (~2.7 us an
-    # item on Reverb 0.14), and a 2-minute checkpoint interval paged target_down here.
+    # A server that answers no call in time and refuses none (its table lock held) is
+    # `checkpointing` for this long, then target_down: Reverb copies every item under the
+    # lock (~2.7 us an item on Reverb 0.14), and a 2-minute checkpoint interval paged
+    # target_down here.
     checkpoint_grace_s: float = 60.0
     # throughput_drop: a rate against its own baseline, the median of 10 s rates over this
     # look-back (at least `throughput_min_baseline_s` of them), and how long it must stay

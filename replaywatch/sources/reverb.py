@@ -150,6 +150,16 @@ class ReverbSource(PolledSource):
                 raise SourceTimeout(
                     f"{self.name}: ServerInfo {NO_ANSWER} {self._timeout_s:g}s "
                     "(connected, no answer)") from None
+            if code == grpc.StatusCode.UNAVAILABLE and any(
+                    cut in (_details(e) or "") for cut in _CONNECT_CUT):
+                # The connection itself did not complete before the deadline: nothing
+                # refused it. A server whose threads all wait on its table lock (a
+                # checkpoint) takes no new connection in time, and after a timed-out poll
+                # the channel is new: this is the same silence as a deadline, not a port
+                # that is closed.
+                raise SourceTimeout(
+                    f"{self.name}: ServerInfo {NO_ANSWER} {self._timeout_s:g}s "
+                    "(connecting, no answer)") from None
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise SourceUnreachable(f"{self.name}: unreachable ({_details(e)})") from None
             raise SourceProtocolError(
@@ -177,6 +187,9 @@ class ReverbSource(PolledSource):
 
 
 _FROZEN = "before receiving SETTINGS frame"
+# gRPC core's words for a connect that did not complete in time (cut by the call's deadline,
+# or by the channel's connect timeout): nothing refused it.
+_CONNECT_CUT = ("handshaker shutdown", "connect() timed out")
 
 
 def _details(error: grpc.RpcError) -> str:
