@@ -15,6 +15,7 @@
 
     python -m bench.long --results bench/RESULTS.md     # make bench-long (about 50 min)
     python -m bench.long --seconds 120 --baseline-s 60  # a quick look (no drop is named)
+    python -m bench.long --no-drops --runs eval_checkpoint,first_step_600s   # two runs again
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop-watch-s", type=float, default=DROP_WATCH_S)
     p.add_argument("--no-healthy", action="store_true")
     p.add_argument("--no-drops", action="store_true")
+    p.add_argument("--runs", default=None, metavar="NAME,...",
+                   help="only these healthy runs, side by side (bench/healthy.py's RUNS)")
     p.add_argument("--results", type=Path, default=None, help="replace the sections here")
     args = p.parse_args(argv)
     sections = []
@@ -154,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_healthy:
             results = []
-            for group in HEALTHY_GROUPS:
+            groups = HEALTHY_GROUPS if args.runs is None else (tuple(args.runs.split(",")),)
+            unknown = sorted(set(groups[0]) - set(healthy.RUNS)) if args.runs else []
+            if unknown:
+                p.error(f"unknown run {unknown[0]!r} (known: {', '.join(healthy.RUNS)})")
+            for group in groups:
                 results += healthy.healthy(args.seconds, Path(tmp), group,
                                            first_step_s=args.seconds)
             took = (time.monotonic() - t0) / 60
