@@ -26,23 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle file (from `replaywatch bundle` "
                    "or the sidecar's bundles directory)")
     p.add_argument("--json", action="store_true", help="print the verdict document")
-    p.add_argument("--config", metavar="FILE", help="TOML file with a [thresholds] table: "
-                   "re-judge under these instead of the bundle's")
     p.add_argument("--thresholds", metavar="NAME=VALUE[,...]", default=None,
                    help="thresholds to re-judge under, e.g. stall_window_s=30,down_polls=5 "
                         "(each also has its own flag: --stall-window-s 30)")
-    for name in Thresholds.field_names():
-        kind = int if isinstance(getattr(Thresholds(), name), int) else float
-        p.add_argument(f"--{name.replace('_', '-')}", dest=f"th_{name}", type=kind,
-                       default=None, help=argparse.SUPPRESS)
 
 
-def thresholds_for(args: argparse.Namespace, bundled: Thresholds) -> Thresholds | None:
-    """The bundle's thresholds with the command line's overrides; None: none given."""
-    overrides: dict[str, Any] = cfg.load_config_file(args.config) if args.config else {}
-    overrides.update(parse_pairs(args.thresholds or ""))
-    overrides.update(cfg.threshold_overrides(
-        [(n, getattr(args, f"th_{n}")) for n in Thresholds.field_names()]))
+def thresholds_for(args: argparse.Namespace, flagged: dict[str, Any], bundled: Thresholds
+                   ) -> Thresholds | None:
+    """The bundle's thresholds with `--thresholds` and `flagged` (the config file's and the
+    threshold flags', as `watch` reads them) over them; None: none given."""
+    overrides = {**parse_pairs(args.thresholds or ""), **flagged}
     return cfg.thresholds_from(overrides, base=bundled) if overrides else None
 
 
@@ -72,9 +65,9 @@ def changed(bundled: Thresholds, used: Thresholds) -> dict[str, tuple[Any, Any]]
             if getattr(bundled, f.name) != getattr(used, f.name)}
 
 
-def run_analyze(args: argparse.Namespace, out: IO[str]) -> int:
+def run_analyze(args: argparse.Namespace, flagged: dict[str, Any], out: IO[str]) -> int:
     b = bd.read(args.bundle)
-    th = thresholds_for(args, b.inputs.thresholds)
+    th = thresholds_for(args, flagged, b.inputs.thresholds)
     findings = bd.verdict(b.inputs, th)
     doc = bd.verdict_document(b.inputs.view.target, b.inputs.now, findings)
     if args.json:

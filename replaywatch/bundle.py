@@ -21,7 +21,6 @@ sidecar had them. Writing the file is bundle_store's business.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -86,30 +85,13 @@ def verdict(inputs: Inputs, thresholds: Thresholds | None = None) -> tuple[Findi
 
 def verdict_document(target: str, now: float, findings: Iterable[Finding]) -> dict[str, Any]:
     """The verdict as `analyze --json` prints it and the bundle keeps it."""
-    return plain({"target": target, "at": now, "findings": [f.to_document() for f in findings]})
+    return codec.encode({"target": target, "at": now,
+                         "findings": [f.to_document() for f in findings]})
 
 
 def dumps_verdict(doc: Mapping[str, Any]) -> str:
     """The one text of a verdict: equal verdicts are equal bytes."""
-    return json.dumps(plain(doc), indent=2, sort_keys=True) + "\n"
-
-
-def plain(value: Any) -> Any:
-    """JSON-able data in one order: sets sorted (their order is a process's hash seed), enums
-    by value, tuples as lists."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return plain(codec.encode(value))
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
-        return sorted((plain(v) for v in value), key=repr)
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)
+    return json.dumps(codec.encode(doc), indent=2, sort_keys=True) + "\n"
 
 
 def finding_from_document(doc: Mapping[str, Any]) -> Finding:
@@ -146,7 +128,7 @@ def build(inputs: Inputs, live: Sequence[Finding], about: About) -> dict[str, An
     """The bundle document (plain data)."""
     view = inputs.view
     stacks, stack_missing = dedupe_stacks(about.stacks)
-    return plain({
+    return codec.encode({
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "replaywatch_version": about.replaywatch_version,
@@ -158,12 +140,12 @@ def build(inputs: Inputs, live: Sequence[Finding], about: About) -> dict[str, An
         "probes": sorted({*view.probe_polls, *view.probes, *view.actors}),
         "pids": pids(view),
         "config": about.config,
-        "thresholds": codec.encode(inputs.thresholds),
+        "thresholds": inputs.thresholds,
         "inputs": {
             "now": inputs.now,
             "layout": inputs.layout,
-            "view": codec.encode(view),
-            "stacks": codec.encode(inputs.stacks),
+            "view": view,
+            "stacks": inputs.stacks,
             "active_before": [f.to_document() for f in inputs.active_before],
             "held": [f.to_document() for f in inputs.held],
         },
@@ -223,7 +205,7 @@ def dedupe_stacks(taken: Mapping[str, Any] | None
             if not isinstance(thread, dict):
                 continue
             stack = {k: v for k, v in thread.items() if k not in _THREAD_IDENTITY}
-            key = json.dumps(plain(stack), sort_keys=True)
+            key = json.dumps(codec.encode(stack), sort_keys=True)
             group = groups.setdefault(key, {**stack, "threads": [], "count": 0})
             group["threads"].append(str(thread.get("name", thread.get("thread_name", "?"))))
             group["count"] += 1

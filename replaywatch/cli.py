@@ -74,10 +74,24 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
                    help="the job's layout, for jobs whose probes cannot say it: sync (insert "
                         "blocking disabled), sync-ratio (one loop, finite max_diff), async, "
                         "async-lag (actors wait on the learner)")
+    _add_threshold_flags(p)
+
+
+def _add_threshold_flags(p: argparse.ArgumentParser) -> None:
+    """`--stall-window-s 30` and the like, one per threshold (hidden from --help)."""
     for name in Thresholds.field_names():
         kind = int if isinstance(getattr(Thresholds(), name), int) else _positive_float
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"th_{name}", type=kind,
                        default=None, help=argparse.SUPPRESS)
+
+
+def threshold_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The thresholds `--config FILE` and the threshold flags set (flags win)."""
+    overrides: dict[str, Any] = cfg.load_config_file(args.config) if args.config else {}
+    overrides.update(cfg.threshold_overrides(
+        [(n, getattr(args, f"th_{n}")) for n in Thresholds.field_names()]
+    ))
+    return overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_fetch_arguments(fetch)
     analyze = sub.add_parser("analyze", help="re-derive a bundle's verdict offline")
     add_analyze_arguments(analyze)
+    analyze.add_argument("--config", metavar="FILE", help="TOML file with a [thresholds] "
+                         "table: re-judge under these instead of the bundle's")
+    _add_threshold_flags(analyze)
     report = sub.add_parser("report", help="a bundle as Markdown for an issue tracker")
     add_report_arguments(report)
     return parser
@@ -126,11 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.WatchConfig:
     """The one place flags, environment and config file become a WatchConfig."""
-    overrides: dict[str, Any] = cfg.load_config_file(args.config) if args.config else {}
-    overrides.update(cfg.threshold_overrides(
-        [(n, getattr(args, f"th_{n}")) for n in Thresholds.field_names()]
-    ))
-    thresholds = cfg.thresholds_from(overrides)
+    thresholds = cfg.thresholds_from(threshold_overrides(args))
     targets = tuple(cfg.parse_address(a, "--reverb") for a in args.reverb)
     probes = tuple(cfg.parse_probe(p) for p in args.probe)
     poll = cfg.PollConfig(
@@ -169,7 +182,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         if args.command == "predict":
             return run_predict(args, sys.stdout)
         if args.command == "analyze":
-            return run_analyze(args, sys.stdout)
+            return run_analyze(args, threshold_overrides(args), sys.stdout)
         if args.command == "report":
             return run_report(args, sys.stdout)
         if args.command == "bundle":

@@ -28,7 +28,9 @@ class DecodeError(ValueError):
 
 
 def encode(value: Any) -> Any:
-    """dataclasses.asdict-style plain data; enums by their value."""
+    """dataclasses.asdict-style plain data in one order: enums by their value, tuples as
+    lists, sets sorted (their order is a process's hash seed: two processes must write the
+    same bytes), anything JSON has no type for by its repr."""
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -37,7 +39,11 @@ def encode(value: Any) -> Any:
         return {str(k): encode(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [encode(v) for v in value]
-    return value
+    if isinstance(value, (set, frozenset)):
+        return sorted((encode(v) for v in value), key=repr)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
 
 
 def decode(tp: Any, value: Any, path: str = "$") -> Any:

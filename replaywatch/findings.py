@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from replaywatch.bundle import Inputs
@@ -96,10 +96,11 @@ class FindingsKeeper:
         """The last cycle's diagnosis inputs for `target` and the findings it had after it."""
         return self._last.get(target)
 
-    def _held_baselines(self, target: str) -> dict[str, dict[str, Baseline]]:
-        """The baselines of this target's open throughput drops, by table."""
-        return {f.table: held_baselines(f.evidence) for f in self._active.values()
-                if f.kind == kinds.THROUGHPUT_DROP.name and f.target == target and f.table}
+    @staticmethod
+    def _held_baselines(open_here: tuple[Finding, ...]) -> dict[str, dict[str, Baseline]]:
+        """The baselines of a target's open throughput drops, by table."""
+        return {f.table: held_baselines(f.evidence) for f in open_here
+                if f.kind == kinds.THROUGHPUT_DROP.name and f.table}
 
     def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus], now: float
                        ) -> CycleFindings:
@@ -109,15 +110,16 @@ class FindingsKeeper:
         insufficient: list[str] = []
         baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
         targets = self._targets()
+        open_by_target = _by_target(self._active.values())
         inputs: dict[str, Inputs] = {}
         for target, probes in targets.items():
+            open_here = open_by_target.get(target, ())
             view = history.view(target, probes, start=now - self._window_s,
                                 coarse_start=now - self._th.throughput_lookback_s)
-            view = dataclasses.replace(view, held_baselines=self._held_baselines(target))
+            view = dataclasses.replace(view, held_baselines=self._held_baselines(open_here))
             verdicts = self._stacks.verdicts(target)
             diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
-            inputs[target] = Inputs(view, now, self._th, self._layout, verdicts, tuple(
-                f for f in self._active.values() if f.target == target))
+            inputs[target] = Inputs(view, now, self._th, self._layout, verdicts, open_here)
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
             for name, series in table_baselines(view, self._th, now).items():
@@ -140,9 +142,9 @@ class FindingsKeeper:
             Transition("resolved", dataclasses.replace(f, resolved_at=now)) for f in gone]
         self._active = {k: f for k, f in result.active.items() if f.target in targets}
         ordered = worst_first(self._active.values())
+        after = _by_target(ordered)
         # Replaced whole, never changed in place: an API thread reads it for a bundle.
-        self._last = {t: (i, tuple(f for f in ordered if f.target == t))
-                      for t, i in inputs.items()}
+        self._last = {t: (i, after.get(t, ())) for t, i in inputs.items()}
         self._forget_verdicts()
         self._dump_loop_stacks(transitions)
         self._record(transitions, history, targets, now)
@@ -254,3 +256,11 @@ class FindingsKeeper:
         kept = self._stacks.dumps(finding.target, finding.table)
         if kept is not None and self._incidents is not None:
             self._attach(finding.finding_id, kept)
+
+
+def _by_target(findings: Iterable[Finding]) -> dict[str, tuple[Finding, ...]]:
+    """Findings grouped by target, each group in the order given."""
+    out: dict[str, list[Finding]] = {}
+    for f in findings:
+        out.setdefault(f.target, []).append(f)
+    return {t: tuple(fs) for t, fs in out.items()}

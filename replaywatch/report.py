@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from replaywatch import bundle as bd
 from replaywatch.diagnosis import ratelimiter as rl
+from replaywatch.errors import ConfigError
 from replaywatch.model import Finding, TableSnapshot
 
 ROWS = 12  # counters over time: at most this many rows per table
@@ -35,8 +36,6 @@ def run_report(args: argparse.Namespace, out: IO[str]) -> int:
             with open(args.out, "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as e:
-            from replaywatch.errors import ConfigError
-
             raise ConfigError(f"{args.out}: cannot write ({e.strerror or e})") from None
     else:
         out.write(text)
@@ -56,7 +55,7 @@ def render(b: bd.Bundle) -> str:
              f" on `{_md(d.get('host'))}` ({_md(d.get('reason'))}). "
              f"Re-derive it with `replaywatch analyze <this bundle>`.", ""]
     lines += _verdict(findings)
-    lines += _limiter(view.tables, b.inputs.now)
+    lines += _limiter(view.tables)
     for name in sorted({f.table for f in findings if f.table} & set(view.tables)):
         lines += _counters(name, view.tables[name], b.inputs.now)
     lines += _probes(b)
@@ -86,7 +85,7 @@ def _verdict(findings: Sequence[Finding]) -> list[str]:
     return [*out, ""]
 
 
-def _limiter(tables: dict[str, tuple[TableSnapshot, ...]], now: float) -> list[str]:
+def _limiter(tables: dict[str, tuple[TableSnapshot, ...]]) -> list[str]:
     out = ["## The rate limiter, last poll", "",
            "| table | size / max | min size to sample | samples per insert | min_diff | "
            "cursor | max_diff | can_sample | can_insert | inserts | samples |",
