@@ -87,7 +87,13 @@ SCENARIOS = {
 
 
 def _first_seen(base: str, seen: dict[str, float], alarms: set[str]) -> None:
-    for f in get_json(f"{base}/api/v1/findings", 2)[1]["findings"]:
+    try:
+        found = get_json(f"{base}/api/v1/findings", 5)[1]["findings"]
+    except OSError:
+        # A sidecar slow to answer on a loaded machine (make test's lanes beside it) is
+        # looked at again on the next round; a missed look only delays what is seen.
+        return
+    for f in found:
         seen.setdefault(f["kind"], time.time())
         if f["severity"] in ("warning", "critical"):
             alarms.add(f["kind"])
