@@ -68,12 +68,13 @@ def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None
     try:
         with sidecar_for(port, **SCALED) as sidecar:
             healthy: list = []
-            tick_until(sidecar, lambda s: False, 9.0, healthy)  # the baseline
+            tick_until(sidecar, lambda s: False, 9.0, healthy,  # the baseline
+                       replay_each=False)
             for a in actors:
                 a.step_s = 0.02 * factor
             slowed = time.monotonic()
             took = tick_until(sidecar, lambda s: "throughput_drop" in kinds(s),
-                              2 * DROP_FOR_S + 3.0)
+                              2 * DROP_FOR_S + 3.0, replay_each=False)
             state = sidecar.store.current()
     finally:
         for a in actors:
