@@ -5,7 +5,8 @@ and ~1 GB), its deadline is in whole seconds (a dead server costs 1 s per poll)
 and its generated protos need TensorFlow's `StructuredValue` for the table
 signature. The sidecar calls the same `ServerInfo` RPC with plain grpcio and
 declares here only the messages it reads, with the field numbers and types of
-reverb/cc/schema.proto and reverb/cc/reverb_service.proto (dm-reverb 0.14).
+reverb/cc/schema.proto and reverb/cc/reverb_service.proto (dm-reverb 0.14; the
+schema.proto of 0.7.2, Launchpad's, declares these fields alike: tests/test_reverb_wire.py).
 
 The messages are built from descriptors at import, in a private pool: no
 generated code to keep in step with a protoc version, no clash with reverb's own
