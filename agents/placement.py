@@ -9,10 +9,16 @@ Two things went wrong for a user joining a cluster with `--ray-address`, both fi
   `prepare_ray_environment` keeps loopback (Ray resolves "this node" to 127.0.0.1 when
   `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, which in the driver changes nothing else: it
   starts no node).
-- A head started by `ray start --head` turns on token authentication (the token in
-  `~/.ray/auth_token`), but a driver given an explicit address does not send it unless
-  `RAY_AUTH_MODE=token`: Ray's `ConnectionError` hid the GCS's `InvalidAuthToken`.
-  `join_failure` turns that into one line that says what to set.
+- `ray start --head` turns on token authentication when it finds a token (`RAY_AUTH_TOKEN`,
+  the file `RAY_AUTH_TOKEN_PATH` names, or `~/.ray/auth_token`, which a local `ray.init()`
+  writes), but a driver given an explicit address sends none unless `RAY_AUTH_MODE=token`:
+  the GCS answered `InvalidAuthToken` for 15 s and Ray raised `ConnectionError`. With
+  `RAY_AUTH_MODE` unset, `prepare_ray_environment` asks the GCS once (`gcs_auth`, one RPC
+  without a token): if it wants one, the driver sends the token Ray would read on this
+  machine (`find_auth_token`), checked first; with no token, or one it refuses, the agent
+  exits 2 with one line at once. A cluster that asks for none gets none: a driver in token
+  mode on it had its actors cancelled before they ran. `join_failure` names the same cause
+  when `ray.init` fails anyway (`RAY_AUTH_MODE` set by the user).
 
 No Ray import at module level: the environment must be set before Ray is imported.
 """
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from agents.config import RunConfig
@@ -37,9 +45,83 @@ def ray_address_host(address: str) -> str:
 
 
 def prepare_ray_environment(ray_address: str | None) -> None:
-    """Before `import ray`: keep a loopback `--ray-address` on loopback (see module doc)."""
-    if ray_address and ray_address_host(ray_address) in _LOOPBACK:
+    """Before `import ray`: loopback kept on loopback, the token sent where the GCS asks for
+    one; exits 2 with one line when it asks and this machine has none it accepts."""
+    if not ray_address:
+        return
+    if ray_address_host(ray_address) in _LOOPBACK:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # A user's RAY_AUTH_MODE is theirs; `ray://` is Ray Client's server, not the GCS.
+    if "RAY_AUTH_MODE" in os.environ or "://" in ray_address or ":" not in ray_address:
+        return
+    failure = use_token_if_asked(ray_address, os.environ, Path.home(), gcs_auth)
+    if failure:
+        sys.stderr.write(f"python -m agents.run: error: {failure}\n")
+        sys.exit(2)
+
+
+def find_auth_token(environ: MutableMapping[str, str], home: Path) -> tuple[str, str] | None:
+    """The token a driver in token mode sends, and where it is, looked up as Ray's loader does.
+
+    A non-empty `RAY_AUTH_TOKEN` is the token; else a non-empty `RAY_AUTH_TOKEN_PATH` names
+    the file (no fallback when it is missing); else `~/.ray/auth_token`, where `ray start
+    --head` reads it. Blank tokens count as none.
+    """
+    if environ.get("RAY_AUTH_TOKEN"):
+        found: tuple[str, str] = (environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN")
+    else:
+        path = Path(environ.get("RAY_AUTH_TOKEN_PATH") or home / ".ray" / "auth_token")
+        try:
+            found = (path.read_text().strip(), str(path))
+        except (OSError, UnicodeDecodeError):
+            return None
+    return found if found[0] else None
+
+
+def gcs_auth(address: str, token: str | None, timeout_s: float = 3.0) -> str:
+    """What the GCS at `address` says to one request carrying `token` (None: no token).
+
+    "refused" (UNAUTHENTICATED: it wants a token, or another one), "open" (it answered),
+    or "unknown" (not up within `timeout_s`, or not a GCS): ray.init then says what is wrong.
+    `GetClusterId` is the first call Ray's own GCS client makes; its request is empty.
+    """
+    import grpc
+
+    channel = grpc.insecure_channel(address)
+    call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    try:
+        call(b"", timeout=timeout_s, metadata=metadata, wait_for_ready=True)
+    except grpc.RpcError as error:
+        return "refused" if error.code() == grpc.StatusCode.UNAUTHENTICATED else "unknown"
+    finally:
+        channel.close()
+    return "open"
+
+
+def use_token_if_asked(address: str, environ: MutableMapping[str, str], home: Path,
+                       gcs: Callable[[str, str | None], str]) -> str | None:
+    """Sets `RAY_AUTH_MODE=token` when the GCS wants a token and accepts this machine's.
+
+    None when the driver can go on (token mode set, or not needed); the one-line reason it
+    cannot join otherwise. Token mode only when asked: on a cluster without authentication
+    the driver's own RPC server would then refuse the cluster's calls, and Ray cancels its
+    actors before they run.
+    """
+    if gcs(address, None) != "refused":
+        return None
+    found = find_auth_token(environ, home)
+    if found is None:
+        return (f"cannot join the Ray cluster at {address}: it requires token authentication "
+                "and this machine has no token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+                "~/.ray/auth_token); set RAY_AUTH_TOKEN to the head's (`ray get-auth-token` "
+                "there prints it)")
+    token, source = found
+    if gcs(address, token) == "refused":
+        return (f"cannot join the Ray cluster at {address}: it refused the token from {source}; "
+                "set RAY_AUTH_TOKEN to the head's (`ray get-auth-token` there prints it)")
+    environ["RAY_AUTH_MODE"] = "token"
+    return None
 
 
 def join_failure(address: str, error: BaseException) -> str:
