@@ -10,10 +10,18 @@ names `sample_blocked` while the learner waits in `next()`; a new actor node let
 supervisor's replacements start (each serving its slot's ActorProbe), inserts flow again and
 the finding resolves. The same warm cluster then runs the seed's configuration in its
 asynchronous form. (A hung learner in distributed mode: tests/test_agents_distributed.py.)
+
+First, before that cluster starts: a head started as Ray's own output says (`ray start
+--head`), token authentication on, joined with `--ray-address` and no `RAY_AUTH_MODE`.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +29,10 @@ from typing import Any
 
 import pytest
 
+from agents.placement import gcs_auth
 from agents.seed_hang import ASYNC_FLAGS
 from harness.agent import AgentProcess
-from harness.procs import Proc, get_json, wait_until
+from harness.procs import PYTHON, ROOT, Proc, free_port, get_json, wait_until
 from harness.ray_cluster import RayCluster, ray_cluster  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
@@ -52,6 +61,79 @@ def grew(url: str, first: dict[str, Any]) -> bool:
     doc = actor_doc(url)
     return (doc["steps_total"] > first["steps_total"]
             and doc["items_created_total"] > first["items_created_total"])
+
+
+def ray_start_head(port: int, home: Path, temp_dir: str, log: Path) -> Proc:
+    """`ray start --head --block` on loopback, as README's cluster section starts it.
+
+    Every port it would otherwise take at a fixed number gets a free one (another lane may
+    run Ray). Killed through its process tree afterwards, never `ray stop`, which stops
+    every Ray on the machine.
+    """
+    ports = {flag: str(free_port()) for flag in (
+        "--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port")}
+    return Proc([str(Path(PYTHON).parent / "ray"), "start", "--head", "--block",
+                 "--port", str(port), "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                 "--object-store-memory", str(150 << 20), "--include-dashboard", "false",
+                 "--disable-usage-stats", "--temp-dir", temp_dir,
+                 *[part for item in ports.items() for part in item]],
+                env={"HOME": str(home)}, stdout_path=log)
+
+
+def test_a_ray_start_head_on_this_machine_is_joined_with_no_auth_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The token `ray start` read is the one the agent sends; without one, one line at once.
+
+    A HOME of its own holds the token (`~/.ray/auth_token`, as a local `ray.init()` or `ray
+    get-auth-token --generate` writes it), so the machine's own is neither read nor changed.
+    """
+    began = time.monotonic()
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
+                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)  # the children inherit this environment
+    home, empty = tmp_path / "home", tmp_path / "empty"
+    (home / ".ray").mkdir(parents=True)
+    empty.mkdir()
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32) + "\n")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    temp_dir = tempfile.mkdtemp(prefix="ray-head-")  # short: Ray's socket paths have a limit
+    head = ray_start_head(port, home, temp_dir, tmp_path / "head.log")
+    try:
+        wait_until(lambda: "Ray runtime started" in (tmp_path / "head.log").read_text(),
+                   timeout_s=60)
+        head_s = time.monotonic() - began
+        assert "Token authentication is enabled" in (tmp_path / "head.log").read_text()
+        assert gcs_auth(address, None) == "refused"
+
+        refused_at = time.monotonic()
+        flags = ["--mode", "distributed", "--ray-address", address, "--num-actors", "1",
+                 "--batch-size", "32", "--samples-per-insert", "32", "--min-replay-size", "100",
+                 "--steps", "1000000", "--eval-every", "0", "--log-every", "1"]
+        no_token = subprocess.run([PYTHON, "-m", "agents.run", *flags], cwd=ROOT, text=True,
+                                  capture_output=True, timeout=60, env={
+                                      **os.environ, "HOME": str(empty)})
+        refused_s = time.monotonic() - refused_at
+        assert no_token.returncode == 2, no_token.stderr[-2000:]
+        assert no_token.stderr.splitlines() == [
+            f"python -m agents.run: error: cannot join the Ray cluster at {address}: it requires "
+            "token authentication and this machine has no token (RAY_AUTH_TOKEN, "
+            "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); set RAY_AUTH_TOKEN to the head's "
+            "(`ray get-auth-token` there prints it)"]
+
+        with AgentProcess(flags, env={"HOME": str(home)}, log=tmp_path / "agent.log") as agent:
+            agent.start_line(timeout_s=150)
+            start_line_s = time.monotonic() - began
+            agent.wait_for(lambda r: r["event"] == "progress" and r["learner_steps"] > 0,
+                           timeout_s=90)
+            learning_s = time.monotonic() - began
+        assert "InvalidAuthToken" not in (tmp_path / "agent.log").read_text()
+    finally:
+        head.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    print(f"\nhead up {head_s:.1f}s, no token refused in {refused_s:.1f}s, start line "
+          f"{start_line_s:.1f}s, learning {learning_s:.1f}s, test {time.monotonic() - began:.1f}s")
 
 
 def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers(
