@@ -11,6 +11,14 @@ STAMP := $(VENV)/.installed
 DEADLOCK ?= 0
 DEMO_PORT ?= 9321
 PYTEST_ARGS ?=
+# The Launchpad tier (tests/test_launchpad.py) runs real Launchpad programs from a second venv
+# on Python 3.10 (dm-launchpad has cp37-cp310 wheels only), pinned in constraints-launchpad.txt.
+# Without a Python 3.10 it is skipped with one line; REQUIRE_LAUNCHPAD=1 (CI's .ci/run) makes
+# that a failure, so the tier cannot silently stop running.
+LP_VENV := .venv-launchpad
+LP_PY := $(LP_VENV)/bin/python
+LP_STAMP := $(LP_VENV)/.installed
+REQUIRE_LAUNCHPAD ?= 0
 # make test's xdist workers: the agent tests in one lane (tests/conftest.py's AGENT_LANE),
 # the rest in two lanes beside it. With one, that lane (~300 s of tests, half of it waiting
 # on stall windows and real processes) outlasted the agent lane; the three average ~70% of
@@ -22,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-long bench-bundles system-deps venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-long bench-bundles system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -42,6 +50,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(UV_INSTALL) --no-deps dm-acme dm-env  # tests/test_acme_real.py (its deps: no cp311 wheels)
 	touch $(STAMP)
 
+# uv (from the main venv) builds it: about 1 GB, TensorFlow 2.8 the most of it.
+launchpad-venv: $(STAMP)
+	@py=$$(tools/python310) || py=""; \
+	if [ -z "$$py" ]; then \
+		echo "no Python 3.10 on this machine (PATH or pyenv): the Launchpad tier is skipped"; \
+		[ "$(REQUIRE_LAUNCHPAD)" != 1 ] || { echo "REQUIRE_LAUNCHPAD=1: the Launchpad tier must run"; exit 1; }; \
+	elif [ ! -f $(LP_STAMP) ] || [ constraints-launchpad.txt -nt $(LP_STAMP) ]; then \
+		$(UV) venv -q --allow-existing --python "$$py" $(LP_VENV) && \
+		$(UV) pip install -q --python $(LP_PY) --compile-bytecode --system-certs \
+			-c constraints-launchpad.txt 'dm-launchpad[reverb]' tensorflow-cpu && \
+		touch $(LP_STAMP); \
+	fi
+
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
@@ -59,10 +80,12 @@ system-deps:
 
 # The venv and the Debian packages are installed side by side (-j2): neither needs the other.
 test:
-	@$(MAKE) --no-print-directory -j2 venv system-deps
+	@$(MAKE) --no-print-directory -j3 venv system-deps launchpad-venv
 	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
 	$(PY) -m mypy replaywatch
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
+	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) \
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
@@ -97,4 +120,4 @@ bench-bundles: $(STAMP)
 	$(PY) -m bench.bundle_sizes --results bench/RESULTS.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LP_VENV) .pytest_cache .mypy_cache .ruff_cache

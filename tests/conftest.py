@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -127,7 +128,7 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
 AGENT_LANE = frozenset({
     "test_agents_distributed.py", "test_agents_hang.py", "test_agents_sync.py",
     "test_alerting_e2e.py", "test_detection_real.py", "test_ray_cluster.py",
-    "test_acme_real.py",
+    "test_acme_real.py", "test_launchpad.py",
 })
 
 
@@ -149,3 +150,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     shim = sys.modules.get("haiku.experimental.flax")
     if shim is not None and type(shim).__name__ == "FlaxNotInstalled":
         del sys.modules["haiku.experimental.flax"]
+
+
+# CI (.ci/run) sets REPLAYWATCH_REQUIRE_LAUNCHPAD=1 through the Makefile: there the Launchpad
+# tier must have run and passed, whatever skipped or deselected it, or the session fails.
+LAUNCHPAD_TIER = "tests/test_launchpad.py"
+_launchpad_passed: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed and report.nodeid.startswith(LAUNCHPAD_TIER):
+        _launchpad_passed.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if (os.environ.get("REPLAYWATCH_REQUIRE_LAUNCHPAD") != "1"
+            or hasattr(session.config, "workerinput")  # an xdist worker: the controller judges
+            or session.config.getoption("collectonly")):
+        return
+    if not _launchpad_passed:
+        sys.stderr.write(f"\nREPLAYWATCH_REQUIRE_LAUNCHPAD=1: no test of {LAUNCHPAD_TIER} ran "
+                         "and passed (the Launchpad tier was skipped)\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    else:
+        sys.stdout.write(f"\nLaunchpad tier: {len(_launchpad_passed)} tests passed on real "
+                         "Launchpad programs\n")
