@@ -98,6 +98,15 @@ THROUGHPUT_CASES: list[tuple[str, Callable[..., Any], Callable[[], Any], str | N
     ("no_throughput_drop_below_half_for_less_than_five_minutes",
      rules_throughput.is_throughput_drop,
      lambda: view(coarse_table(HEALTHY + rates((40, 200)))), None),
+    # A noisy drop to just under half: 40/s and 56/s by turns (48/s, half the buckets above
+    # the half line) for 310 s. The span's median bucket is under the line: a drop.
+    ("throughput_drop_just_under_half_with_noise", rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((40, 10), (56, 10)) * 16)), "throughput_drop"),
+    # Slow for the first half of the span, then back to 100/s: the median bucket and the
+    # span's rate are above half. Recovered, not a drop.
+    ("no_throughput_drop_when_half_the_span_is_back_to_normal",
+     rules_throughput.is_throughput_drop,
+     lambda: view(coarse_table(HEALTHY + rates((20, 160), (100, 150)))), None),
     # 60/s for 10 min: slower, inside the band (+-50 % at least).
     ("no_throughput_drop_inside_the_band", rules_throughput.is_throughput_drop,
      lambda: view(coarse_table(HEALTHY + rates((60, 600)))), None),
@@ -219,6 +228,21 @@ def test_an_open_drop_is_judged_against_the_baseline_it_opened_with() -> None:
     # The dashboard's band stays at the held baseline while the drop is open.
     band = rules_throughput.table_baselines(kept, DEFAULT, now_of(night))
     assert band["replay"]["inserts"].median == 100.0
+
+
+def test_an_open_drop_just_under_half_stays_open_through_its_noise_and_resolves_above() -> None:
+    # Opened at 48/s against 100/s. A span whose median bucket is 52/s is above the half line,
+    # but an open drop is held until its span is back above 60/s (HOLD_MARGIN): one noisy span
+    # does not resolve it and open it again.
+    opened = drop_of(coarse_table(HEALTHY + rates((40, 10), (56, 10)) * 16))
+    held = {"replay": rules_throughput.held_baselines(opened.evidence)}
+    noisy = coarse_table(HEALTHY + rates((40, 10), (56, 10)) * 16 + rates((48, 10), (56, 10)) * 16)
+    assert rules_throughput.is_throughput_drop(view(noisy), DEFAULT, now_of(noisy)) is None
+    kept = dataclasses.replace(view(noisy), held_baselines=held)
+    assert rules_throughput.is_throughput_drop(kept, DEFAULT, now_of(noisy)) is not None
+    back = coarse_table(HEALTHY + rates((40, 10), (56, 10)) * 16 + rates((70, 310)))
+    again = dataclasses.replace(view(back), held_baselines=held)
+    assert rules_throughput.is_throughput_drop(again, DEFAULT, now_of(back)) is None
 
 
 def test_evidence_without_baselines_holds_nothing() -> None:
