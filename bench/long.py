@@ -29,7 +29,7 @@ from typing import Any
 
 from bench import healthy, watched
 from bench.results_md import replace_sections
-from harness.procs import get_json
+from harness.procs import get_json, get_text
 
 LONG_S = 600.0
 BASELINE_S = 240.0
@@ -83,6 +83,7 @@ def detect_drops(tmp: Path, baseline_s: float, watch_s: float) -> list[dict[str,
                 row[f"{side}:alarms"] = sorted(k for k in r.alarms[side]
                                                if k != "throughput_drop")
             row["finding"] = _drop_evidence(r)
+            row["measured_ratio"] = _measured_ratio(r)
             out.append(row)
         return out
     finally:
@@ -115,6 +116,28 @@ def _drop_evidence(run: Any) -> dict[str, Any] | None:
     return None
 
 
+def _measured_ratio(run: Any, span_s: float = 300.0) -> float | None:
+    """The insert rate of the last `span_s` over the baseline the sidecar shows, whether or
+    not a drop was named (a drop too shallow to name still says how deep it went)."""
+    for base in run.bases.values():
+        try:
+            table = get_json(f"{base}/api/v1/tables", 2)[1]["tables"][0]
+            history = get_json(f"{base}/api/v1/tables/{table['target']}/{table['name']}"
+                               f"/history?seconds={span_s:g}", 5)[1]["points"]
+            metrics = get_text(f"{base}/metrics", 5)[1]
+        except (OSError, KeyError, IndexError, ValueError):
+            continue
+        baseline = next((float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                         if line.startswith("replaywatch_table_rate_baseline_per_second{")
+                         and 'series="inserts"' in line), None)
+        first, last = history[0], history[-1]
+        seconds = last["observed_at"] - first["observed_at"]
+        if baseline and seconds > 0:
+            inserts = (last["rate_limiter"]["inserts"] - first["rate_limiter"]["inserts"])
+            return round(inserts / seconds / baseline, 3)
+    return None
+
+
 def render_drops(rows: list[dict[str, Any]], baseline_s: float) -> str:
     lines = [f"{HEADING_DROPS} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"`make bench-long` (bench/long.py), default thresholds. Distributed, 4 actors "
@@ -122,10 +145,12 @@ def render_drops(rows: list[dict[str, Any]], baseline_s: float) -> str:
              f"{baseline_s:g} s (by the step factor shown); seconds from the slow-down to the "
              "first throughput_drop on each sidecar (bounds: 60 s plus a 10 s bucket below a "
              "fifth, 300 s plus a bucket below half). Ratio: the worst series' rate over its "
-             "baseline, from the finding still open at the end.", "",
+             "baseline, from the finding still open at the end; inserts/baseline: the "
+             "table's insert rate over the last 300 s against the baseline the sidecar "
+             "shows, named or not.", "",
              "| drop | step factor | probe+actors sidecar s | Reverb-only sidecar s "
-             "| worst series | ratio | attribution | other alarms |",
-             "| --- | ---: | ---: | ---: | --- | ---: | --- | --- |"]
+             "| worst series | ratio | inserts/baseline | attribution | other alarms |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
     factors = dict(DROPS)
     for r in rows:
         f = r["finding"] or {}
@@ -133,7 +158,8 @@ def render_drops(rows: list[dict[str, Any]], baseline_s: float) -> str:
         name = r['run'].removeprefix('drop_')
         lines.append(f"| {name} | {factors.get(name, 0):g} | {_s(r.get('probe'))} | "
                      f"{_s(r.get('reverb'))} | {f.get('worst_series', '-')} | "
-                     f"{f.get('worst_ratio', '-')} | {f.get('attribution', '-')} | "
+                     f"{f.get('worst_ratio', '-')} | {r.get('measured_ratio') or '-'} | "
+                     f"{f.get('attribution', '-')} | "
                      f"{', '.join(other) or 'none'} |")
     return "\n".join(lines) + "\n"
 

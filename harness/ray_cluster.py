@@ -12,8 +12,9 @@ raylet per role, each offering one unit of a custom resource named after its rol
 can take a node away as a lost machine would.
 
 Why loopback and no token: nothing outside this machine needs it, and a head on
-the machine's outward address was reachable from the network and demanded a token
-the driver does not send (`RAY_AUTH_MODE`, see agents/placement.py). The agent
+the machine's outward address was reachable from the network. The agent sends a token only
+to a head that asks for one (agents/placement.py); a head started by `ray start --head`,
+which does ask, is tests/test_ray_cluster.py's first case. The agent
 keeps a loopback `--ray-address` on loopback; a local `ray.init()` beside this
 cluster starts its own (the agent passes address="local"), so two clusters coexist.
 
@@ -24,6 +25,7 @@ one (`ray_cluster` below is module-scoped) and every run joins it.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -94,6 +96,7 @@ class RayCluster:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        shutil.rmtree(self._temp, ignore_errors=True)  # Ray's session logs, per cluster
 
 
 @pytest.fixture(scope="module")
