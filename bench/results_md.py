@@ -34,7 +34,7 @@ def detection_section(results: list[dict[str, Any]], runs: int, took_s: float) -
 
 def healthy_section(results: list[dict[str, Any]], seconds: float, first_step_s: float,
                     took_s: float) -> str:
-    return (f"{HEALTHY_HEADING} ({', '.join(r['run'] for r in results)} side by side; "
+    return (f"{HEALTHY_HEADING} ({', '.join(r['run'] for r in results)}, three side by side; "
             f"{seconds:g} s each, first-step runs {first_step_s:g} s; {took_s / 60:.1f} min, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
             "Watched from the start line by a sidecar with the learner's probe and every actor "

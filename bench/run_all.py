@@ -1,7 +1,8 @@
 """`make bench`: every benchmark, one after another, into bench/RESULTS.md.
 
 First the healthy false-alarm runs (bench/healthy.py: sync, async and distributed
-agents and a learner whose first step takes 60 s, for 150 s side by side,
+agents, then an on-policy queue, a sync loop that evaluates and checkpoints, and a learner
+whose first step takes 60 s, three at a time side by side for 150 s,
 each watched with its probes and from Reverb alone), then the detection scenarios,
 one at a time: running them in parallel lanes, or beside the healthy runs, starves the
 distributed actors of CPU for over 10 s on 2 cores, which is a real `sample_blocked`,
@@ -80,8 +81,9 @@ def main() -> None:
         parts.append((name, time.monotonic() - began))
         return value
 
-    healthy_runs = timed("healthy runs", lambda: healthy.healthy(
-        HEALTHY_S, tmp, healthy.DEFAULT_RUNS, FIRST_STEP_S))
+    healthy_runs = timed("healthy runs", lambda: [
+        r for group in healthy.BENCH_GROUPS
+        for r in healthy.healthy(HEALTHY_S, tmp, group, FIRST_STEP_S)])
     results = timed("detection", lambda: detection.run_lanes(
         [list(detection.SCENARIOS)], DETECTION_RUNS, tmp))
     sections.append(detection_section(results, DETECTION_RUNS, parts[-1][1]))
