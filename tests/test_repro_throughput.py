@@ -85,7 +85,9 @@ def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None
           f"(bound {span + 2 * BUCKET_S} s + slack)")
     assert not set().union(*(alarms(s) for s in healthy))
     assert took is not None and took <= span + 2 * BUCKET_S + SLACK_S + 1.0
-    assert time.monotonic() - slowed >= span - BUCKET_S  # the span, to within a bucket
+    # Named once the span's rate and its median bucket are under the line: most of the span
+    # slow (a 3x drop: four fifths of it), never a moment's slowness.
+    assert time.monotonic() - slowed >= span / 2
     drop = next(f for f in state.findings if f.kind == "throughput_drop")
     inserts = drop.evidence["series"]["inserts"]
     assert inserts["ratio"] < (0.2 if factor >= 5 else 0.5)

@@ -167,8 +167,9 @@ THROUGHPUT_DROP = Kind(
     Name.THROUGHPUT_DROP, Severity.WARNING, needs_probe=False,
     meaning="A table's insert or sample rate, or an actor's steps per second (ActorProbe), "
             "stayed below its own baseline (the median of 10 s rates over the last 30 min, "
-            "band at least +-50 %): below half for `throughput_drop_for_s` (300 s), below a "
-            "fifth for a fifth of that, while something still moves. Says whether the "
+            "band at least +-50 %): over the last `throughput_drop_for_s` (300 s) its rate "
+            "and its median moving 10 s rate below half, or over a fifth of that below a "
+            "fifth, while something still moves. Says whether the "
             "server (its time per insert grew) or the clients are slower.",
     fix="Server slower: check the replay host. Clients slower: the actors' environment "
         "step or writer time (evidence), or the learner's step.")
