@@ -37,28 +37,37 @@ class StepDelay:
     factor: float = 1.0
     after_s: float = 0.0
     ramp_s: float = 0.0
+    # `FACTORx@SECONDS`: not the delay but the whole actor loop FACTOR times slower (each
+    # step starts FACTOR times its mean interval of the minute before SECONDS after the last):
+    # a rate that falls by FACTOR whatever else the loop costs and however busy the machine.
+    paced: bool = False
 
     def __post_init__(self) -> None:
         if self.base_s < 0 or self.factor <= 0 or self.after_s < 0 or self.ramp_s < 0:
             raise ValueError(f"step delay ({self}) needs base_s, after_s, ramp_s >= 0 and "
                              "factor > 0")
-        if self.factor != 1.0 and self.base_s == 0:
+        if self.factor != 1.0 and self.base_s == 0 and not self.paced:
             raise ValueError("a slow-down multiplies --env-step-delay-s, which is 0")
 
     @classmethod
     def parse(cls, base_s: float, slow_down: str | None) -> StepDelay:
-        """`FACTOR@SECONDS[:RAMP]`: e.g. `10@240:90`, ten times slower from 240 s, over 90 s."""
+        """`FACTOR@SECONDS[:RAMP]`: e.g. `10@240:90`, a delay ten times longer from 240 s,
+        over 90 s; `FACTORx@SECONDS`: e.g. `2x@240`, the actor loop's rate halved from 240 s."""
         if not slow_down:
             return cls(base_s)
         try:
             factor, _, rest = slow_down.partition("@")
             after, _, ramp = rest.partition(":")
-            return cls(base_s, float(factor), float(after), float(ramp or 0))
+            paced = factor.endswith("x")
+            if paced and ramp:
+                raise ValueError("a paced slow-down has no ramp")
+            return cls(base_s, float(factor.removesuffix("x")), float(after), float(ramp or 0),
+                       paced)
         except ValueError as error:
             raise ValueError(f"slow-down {slow_down!r}: FACTOR@SECONDS[:RAMP] ({error})") from None
 
     def at(self, elapsed_s: float) -> float:
-        if self.factor == 1.0 or elapsed_s <= self.after_s:
+        if self.factor == 1.0 or elapsed_s <= self.after_s or self.paced:
             return self.base_s
         done = 1.0 if self.ramp_s == 0 else min(1.0, (elapsed_s - self.after_s) / self.ramp_s)
         return self.base_s * (1.0 + (self.factor - 1.0) * done)
@@ -230,7 +239,7 @@ class RunConfig:
     # for a long first jit compile (acme#212), to test start-up awareness. 0: none.
     first_step_delay_s: float = 0.0
     # What each environment step costs on top of Pendulum's own, and how it grows
-    # (environments.StepDelay; --env-step-delay-s, --slow-down FACTOR@SECONDS[:RAMP]).
+    # (environments.StepDelay; --env-step-delay-s, --slow-down FACTOR[x]@SECONDS[:RAMP]).
     env_step_delay: StepDelay = StepDelay()
     # Checkpoint the Reverb server (`client.checkpoint()`) every this many seconds; 0: never.
     checkpoint_every_s: float = 0.0

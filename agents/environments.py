@@ -80,15 +80,44 @@ class PixelPendulum(gym.Wrapper):
 
 
 class SlowSteps(gym.Wrapper):
-    """Sleeps `delay.at(seconds since made)` before each step."""
+    """Sleeps `delay.at(seconds since made)` before each step; a paced delay also holds each
+    step until FACTOR times the loop's mean step interval of the minute before the slow-down
+    has passed since the last one (`Pacer`)."""
 
     def __init__(self, env: gym.Env, delay: StepDelay):
         super().__init__(env)
         self._delay, self._made = delay, time.monotonic()
+        self._pacer = Pacer(delay) if delay.paced else None
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         time.sleep(self._delay.at(time.monotonic() - self._made))
+        if self._pacer is not None:
+            time.sleep(self._pacer.wait(time.monotonic() - self._made))
         return self.env.step(action)
+
+
+class Pacer:
+    """How long a step waits so that, after `delay.after_s`, the loop steps `delay.factor`
+    times slower than its mean over the `PACE_WINDOW_S` before (time as an argument)."""
+
+    PACE_WINDOW_S = 60.0
+
+    def __init__(self, delay: StepDelay):
+        self._delay = delay
+        self._starts: list[float] = []  # step starts in the window before the slow-down
+        self._last: float | None = None
+
+    def wait(self, elapsed_s: float) -> float:
+        d, last = self._delay, self._last
+        if elapsed_s <= d.after_s or len(self._starts) < 2 or last is None:
+            if elapsed_s >= d.after_s - self.PACE_WINDOW_S:
+                self._starts.append(elapsed_s)
+            self._last = elapsed_s
+            return 0.0
+        before = (self._starts[-1] - self._starts[0]) / (len(self._starts) - 1)
+        wait = max(0.0, last + d.factor * before - elapsed_s)
+        self._last = elapsed_s + wait
+        return wait
 
 
 def make_environment(

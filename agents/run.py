@@ -112,9 +112,11 @@ def make_parser() -> argparse.ArgumentParser:
     )
     add("--env-step-delay-s", type=float, default=0.0, metavar="SECONDS",
         help="every environment step sleeps this long (a costly simulator)")
-    add("--slow-down", default=None, metavar="FACTOR@SECONDS[:RAMP]",
+    add("--slow-down", default=None, metavar="FACTOR[x]@SECONDS[:RAMP]",
         help="the step delay grows FACTOR times from SECONDS after each environment starts, "
-        "over RAMP seconds (e.g. 10@240:90): throughput that falls without blocking")
+        "over RAMP seconds (e.g. 10@240:90); FACTORx@SECONDS (e.g. 2x@240): each actor "
+        "loop FACTOR times slower than its minute before: throughput that falls without "
+        "blocking")
     add("--checkpoint-every-s", type=float, default=0.0, metavar="SECONDS",
         help="checkpoint the Reverb server every SECONDS (client.checkpoint()); 0: never")
     add("--queue", action="store_true",

@@ -6,12 +6,12 @@
    (a 10-minute first compile, watched a minute past it). A throughput baseline takes 3
    minutes and a drop 5 more, so only runs this long can show throughput_drop's false alarms.
    Any warning or critical finding on either sidecar is a false alarm.
-2. **throughput_drop's detection times**: distributed runs whose actors' 20 ms environment
-   step grows at once, BASELINE_S (240 s) after each actor's environment is made, enough to
-   take their rates down 2x, 5x and 10x (DROPS), side by side. Measured per sidecar: from
-   the slow-down (the earliest actor probe's `started_at` plus BASELINE_S; the environment is
-   made a moment after the probe starts) to the first throughput_drop; not named within
-   DROP_WATCH_S is "not named".
+2. **throughput_drop's detection times**: distributed runs (a 20 ms environment step) whose
+   actor loops are paced 2x, 5x and 10x slower than their own minute before (DROPS), at once,
+   BASELINE_S (240 s) after each actor's environment is made, side by side. Measured per
+   sidecar: from the slow-down (the earliest actor probe's `started_at` plus BASELINE_S; the
+   environment is made a moment after the probe starts) to the first throughput_drop; not
+   named within DROP_WATCH_S is "not named".
 
     python -m bench.long --results bench/RESULTS.md     # make bench-long (about 50 min)
     python -m bench.long --seconds 120 --baseline-s 60  # a quick look (no drop is named)
@@ -35,13 +35,11 @@ LONG_S = 600.0
 BASELINE_S = 240.0
 DROP_WATCH_S = 660.0  # past the slow-down: the 300 s bound for half, twice, and a minute
 STEP_S = 0.02
-# The environment step is most of an actor's loop, not all of it: with 4 actors, the learner
-# and two sidecars on 2 cores, a step 6x and 12x longer took the rates down 3.7x and 7.5x
-# (the rest of a step, the policy, the writer and waiting for a core, is ~15 ms). Each
-# drop's step factor is chosen so that its rate falls a little more than 2x, 5x and 10x
-# (3.2 and 9.5 left 0.5 and 0.21 of the rate in one run: too near the lines to call them 2x
-# and 5x); the table shows the ratio measured, named or not.
-DROPS = (("2x", 4.0), ("5x", 11.0), ("10x", 20.0))
+# Each actor loop is paced FACTOR times slower than its own minute before the slow-down
+# (`--slow-down FACTORx@SECONDS`). Multiplying only the environment step's sleep took the
+# rates down by however much of the loop that sleep was on a machine this busy: x3.2 and x9.5
+# left 0.5 and 0.21 of the rate in one run, x4 and x11 left 0.31 and 0.11 in the next.
+DROPS = (("2x", 2.0), ("5x", 5.0), ("10x", 10.0))
 HEALTHY_GROUPS = (("sync", "async", "distributed"),
                   ("queue", "eval_checkpoint", "first_step_600s"))
 HEADING_HEALTHY = "## Long healthy runs"
@@ -51,7 +49,7 @@ HEADING_DROPS = "## throughput_drop detection"
 def drop_runs(baseline_s: float) -> list[healthy.HealthyRun]:
     return [healthy.HealthyRun(
         f"drop_{name}", [*watched.DISTRIBUTED, "--env-step-delay-s", f"{STEP_S:g}",
-                         "--slow-down", f"{f:g}@{baseline_s:g}"]) for name, f in DROPS]
+                         "--slow-down", f"{f:g}x@{baseline_s:g}"]) for name, f in DROPS]
 
 
 def detect_drops(tmp: Path, baseline_s: float, watch_s: float) -> list[dict[str, Any]]:
@@ -148,14 +146,14 @@ def _rate(points: list[dict[str, Any]]) -> float | None:
 def render_drops(rows: list[dict[str, Any]], baseline_s: float) -> str:
     lines = [f"{HEADING_DROPS} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"`make bench-long` (bench/long.py), default thresholds. Distributed, 4 actors "
-             f"whose {STEP_S * 1000:g} ms environment step grows at once after "
-             f"{baseline_s:g} s (by the step factor shown); seconds from the slow-down to the "
-             "first throughput_drop on each sidecar (bounds: 60 s plus a 10 s bucket below a "
-             "fifth, 300 s plus a bucket below half). Ratio: the worst series' rate over its "
-             "baseline, from the finding still open at the end; inserts after/before: the "
-             "table's insert rate over the last 180 s against its rate over the 180 s before "
-             "the slow-down, named or not.", "",
-             "| drop | step factor | probe+actors sidecar s | Reverb-only sidecar s "
+             f"stepping a {STEP_S * 1000:g} ms environment, each loop paced the factor shown "
+             f"slower than its minute before, at once, after {baseline_s:g} s; seconds from "
+             "the slow-down to the first throughput_drop on each sidecar (bounds: 60 s plus "
+             "a 10 s bucket below a fifth, 300 s plus a bucket below half). Ratio: the worst "
+             "series' rate over its baseline, from the finding still open at the end; "
+             "inserts after/before: the table's insert rate over the last 180 s against its "
+             "rate over the 180 s before the slow-down, named or not.", "",
+             "| drop | loop factor | probe+actors sidecar s | Reverb-only sidecar s "
              "| worst series | ratio | inserts after/before | attribution | other alarms |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
     factors = dict(DROPS)

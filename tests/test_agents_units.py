@@ -29,7 +29,12 @@ from agents.config import (
     StepDelay,
     TD3Config,
 )
-from agents.environments import make_environment, make_environment_spec, render_pendulum
+from agents.environments import (
+    Pacer,
+    make_environment,
+    make_environment_spec,
+    render_pendulum,
+)
 from agents.learning import Transition, make_initial_state, make_update_fn
 from agents.local import LearningActor
 from agents.networks import make_networks, random_crop
@@ -371,8 +376,24 @@ def test_a_slow_down_multiplies_the_step_delay_after_its_time_over_its_ramp() ->
     assert StepDelay.parse(0.0, None).at(1e6) == 0.0
 
 
+def test_a_paced_slow_down_divides_the_loops_rate_by_its_factor() -> None:
+    delay = StepDelay.parse(0.0, "2x@100")
+    assert delay.paced and delay.factor == 2.0 and delay.at(500.0) == 0.0
+    pacer = Pacer(delay)
+    # A loop stepping every 0.1 s (whatever its steps cost) until 100 s ...
+    assert all(pacer.wait(t / 10) == 0.0 for t in range(0, 1001))
+    # ... then every 0.2 s: each step waits out the rest of twice the interval before.
+    elapsed, starts = 100.05, []
+    for _ in range(50):
+        elapsed += pacer.wait(elapsed)
+        starts.append(elapsed)
+        elapsed += 0.05  # the loop's own work
+    assert (starts[-1] - starts[0]) / 49 == pytest.approx(0.2)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--slow-down", "10@240"], "multiplies --env-step-delay-s, which is 0"),
+    (["--slow-down", "2x@240:30"], "a paced slow-down has no ramp"),
     (["--env-step-delay-s", "0.02", "--slow-down", "ten@240"], "FACTOR@SECONDS[:RAMP]"),
     (["--queue"], "--queue needs --mode distributed"),
     (["--checkpoint-every-s", "-1"], "checkpoint_every_s (-1.0) must be >= 0"),
