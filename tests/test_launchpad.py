@@ -44,7 +44,11 @@ PROGRAM = "harness/launchpad_program.py"
 POLL_S = 0.25
 THRESHOLDS = Thresholds(stall_window_s=3.0, min_history_s=1.0, startup_grace_s=1.0)
 HEALTHY_S = 12.0  # four stall windows of a healthy program
-NAMED_WITHIN_S = 20.0  # a stall window and polls, with room for four busy nodes on 2 cores
+# A stall window and polls, with room for four busy nodes on 2 cores.
+NAMED_WITHIN_S = 20.0
+# The seed's batch and samples per insert, with a small error buffer (a short warm-up).
+SEED_COLOCATED = ("--form", "colocated", "--batch-size", "256", "--samples-per-insert", "128",
+                  "--min-size", "1000", "--error-buffer", "256")
 
 
 def launchpad_python() -> str:
@@ -182,9 +186,7 @@ def test_producers_and_a_learner_in_their_own_nodes_healthy_then_a_hung_learner_
 
 def test_the_seeds_synchronous_loop_colocated_with_its_reverb_node_is_worker_starvation(
         launch: Callable[..., Program]) -> None:
-    program = launch("--form", "colocated", "--workers", "12", "--batch-size", "256",
-                     "--samples-per-insert", "128", "--min-size", "1000",
-                     "--error-buffer", "256")
+    program = launch(*SEED_COLOCATED, "--workers", "12")
     nodes = program.nodes(1)
     with ExitStack() as stack:
         probed, alone = sidecar(stack, nodes, True), sidecar(stack, nodes, False)
@@ -205,9 +207,7 @@ def test_the_seeds_synchronous_loop_colocated_with_its_reverb_node_is_worker_sta
 
 def test_the_same_colocated_loop_with_one_worker_learns_with_no_alarm(
         launch: Callable[..., Program]) -> None:
-    program = launch("--form", "colocated", "--workers", "1", "--batch-size", "256",
-                     "--samples-per-insert", "128", "--min-size", "1000",
-                     "--error-buffer", "256")
+    program = launch(*SEED_COLOCATED, "--workers", "1")
     nodes = program.nodes(1)
     seen: list[Finding] = []
     steps: list[int] = []
