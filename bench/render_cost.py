@@ -120,7 +120,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     old = _old_render()
     body = render_published(state)
     assert render(families) == body, "the two renderers disagree"
-    assert old is None or old(state) == body, "the old renderer disagrees"
+    # The old renderer knows fewer families (throughput baselines and bundle counters came
+    # later): every line it writes must be ours, byte for byte.
+    assert old is None or set(old(state).splitlines()) <= set(body.splitlines()), \
+        "the old renderer disagrees"
     times: dict[str, list[float]] = {"before": [], "families": [], "after": []}
     for _ in range(args.runs):  # interleaved: load on the machine hits all three alike
         if old is not None:

@@ -75,7 +75,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rw-detect-"))
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
-        print(f"== {name}", file=sys.stderr, flush=True)
+        print(f"== {name} (at {(time.monotonic() - t0) / 60:.1f} min)", file=sys.stderr,
+              flush=True)
         began = time.monotonic()
         value = fn()
         parts.append((name, time.monotonic() - began))
