@@ -166,3 +166,38 @@ def test_a_full_disk_is_reported_and_writes_resume(
     wait_until(lambda: get_json(f"{base}/readyz")[0] == 200, 20)
     rows = sqlite3.connect(db).execute("SELECT kind FROM incidents").fetchall()
     assert ("target_down",) in rows
+
+
+def test_a_paused_process_holds_its_probe_with_its_server_until_the_grace_ends(
+    spawn: Callable[..., Proc], sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
+) -> None:
+    # A sync loop's server and its ActorProbe share a process; while that process is held (a
+    # checkpoint, here SIGSTOP) neither answers: `checkpointing`, not probe_down. Past the
+    # grace both are down.
+    job = spawn([PYTHON, "harness/reverb_workload.py", "--actor-probe", "--insert-hz", "100"],
+                name="loop")
+    start = job.announce(timeout_s=60)
+    _, base = sidecar("--reverb", start["reverb"], "--probe", start["probe"], *FAST,
+                      "--checkpoint-grace-s", "6", "--db", str(tmp_path / "i.db"))
+    wait_until(lambda: all(t["up"] for t in _targets(base).values()), 20)
+    seen: set[str] = set()
+    job.signal(signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        while time.monotonic() - began < 4.0:  # 8 polls unanswered, within the grace
+            seen |= {f["kind"] for f in _findings(base)}
+            time.sleep(INTERVAL / 2)
+    finally:
+        job.signal(signal.SIGCONT)
+    assert "checkpointing" in seen and not seen & {"probe_down", "target_down"}, seen
+    wait_until(lambda: not _findings(base), 20)
+    job.signal(signal.SIGSTOP)
+    try:
+        down = wait_until(lambda: {"probe_down", "target_down"} <= {
+            f["kind"] for f in _findings(base)}, 15)
+    finally:
+        job.signal(signal.SIGCONT)
+    assert down
+    incidents = get_json(f"{base}/api/v1/incidents?state=all")[1]["incidents"]
+    opened = [i["kind"] for i in incidents]
+    assert opened.count("probe_down") == 1 and opened.count("target_down") == 1, opened

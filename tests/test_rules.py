@@ -512,7 +512,9 @@ def test_deadlock_risk_on_the_seed_with_acme_interleave_gives_the_models_fixes()
 # -- reachability and threads ---------------------------------------------------------------------
 
 T5 = seconds(5)
+T9 = seconds(9, start=996.0)
 BUSY = "h:1: ServerInfo did not answer within 0.8s (connected, no answer)"
+PROBE_BUSY = "http://p/probe: did not answer within 0.8s"
 VIEW_CASES = [
     # Three failed polls in a row: more than down_polls (2).
     ("target_down_after_three_failed_polls", rules_liveness.is_target_down,
@@ -535,6 +537,34 @@ VIEW_CASES = [
     ("probe_down_after_three_failed_polls", rules_liveness.is_probe_down,
      target_view(probe_polls={"http://p": polls(T5, ok=[True, True, False, False, False])}),
      "probe_down"),
+    # The server paused (a checkpoint holds its table lock) and a probe went unanswered with
+    # it, never refused: the same pause holds it (a sync loop's probe in the checkpointing
+    # process), not a probe down, while the pause is within its grace.
+    ("no_probe_down_while_its_server_pauses_with_it", rules_liveness.is_probe_down,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False], error=BUSY),
+                 probe_polls={"http://p": polls(T5, ok=[True, True, False, False, False],
+                                                error=PROBE_BUSY)}), None),
+    # ... but a probe that refuses connections is down, pause or not (a dead process).
+    ("probe_down_refused_while_its_server_pauses", rules_liveness.is_probe_down,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False], error=BUSY),
+                 probe_polls={"http://p": polls(T5, ok=[True, True, False, False, False])}),
+     "probe_down"),
+    # ... and so is one that stopped answering well before the server paused.
+    ("probe_down_silent_before_its_server_paused", rules_liveness.is_probe_down,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False], error=BUSY),
+                 probe_polls={"http://p": polls(T5, ok=[False] * 5, error=PROBE_BUSY)}),
+     "probe_down"),
+    # The server answers again; its probe, polled the same cycle, not yet: still the pause.
+    ("no_probe_down_the_cycle_its_server_answers_again", rules_liveness.is_probe_down,
+     target_view(target_polls=polls(T5, ok=[True, False, False, False, True], error=BUSY),
+                 probe_polls={"http://p": polls(T5, ok=[True, False, False, False, False],
+                                                error=PROBE_BUSY)}), None),
+    # ... but three polls after its server is back, a silent probe is down.
+    ("probe_down_three_polls_after_its_server_is_back", rules_liveness.is_probe_down,
+     target_view(target_polls=polls(T9, ok=[True, False, False, False] + [True] * 5,
+                                    error=BUSY),
+                 probe_polls={"http://p": polls(T9, ok=[True] + [False] * 8,
+                                                error=PROBE_BUSY)}), "probe_down"),
     ("no_probe_down_while_it_answers", rules_liveness.is_probe_down,
      target_view(probe_polls={"http://p": polls(T5)}), None),
     # 600 threads, like the seed's job (over 500).

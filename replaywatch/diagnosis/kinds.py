@@ -198,8 +198,9 @@ CHECKPOINTING = Kind(
             "connection) in time and refuses none, for less than `checkpoint_grace_s` (60 s): "
             "its table lock is held, as a checkpoint holds it while it copies every item "
             "(`client.checkpoint()`), or as a hung server does. Writers held meanwhile are "
-            "held by the pause, not `writer_stalled`. Past the grace it is `target_down`; "
-            "clients held meanwhile are `reconnecting` once it answers.",
+            "held by the pause, not `writer_stalled`, and probes that went unanswered with "
+            "it are held too, not `probe_down` (evidence `probes_held`). Past the grace it "
+            "is `target_down`; clients held meanwhile are `reconnecting` once it answers.",
     fix="Nothing, if a checkpoint is running; if it lasts, look at the replay process.",
     # A server that is busy, not gone.
     supersedes=(Name.TARGET_DOWN,))

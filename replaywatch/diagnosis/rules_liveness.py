@@ -38,10 +38,49 @@ def _target_down(view: TargetView, first: PollRecord, now: float) -> Finding:
 
 
 def is_probe_down(view: TargetView, th: Thresholds, now: float) -> Finding | None:
-    """A trainer or actor probe has not answered for more than `down_polls` polls."""
+    """A trainer or actor probe has not answered for more than `down_polls` polls, and the
+    server's pause does not explain it (`held_by_pause`)."""
     down = {url: first for url, polls in sorted(view.probe_polls.items())
-            if (first := failing_since(polls, th)) is not None}
+            if (first := failing_since(polls, th)) is not None
+            and not held_by_pause(view, polls, first, th, now)}
     return _probe_down(view, down, now) if down else None
+
+
+def held_by_pause(view: TargetView, polls: tuple[PollRecord, ...], first: PollRecord,
+                  th: Thresholds, now: float) -> bool:
+    """A probe that went unanswered (never refused) when its server paused is held by the
+    same pause, for as long as the pause is `checkpointing` and `down_polls` polls after it
+    ends: the process that checkpoints sits in the client's call (a sync loop's probe shares
+    it), or the host is busy. Seen on a healthy sync loop checkpointing every 2 minutes: its
+    ActorProbe went 3 polls unanswered with the server, and probe_down paged for 3 s."""
+    pause = _last_pause(view.polls)
+    if pause is None:
+        return False
+    unanswered, answered_after = pause
+    if (now - unanswered[0].at >= th.checkpoint_grace_s
+            or len(answered_after) > th.down_polls
+            or first.at < unanswered[0].at - _spacing(view.polls)
+            or not all(r.error and NO_ANSWER in r.error for r in unanswered)):
+        return False
+    return all(r.error and NO_ANSWER in r.error for r in polls if r.at >= first.at)
+
+
+def _last_pause(polls: tuple[PollRecord, ...]
+                ) -> tuple[tuple[PollRecord, ...], tuple[PollRecord, ...]] | None:
+    """The server's last run of failed polls and the answers since (a probe polled beside it
+    may still fail the cycle its server answers again)."""
+    end = len(polls)
+    while end and polls[end - 1].ok:
+        end -= 1
+    start = end
+    while start and not polls[start - 1].ok:
+        start -= 1
+    return (polls[start:end], polls[end:]) if end else None
+
+
+def _spacing(polls: tuple[PollRecord, ...]) -> float:
+    """One poll interval, as the server's last two polls were spaced."""
+    return polls[-1].at - polls[-2].at if len(polls) >= 2 else 0.0
 
 
 def _role(view: TargetView, url: str) -> str:
@@ -127,9 +166,13 @@ def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | 
     if first is None:
         return None
     failing = [r for r in view.polls if r.at >= first.at]
+    held = sorted(url for url, polls in view.probe_polls.items()
+                  if (down := failing_since(polls, th)) is not None
+                  and held_by_pause(view, polls, down, th, now))
     evidence = {"failed_polls": len(failing), "last_error": failing[-1].error,
                 "seconds_since": now - first.at,
-                "grace_left_s": th.checkpoint_grace_s - (now - first.at)}
+                "grace_left_s": th.checkpoint_grace_s - (now - first.at),
+                "probes_held": held}
     return kinds.CHECKPOINTING.finding(
         view.target, "", f"The Reverb server '{view.target}' answers no call in time and "
         "refuses none: its table lock is held, by a checkpoint copying its items or by a hung "

@@ -24,6 +24,7 @@ from typing import Any
 from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
 from replaywatch.model import (
     LAYOUTS,
+    NO_ANSWER,
     WRITER_CALLS,
     ActorSnapshot,
     PollOutcome,
@@ -197,11 +198,11 @@ def get_json(url: str, timeout_s: float) -> dict[str, Any]:
     except (ValueError, http.client.HTTPException) as e:  # e.g. InvalidURL, BadStatusLine
         raise SourceProtocolError(f"{url}: {type(e).__name__}: {e}") from None
     except TimeoutError:
-        raise SourceTimeout(f"{url}: no answer within {timeout_s:g}s") from None
+        raise SourceTimeout(f"{url}: {NO_ANSWER} {timeout_s:g}s") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise SourceTimeout(f"{url}: no answer within {timeout_s:g}s") from None
+            raise SourceTimeout(f"{url}: {NO_ANSWER} {timeout_s:g}s") from None
         raise SourceUnreachable(f"{url}: unreachable ({reason})") from None
     return _json_object(url, body)
 
@@ -246,7 +247,7 @@ class _KeptAlive:
         except http.client.HTTPException as e:
             raise SourceProtocolError(f"{url}: {type(e).__name__}: {e}") from None
         except TimeoutError:
-            raise SourceTimeout(f"{url}: no answer within {self._timeout_s:g}s") from None
+            raise SourceTimeout(f"{url}: {NO_ANSWER} {self._timeout_s:g}s") from None
         except OSError as e:
             raise SourceUnreachable(f"{url}: unreachable ({e})") from None
         if status != 200:
