@@ -21,7 +21,7 @@ the job is healthy by construction. The runs go side by side, each for its own t
   first_step_60s_sync  the same in sync mode (not in the default set)
   queue           distributed actors feeding an on-policy `reverb.Table.queue`
   eval_checkpoint a sync loop that evaluates about once a minute (no inserts, no samples)
-                  and checkpoints its Reverb server every 2 minutes
+                  and checkpoints its Reverb server every minute
 
 Our agent has two modes: "async" and "distributed" are both its distributed mode
 (Ray processes); they differ in whether actors wait on the learner.
@@ -64,9 +64,10 @@ RUNS = {r.name: r for r in (
     # An on-policy queue (reverb.Table.queue) fed by the distributed actors.
     HealthyRun("queue", [*watched.DISTRIBUTED, "--queue", "--max-replay-size", "512"]),
     # A sync loop that evaluates (5 episodes, no inserts, no samples) every 3000 environment
-    # steps, about once a minute here, and checkpoints its Reverb server every 2 minutes.
+    # steps, about once a minute here, and checkpoints its Reverb server every minute (so
+    # make bench's short run sees a checkpoint too).
     HealthyRun("eval_checkpoint", ["--mode", "sync", "--eval-every", "3000",
-                                   "--eval-episodes", "5", "--checkpoint-every-s", "120"]),
+                                   "--eval-episodes", "5", "--checkpoint-every-s", "60"]),
     # A 10-minute first compile (bench-long).
     HealthyRun("first_step_600s", [*watched.DISTRIBUTED, "--first-step-delay-s", "600"],
                first_step=True),

@@ -2,7 +2,7 @@
 
 1. **Healthy runs of LONG_S (600 s)**, three side by side at a time as in make bench:
    sync, async, distributed; then queue (an on-policy `Table.queue`), eval_checkpoint (a sync
-   loop evaluating about once a minute, checkpointing every 2 minutes) and first_step_600s
+   loop evaluating and checkpointing about once a minute) and first_step_600s
    (a 10-minute first compile, watched a minute past it). A throughput baseline takes 3
    minutes and a drop 5 more, so only runs this long can show throughput_drop's false alarms.
    Any warning or critical finding on either sidecar is a false alarm.
