@@ -93,7 +93,11 @@ def test_a_stopped_server_goes_down_within_two_intervals_and_comes_back(
     # start a second late (counted in late_polls_total), so the test allows six.
     failed_polls_at = down["last_poll_at"] - (down["consecutive_failures"] - 1) * INTERVAL
     assert failed_polls_at - killed_at <= 6 * INTERVAL
-    assert "unreachable" in down["last_error"]
+    # A killed process keeps its sockets until the kernel has torn down its memory, which
+    # under load outlasts a poll's timeout: the first failure may read "connected, no
+    # answer". Once the process is gone the port refuses, and the target says so.
+    assert "did not answer" in down["last_error"] or "unreachable" in down["last_error"]
+    wait_until(lambda: "unreachable" in _target(base, victim_addr)["last_error"], 10)
     # The other target kept its cadence and its numbers kept moving.
     wait_until(lambda: _inserts(base, other_addr) > other_before, 10)
     assert time.time() - _target(base, other_addr)["last_poll_at"] < 3 * INTERVAL
