@@ -7,34 +7,16 @@ import socket
 import sys
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 import reverb
-import tensorflow as tf
 
 from replaywatch.diagnosis import ratelimiter
 from replaywatch.model import FLOAT_MAX, NO_ANSWER
 from replaywatch.sources.reverb import ReverbSource, snapshot_from_info
 from replaywatch.sources.reverb_wire import decode_server_info
+from tests.fixtures.tables import fill, make_tables
 
 pytestmark = pytest.mark.slow  # a Reverb server and TensorFlow (see tests/conftest.py)
-
-
-def make_tables() -> list[reverb.Table]:
-    """Every sampler and remover kind, a signature: tests/fixtures/ records these too."""
-    signature = {"obs": tf.TensorSpec([3], tf.float32)}
-    return [
-        reverb.Table("uniform_fifo", reverb.selectors.Uniform(), reverb.selectors.Fifo(),
-                     max_size=1000,
-                     rate_limiter=reverb.rate_limiters.SampleToInsertRatio(4.0, 5, 200.0),
-                     signature=signature),
-        reverb.Table("prioritized_heap", reverb.selectors.Prioritized(0.6),
-                     reverb.selectors.MinHeap(), max_size=50, max_times_sampled=3,
-                     rate_limiter=reverb.rate_limiters.MinSize(1)),
-        reverb.Table.queue("queue", 10),
-        reverb.Table("lifo_maxheap", reverb.selectors.Lifo(), reverb.selectors.MaxHeap(),
-                     max_size=20, rate_limiter=reverb.rate_limiters.MinSize(1)),
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +27,6 @@ def server() -> Iterator[reverb.Server]:
     fill(reverb.Client(f"localhost:{server.port}"))
     yield server
     server.stop()
-
-
-def fill(client: reverb.Client) -> None:
-    """30 inserts into two tables, 7 samples from one."""
-    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
-        for step in range(30):
-            writer.append({"obs": np.full([3], step, np.float32)})
-            for table in ("uniform_fifo", "prioritized_heap"):
-                writer.create_item(table, 1.0 + step, {"obs": writer.history["obs"][-1]})
-        writer.flush()
-    for _ in client.sample("uniform_fifo", num_samples=7):
-        pass
 
 
 def test_every_tableinfo_field_matches_reverb_client(server: reverb.Server) -> None:
