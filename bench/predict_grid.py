@@ -57,12 +57,14 @@ class Cell:
     lag: int | None = None
     shape: str = "per-worker"  # or "repeat" (Acme at the seed's commit)
     item: str = "small"  # or "frames" (84x84x9 uint8)
+    loop: str = "plain"  # or "seed": the seed's own loop, run long (SEED_LOOP)
 
     @property
     def name(self) -> str:
         lag = f" L{self.lag}" if self.lag else ""
         extra = "".join(f" {x}" for x in (self.shape, self.item)
                         if x not in ("per-worker", "small"))
+        extra += " seed-loop" if self.loop == "seed" else ""
         return (f"{self.layout}{lag} P{self.workers} B{self.batch_size} spi{self.spi:g} "
                 f"e{self.error_buffer:g} min{self.min_size}{extra}")
 
@@ -91,6 +93,15 @@ class Cell:
         return out + (["--max-policy-lag", str(self.lag)] if self.lag else [])
 
 
+# The seed's hang came "after 10K steps sometimes", in steady state, where a warm-up run of
+# seconds cannot see it: its cell runs the seed's own loop (Acme's transition adder with 5
+# items in flight, the `_batch_size_upper_bounds` gate of its commit, a learner step that
+# takes time) for 8 minutes a run, pinned to one CPU, and at most 3 runs.
+SEED_LOOP = ["--adder-in-flight", "5", "--acme-bound", "--learner-step-s", "0.005"]
+SEED_LOOP_TRAIN_S = 480.0
+SEED_LOOP_RUNS = 3
+
+
 def default_cells() -> list[Cell]:
     """Around each configuration's boundaries: below a batch, inside the band, above what
     the iterators can strand (bench/predict_grid_cells.json is this list, for the tests)."""
@@ -108,9 +119,13 @@ def run_once(cell: Cell, workdir: Path, one_cpu: bool = False) -> dict[str, Any]
     """One run of the workload with a sidecar attached from its start line; `one_cpu` pins
     the workload (not the sidecar) to one CPU."""
     log = workdir / "workload.log"
-    pin = one_cpu_prefix() if one_cpu else []
-    proc = Proc([*pin, PYTHON, "harness/loop_workload.py", *cell.args(), "--start-delay",
-                 "1.5", "--train-s", "5", "--hang-after", "8"], stdout_path=log)
+    seed = cell.loop == "seed"
+    pin = one_cpu_prefix() if one_cpu or seed else []
+    train_s = SEED_LOOP_TRAIN_S if seed else 5.0
+    proc = Proc([*pin, PYTHON, "harness/loop_workload.py", *cell.args(),
+                 *(SEED_LOOP if seed else []), "--start-delay", "1.5", "--train-s",
+                 f"{train_s:g}", "--hang-after", "8", "--timeout-s", f"{train_s + 120:g}"],
+                stdout_path=log)
     try:
         start = proc.announce(timeout_s=90, match=lambda record: "reverb" in record)
         config = cfg.WatchConfig(
@@ -154,7 +169,8 @@ def _last_json(log: Path) -> dict[str, Any]:
 
 def run_cell(cell: Cell, runs: int, workdir: Path, fixes: bool = True) -> dict[str, Any]:
     predicted = cell.predict()
-    limit = CAN_HANG_RUNS if predicted.verdict == budget.CAN_HANG else runs
+    limit = ((SEED_LOOP_RUNS if cell.loop == "seed" else CAN_HANG_RUNS)
+             if predicted.verdict == budget.CAN_HANG else runs)
     results: list[dict[str, Any]] = []
     while len(results) < max(runs, 1):
         results.append(run_once(cell, workdir, one_cpu=len(results) % 2 == 1))

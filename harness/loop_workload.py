@@ -8,7 +8,8 @@ interleaved), and a loop that inserts and steps a learner as the layout says:
     sync        insert blocking disabled (max_diff at float max, Acme's LocalLayout); after
                 each insert the loop steps the learner while its prefetching iterator is
                 ready() or the table can_sample(batch_size): `_has_data_for_training` at the
-                seed's commit
+                seed's commit (`--acme-bound`: can_sample(samples drawn per step so far),
+                its `_batch_size_upper_bounds`)
     sync-ratio  the table's own finite max_diff; the loop inserts and, from min_size on,
                 steps the learner once per batch_size / samples_per_insert inserts (Acme's
                 classic `agent.Agent` with `observations_per_step`)
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import sys
@@ -129,21 +131,29 @@ class Loop:
     def insert(self) -> None:
         self.writer.append({"x": self.items[self.inserts % len(self.items)]})
         self.writer.create_item(TABLE, priority=1.0, trajectory={"x": self.writer.history["x"][-1]})
-        self.writer.flush()
+        # Acme's adders flush(max_in_flight_items) after each item: up to that many inserts
+        # are still on their way when the loop goes on (0: it waits for each).
+        self.writer.flush(self.args.adder_in_flight)
         self.inserts += 1
 
     def learn(self) -> None:
         next(self.iterator)
         self.batches += 1
         self.learner_steps += 1
+        if self.args.learner_step_s:
+            time.sleep(self.args.learner_step_s)  # a device step: the GIL is free meanwhile
         self.trainer.step()
 
     def run_sync(self) -> None:
-        b = self.args.batch_size
+        bound = self.args.batch_size
         while not self.stop.is_set():
             self.insert()
-            while not self.stop.is_set() and (self.iterator.ready() or self.table.can_sample(b)):
+            while not self.stop.is_set() and (self.iterator.ready()
+                                              or self.table.can_sample(bound)):
                 self.learn()
+                if self.args.acme_bound:
+                    drawn = self.table.info.rate_limiter_info.sample_stats.completed
+                    bound = math.ceil(drawn / self.batches)
 
     def run_sync_ratio(self) -> None:
         owed, per_batch = 0.0, self.args.batch_size / self.args.samples_per_insert
@@ -222,6 +232,12 @@ def main() -> None:
     p.add_argument("--hang-after", type=float, default=8.0)
     p.add_argument("--train-s", type=float, default=10.0)
     p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--adder-in-flight", type=int, default=0,
+                   help="inserts left unconfirmed after each one (Acme's max_in_flight_items)")
+    p.add_argument("--learner-step-s", type=float, default=0.0,
+                   help="seconds a learner step takes after its batch")
+    p.add_argument("--acme-bound", action="store_true",
+                   help="sync: can_sample(ceil(drawn / batches)), the seed's commit's gate")
     p.add_argument("--start-delay", type=float, default=0.0,
                    help="seconds between the start line and the first insert (a sidecar "
                         "attached from the start sees the configuration first)")
