@@ -198,3 +198,21 @@ def test_large_items_answer_fewer_samples_a_request_so_the_burst_strands_more() 
     lim = Limiter.ratio(128, 2000, 2950, insert_blocking=False)
     assert budget.predict(lim, small, Layout("sync")).verdict == SAFE
     assert budget.predict(lim, frames, Layout("sync")).verdict == CAN_HANG
+
+
+def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker() -> None:
+    # Seed-sized frames answer 17 a response: once trained, credit for one batch of 256 is
+    # dealt across the read iterators and none may complete one, whatever error_buffer is
+    # (the seed's numbers hung so after 10,958 batches; a batch of 164 hung too).
+    frames = Dataset(12, 256, iterators_per_worker=3, item_bytes=84 * 84 * 9)
+    lim = Limiter.ratio(128, 2000, 50_000, insert_blocking=False)  # above 39,900 strandable
+    b = budget.predict(lim, frames, Layout("sync"))
+    assert b.verdict == CAN_HANG and "17 samples an answer" in b.reason
+    fixes = budget.fixes(lim, frames, Layout("sync"))
+    assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
+    # Small items: one answer carries a batch, so the warm-up arithmetic decides.
+    small = Dataset(12, 256, iterators_per_worker=3, item_bytes=16)
+    assert budget.predict(lim, small, Layout("sync")).verdict == SAFE
+    # A loop that steps by count keeps error_buffer held, so frames change nothing there.
+    ratio = Limiter.ratio(128, 2000, 50_000)
+    assert budget.predict(ratio, frames, Layout("sync-ratio")).verdict == SAFE

@@ -54,8 +54,9 @@ def test_the_seed_on_acme_interleave_with_frames_can_hang_with_fixes_as_json(cap
     assert code == 1
     assert doc["verdict"] == "can_hang" and doc["budget"] == 25600
     assert doc["strandable"] == 39900
-    assert {f["knob"]: f["value"] for f in doc["fixes"]} == {
-        "num_parallel_calls": 7, "error_buffer": 39901, "batch_size": 123}  # M stays 512
+    # Frames answer 17 at a time: past warm-up only one read iterator is safe (a batch of
+    # 164, which the warm-up arithmetic passed, hung on the grid's seed loop).
+    assert {f["knob"]: f["value"] for f in doc["fixes"]} == {"num_parallel_calls": 1}
     assert all(f["value"] != f["was"] for f in doc["fixes"])
 
 

@@ -72,6 +72,18 @@ size overstates the bytes and the bound errs toward `can_hang`.
                 the learner takes at least one, so the held samples shrink until no batch
                 completes.
 
+**Steady state of a `sync` loop.** The loop steps while a batch is there, so it spends the
+warm-up surplus: once trained a while, the read iterators hold partial batches only, and the
+loop enters next() whenever `can_sample` reads a batch's worth of credit the requests have
+not taken yet (a gap between a response and the next request). That credit goes to the
+waiting requests in turn, each answer at most `response_cap` items: when one answer can
+carry a whole batch, the first request completes one; when it cannot (seed-sized frames,
+17 a response against batches of 256) and more than one iterator is read, the credit is
+dealt thinly and none may complete, whatever error_buffer is. The seed's own numbers on
+that dataset hung so after 10,958 batches (bench/RESULTS.md), and a batch of 164, which the
+warm-up arithmetic calls safe, hung too. So such a configuration is never `safe`, and its one
+proven fix is a single sampling worker.
+
 **Verdict.** `safe` when released > strandable (pigeonhole: some iterator completes a batch)
 or the layout cannot stop; `will_hang` when released < B (no batch can complete) or, with a
 lag bound, `spi * L < B`; otherwise `can_hang`: whether a run hangs depends on how the
@@ -233,8 +245,25 @@ def burst_strandable(ds: Dataset) -> float:
     return float((ds.workers - 1) * held + ds.batch_size - 1)
 
 
+def steady_race(ds: Dataset, layout: Layout) -> bool:
+    """A `sync` loop whose read iterators can each be dealt less than a batch at a time
+    (module docstring, steady state)."""
+    return layout.kind == SYNC and ds.workers > 1 and response_cap(ds) < ds.batch_size
+
+
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The verdict for this configuration (module docstring)."""
+    warm = _predict_warm_up(lim, ds, layout)
+    if warm.verdict == SAFE and steady_race(ds, layout):
+        cap = response_cap(ds)
+        return Budget(CAN_HANG, warm.released, warm.strandable,
+                      f"{warm.reason}; once trained, credit for one batch is dealt at most "
+                      f"{cap} samples an answer across {ds.workers} read iterators, so none "
+                      f"may complete a batch of {ds.batch_size}")
+    return warm
+
+
+def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     b, e, spi = ds.batch_size, lim.error_buffer, lim.samples_per_insert
     s = strandable(ds, granularity(lim, ds))
     if layout.kind == ASYNC:
@@ -301,6 +330,11 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     """
     if predict(lim, ds, layout).verdict == SAFE:
         return ()
+    if steady_race(ds, layout):
+        # No error_buffer or batch size removes a race of thin answers that the grid has
+        # run; one read iterator takes every answer.
+        one = _fewer_workers(lim, ds, layout)
+        return (one,) if one is not None else ()
     return tuple(f for f in (_fewer_workers(lim, ds, layout), _more_buffer(lim, ds, layout),
                              _smaller_batch(lim, ds, layout), _longer_lag(lim, ds, layout))
                  if f is not None)
