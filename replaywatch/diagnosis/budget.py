@@ -254,13 +254,13 @@ def steady_race(ds: Dataset, layout: Layout) -> bool:
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The verdict for this configuration (module docstring)."""
     warm = _predict_warm_up(lim, ds, layout)
-    if warm.verdict == SAFE and steady_race(ds, layout):
-        cap = response_cap(ds)
-        return Budget(CAN_HANG, warm.released, warm.strandable,
-                      f"{warm.reason}; once trained, credit for one batch is dealt at most "
-                      f"{cap} samples an answer across {ds.workers} read iterators, so none "
-                      f"may complete a batch of {ds.batch_size}")
-    return warm
+    if warm.verdict == WILL_HANG or not steady_race(ds, layout):
+        return warm
+    # Said whether or not warm-up can hang too: it is why only one worker is offered.
+    return Budget(CAN_HANG, warm.released, warm.strandable,
+                  f"{warm.reason}; once trained, credit for one batch is dealt at most "
+                  f"{response_cap(ds)} samples an answer across {ds.workers} read iterators, "
+                  f"so none may complete a batch of {ds.batch_size}")
 
 
 def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
