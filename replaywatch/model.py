@@ -109,6 +109,9 @@ class TableSnapshot:
     rate_limiter: RateLimiterInfo
     worker_time: TableWorkerTime
     has_signature: bool = False
+    # One item's bytes by the signature (uncompressed); None without a signature or with a
+    # dimension of unknown size. It bounds how many items one sample response carries.
+    item_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -135,9 +135,10 @@ def layout_from(s: dict[str, Any]) -> budget.Layout:
     return budget.Layout(kind, s.get("max_policy_lag"))
 
 
-def server_limiter(address: str, table: str | None, timeout_s: float = 2.0
-                   ) -> budget.Limiter:
-    """The named (or only) table's limiter from a running server's ServerInfo."""
+def server_table(address: str, table: str | None, timeout_s: float = 2.0
+                 ) -> tuple[budget.Limiter, int | None]:
+    """The named (or only) table's limiter and item size (by its signature) from a running
+    server's ServerInfo."""
     # Imported here: grpc costs a few hundred ms that the offline form never pays.
     from replaywatch.sources.reverb import ReverbSource, snapshots_from_response
 
@@ -154,7 +155,7 @@ def server_limiter(address: str, table: str | None, timeout_s: float = 2.0
     chosen = next((t for t in tables if table is None or t.name == table), None)
     if chosen is None:
         raise ConfigError(f"--reverb {address} has no table {table!r} (tables: {names})")
-    return limiter_of(chosen)
+    return limiter_of(chosen), chosen.item_bytes
 
 
 def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
@@ -193,7 +194,10 @@ def render_text(doc: dict[str, Any], out: IO[str]) -> None:
 
 def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
     s = settings(args)
-    server = server_limiter(args.reverb, args.table) if args.reverb else None
+    server, signature_bytes = (server_table(args.reverb, args.table) if args.reverb
+                               else (None, None))
+    if signature_bytes and "item_bytes" not in s:
+        s["item_bytes"] = signature_bytes
     if server is not None and any(k in s for k in ("samples_per_insert", "error_buffer",
                                                    "min_diff", "max_diff",
                                                    "min_size_to_sample")):

@@ -68,8 +68,10 @@ def table_snapshot(
     max_size: int = 1_000_000,
     waiting_for_inserts_ms: int = 0,
     waiting_for_sampling_ms: int = 0,
+    item_bytes: int | None = None,
 ) -> TableSnapshot:
-    """One `TableInfo`; size defaults to the inserts (no deletes yet), capped at max_size."""
+    """One `TableInfo`; size defaults to the inserts (no deletes yet), capped at max_size.
+    `item_bytes`: what its signature says of an item's size (None: no signature)."""
     return TableSnapshot(
         target=target, name=name, observed_at=float(t), max_size=max_size,
         current_size=min(inserts, max_size) if size is None else size,
@@ -79,6 +81,7 @@ def table_snapshot(
         rate_limiter=RateLimiterInfo(spi, min_diff, max_diff, min_size, inserts, samples),
         worker_time=TableWorkerTime(waiting_for_inserts_ms=waiting_for_inserts_ms,
                                     waiting_for_sampling_ms=waiting_for_sampling_ms),
+        has_signature=item_bytes is not None, item_bytes=item_bytes,
     )
 
 
@@ -295,10 +298,12 @@ def seed_hung_probe(workers: int = 12, batches: int = SEED_BATCHES, **kw: Any
                          workers=workers, **kw)
 
 
-def seed_healthy(workers: int = 1) -> tuple[tuple[TableSnapshot, ...], tuple[ProbeSnapshot, ...]]:
+def seed_healthy(workers: int = 1, item_bytes: int | None = None
+                 ) -> tuple[tuple[TableSnapshot, ...], tuple[ProbeSnapshot, ...]]:
     """Two inserts and one batch of 256 per second; next() blocks for short moments."""
     inserts, samples = seed_counters([12_000 + 2 * i for i in range(20)])
-    table = table_history(T20, inserts, samples, waiting_for_inserts_ms=waiting(), **SEED_LIMITER)
+    table = table_history(T20, inserts, samples, waiting_for_inserts_ms=waiting(),
+                          item_bytes=item_bytes, **SEED_LIMITER)
     probe = probe_history(T20, [s // 256 for s in samples],
                           blocked_for=[0.3 if i % 3 == 0 else 0 for i in range(20)],
                           workers=workers)

@@ -9,6 +9,7 @@ replaywatch/diagnosis/budget.py's docstring.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,17 @@ def cell(layout: str, workers: int, batch: int, spi: float, e: float, min_size: 
     return lim, Dataset(workers, batch, iterators_per_worker=iterators), Layout(layout, lag)
 
 
-# (name, configuration, verdict, released, strandable): measured on the grid.
+def sized(config: tuple[Limiter, Dataset, Layout], item_bytes: int
+          ) -> tuple[Limiter, Dataset, Layout]:
+    """The same configuration with its items' size known (the probe's item_bytes)."""
+    lim, ds, layout = config
+    return lim, Dataset(ds.workers, ds.batch_size, ds.max_in_flight, ds.prefetch,
+                        ds.iterators_per_worker, item_bytes), layout
+
+
+# (name, configuration, verdict, released, strandable): measured on the grid. The `sync` rows
+# that the grid ran safe had small items (16 bytes), as their rows say: with the size unknown a
+# thin answer cannot be ruled out (test_an_unknown_item_size_is_not_safe_for_a_sync_loop).
 ROWS = [
     # One loop, finite max_diff: error_buffer is what the workers hold at each step.
     ("sync_ratio_buffer_below_a_batch_hangs_at_the_first_step",
@@ -46,19 +57,19 @@ ROWS = [
     # Insert blocking disabled, the seed's loop: the warm-up burst, only when it is a batch,
     # dealt round robin in requests of 16, 32, 64, 128 (240 each) before one reaches 256.
     ("sync_seed_numbers_one_iterator_per_worker_are_safe",
-     cell("sync", 12, 256, 128, 25600, 2000), SAFE, 25600, 2895),
+     sized(cell("sync", 12, 256, 128, 25600, 2000), 16), SAFE, 25600, 2895),
     ("sync_seed_with_a_tenth_of_the_buffer_can_hang", cell("sync", 12, 256, 128, 2560, 2000),
      CAN_HANG, 2560, 2895),
     # Two workers of 16: the first request of 16 is a whole batch, so 20 cannot strand
     # (0 of 4 grid runs hung, where two workers x 15 would have said it could).
-    ("sync_a_first_request_of_a_whole_batch_cannot_strand", cell("sync", 2, 16, 4, 20),
-     SAFE, 20, 15),
-    ("sync_four_workers_of_32_hold_16_each_then_complete", cell("sync", 4, 32, 4, 100),
-     SAFE, 100, 79),
+    ("sync_a_first_request_of_a_whole_batch_cannot_strand", sized(cell("sync", 2, 16, 4, 20),
+                                                                  16), SAFE, 20, 15),
+    ("sync_four_workers_of_32_hold_16_each_then_complete",
+     sized(cell("sync", 4, 32, 4, 100), 16), SAFE, 100, 79),
     ("sync_seed_on_acme_interleave_can_hang",
      cell("sync", 12, 256, 128, 25600, 2000, iterators=3), CAN_HANG, 25600, 39900),
     ("sync_burst_and_inserts_below_a_batch_only_take_ready_batches",
-     cell("sync", 12, 256, 128, 100, 2000), SAFE, None, 3060),
+     sized(cell("sync", 12, 256, 128, 100, 2000), 16), SAFE, None, 3024),
     ("sync_one_insert_above_a_batch_releases_it_on_top", cell("sync", 4, 32, 64, 10),
      CAN_HANG, 74, 124),
     # Asynchronous.
@@ -75,14 +86,6 @@ ROWS = [
     ("async_lag_above_what_the_workers_hold_is_safe", cell("async-lag", 4, 16, 4, 32, lag=16),
      SAFE, 64, 60),
 ]
-
-
-def sized(config: tuple[Limiter, Dataset, Layout], item_bytes: int
-          ) -> tuple[Limiter, Dataset, Layout]:
-    """The same configuration with its items' size known (the probe's item_bytes)."""
-    lim, ds, layout = config
-    return lim, Dataset(ds.workers, ds.batch_size, ds.max_in_flight, ds.prefetch,
-                        ds.iterators_per_worker, item_bytes), layout
 
 
 # Known small items: every release, request and batch is a multiple of g = gcd(spi, e, 16,
@@ -148,9 +151,9 @@ def test_every_fix_is_proven_safe_and_changes_the_value(
     assert bool(fixes) == (verdict != SAFE)
     for fix in fixes:
         assert fix.value != fix.was
-        changed = {"num_parallel_calls": lambda v: (lim, Dataset(v, ds.batch_size), layout),
+        changed = {"num_parallel_calls": lambda v: (lim, replace(ds, workers=v), layout),
                    "error_buffer": lambda v: (lim.with_error_buffer(v), ds, layout),
-                   "batch_size": lambda v: (lim, Dataset(ds.workers, v), layout),
+                   "batch_size": lambda v: (lim, replace(ds, batch_size=v), layout),
                    "max_policy_lag": lambda v: (lim, ds, Layout(layout.kind, v))}[fix.knob]
         assert budget.predict(*changed(fix.value)).verdict == SAFE, fix.text()
 
@@ -174,8 +177,10 @@ def test_a_lag_bound_below_a_batch_per_step_is_fixed_by_the_lag_not_the_buffer()
 
 def test_every_unsafe_grid_cell_has_a_single_knob_fix() -> None:
     for c in json.loads((ROOT / "bench" / "predict_grid_cells.json").read_text()):
-        config = cell(c["layout"], c["workers"], c["batch_size"], c["spi"], c["error_buffer"],
-                      c["min_size"], c["lag"], 3 if c["shape"] == "repeat" else 1)
+        config = sized(cell(c["layout"], c["workers"], c["batch_size"], c["spi"],
+                            c["error_buffer"], c["min_size"], c["lag"],
+                            3 if c["shape"] == "repeat" else 1),
+                       84 * 84 * 9 if c["item"] == "frames" else 16)
         if budget.predict(*config).verdict != SAFE:
             assert budget.fixes(*config), c
 
@@ -216,3 +221,23 @@ def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker
     # A loop that steps by count keeps error_buffer held, so frames change nothing there.
     ratio = Limiter.ratio(128, 2000, 50_000)
     assert budget.predict(ratio, frames, Layout("sync-ratio")).verdict == SAFE
+
+
+def test_an_unknown_item_size_is_not_safe_for_a_sync_loop() -> None:
+    # With no signature and no declared item_bytes, an answer may be thinner than a batch
+    # (the seed's frames): the seed's numbers are not called safe, the reason says from
+    # which size and what small items would read, and the one fix holds either way.
+    lim, ds, layout = cell("sync", 12, 256, 128, 25600, 2000)
+    b = budget.predict(lim, ds, layout)
+    assert b.verdict == CAN_HANG
+    assert "from 4,113 bytes an item" in b.reason and "smaller items: the warm-up reading, safe" \
+        in b.reason
+    assert [(f.knob, f.value) for f in budget.fixes(lim, ds, layout)] == [("num_parallel_calls",
+                                                                          1)]
+    assert budget.thin_item_bytes(256) == 4113
+    assert budget.response_cap(replace(ds, item_bytes=4113)) < 256
+    assert budget.response_cap(replace(ds, item_bytes=4112)) >= 256
+    # One worker, or a loop that steps by count, or actors: the size does not matter.
+    assert budget.predict(lim, replace(ds, workers=1), layout).verdict == SAFE
+    assert budget.predict(Limiter.ratio(128, 2000, 3200), ds, Layout("sync-ratio")).verdict \
+        == SAFE

@@ -57,9 +57,19 @@ def test_healthy_synchronous_loop_with_one_worker_gives_no_alarm() -> None:
 
 
 def test_healthy_synchronous_loop_with_12_workers_and_a_wide_buffer_gives_no_warning() -> None:
-    # error_buffer 25600 released against 12 x 255 that one iterator per worker can hold.
-    table, probe = seed_healthy(workers=12)
+    # error_buffer 25600 released against 12 x 255 that one iterator per worker can hold;
+    # the signature's items are small, so one answer carries a whole batch.
+    table, probe = seed_healthy(workers=12, item_bytes=16)
     assert kinds(target_view([table], [probe])) == []
+
+
+def test_the_same_loop_on_a_table_without_signature_warns_with_both_readings() -> None:
+    # No item size anywhere: frames would answer 17 at a time, thinner than a batch.
+    table, probe = seed_healthy(workers=12)
+    diagnosis = diagnose(target_view([table], [probe]), DEFAULT, 1019.0)
+    assert [(f.kind, f.severity) for f in diagnosis.findings] == [
+        ("deadlock_risk", Severity.WARNING)]
+    assert "items' size is unknown" in diagnosis.findings[0].summary
 
 
 def test_healthy_synchronous_loop_on_acme_interleave_only_warns_of_the_risk() -> None:

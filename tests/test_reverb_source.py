@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 import sys
@@ -9,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import reverb
+import tensorflow as tf
+from tensorflow.python.framework import tensor_spec
 
 from replaywatch.diagnosis import ratelimiter
 from replaywatch.model import FLOAT_MAX, NO_ANSWER
@@ -56,11 +59,56 @@ def test_every_tableinfo_field_matches_reverb_client(server: reverb.Server) -> N
         assert snap.remover.kind == info.remover_options.WhichOneof("distribution")
         assert snap.remover.is_deterministic == info.remover_options.is_deterministic
         assert snap.has_signature == (info.signature is not None)
+        assert snap.item_bytes == spec_bytes(info.signature), name
     assert ours["prioritized_heap"].sampler.priority_exponent == pytest.approx(0.6)
     assert ours["prioritized_heap"].remover.min_heap is True
     assert ours["lifo_maxheap"].remover.min_heap is False
     assert ours["uniform_fifo"].rate_limiter.inserts == 30
     assert ours["uniform_fifo"].rate_limiter.samples == 7
+
+
+def spec_bytes(signature: object) -> int | None:
+    """An item's bytes as TensorFlow reads the signature's specs; None where unknown."""
+    if signature is None:
+        return None
+    total = 0
+    for spec in tf.nest.flatten(signature):
+        if not spec.shape.is_fully_defined() or spec.dtype == tf.string:
+            return None
+        total += spec.shape.num_elements() * spec.dtype.size
+    return total or None
+
+
+Step = collections.namedtuple("Step", "observation action reward discount")
+SIGNATURES = {
+    "frames": {"x": tf.TensorSpec([84, 84, 9], tf.uint8)},
+    # Acme's transition signature: a namedtuple, bounded specs, scalars of four dtypes.
+    "acme_like": Step(tensor_spec.BoundedTensorSpec([84, 84, 9], tf.uint8, 0, 255),
+                      tensor_spec.BoundedTensorSpec([], tf.int32, 0, 5),
+                      tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float64)),
+    "trajectory": {"obs": tf.TensorSpec([10, 4], tf.float16),
+                   "extras": [tf.TensorSpec([10], tf.bool), (tf.TensorSpec([10, 2], tf.int64),)]},
+    "unknown_dim": {"x": tf.TensorSpec([None, 3], tf.float32)},
+    "strings": {"x": tf.TensorSpec([3], tf.string), "y": tf.TensorSpec([3], tf.float32)},
+}
+
+
+def test_item_bytes_read_from_the_signature_agree_with_tensorflow() -> None:
+    tables = [reverb.Table(name, reverb.selectors.Uniform(), reverb.selectors.Fifo(), 10,
+                           reverb.rate_limiters.MinSize(1), signature=sig)
+              for name, sig in SIGNATURES.items()]
+    server = reverb.Server(tables=tables)
+    try:
+        address = f"127.0.0.1:{server.port}"
+        ours = {info.name: snapshot_from_info(info, address, 1.0)
+                for info in decode_server_info(ReverbSource(address, 2.0).fetch())}
+    finally:
+        server.stop()
+    for name, sig in SIGNATURES.items():
+        assert ours[name].item_bytes == spec_bytes(sig), name
+    assert ours["frames"].item_bytes == 63_504 and ours["acme_like"].item_bytes == 63_520
+    assert ours["trajectory"].item_bytes == 80 + 10 + 160
+    assert ours["unknown_dim"].item_bytes is None and ours["strings"].item_bytes is None
 
 
 def test_rebuilt_can_sample_and_can_insert_agree_with_the_server(server: reverb.Server) -> None:

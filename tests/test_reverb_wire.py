@@ -32,6 +32,7 @@ from replaywatch.sources.reverb_wire import (
     TableInfo,
     WireError,
     decode_server_info,
+    signature_item_bytes,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +101,8 @@ def test_recorded_values_that_the_rules_depend_on(stem: str) -> None:
     assert ours["uniform_fifo"].rate_limiter.inserts == 30
     assert ours["uniform_fifo"].rate_limiter.samples == 7
     assert ours["uniform_fifo"].has_signature and not ours["queue"].has_signature
+    # {"obs": float32[3]}: 12 bytes an item, as the budget model reads a response's count.
+    assert ours["uniform_fifo"].item_bytes == 12 and ours["queue"].item_bytes is None
 
 
 def _declared(descriptor: Any) -> dict[str, dict[str, list[int]]]:
@@ -184,7 +187,13 @@ def test_signature_presence_is_read_even_when_empty() -> None:
     snaps = {i.name: snapshot_from_info(i, "t", 0.0)
              for i in decode_server_info(msg.SerializeToString())}
     assert snaps["empty_sig"].has_signature and not snaps["no_sig"].has_signature
+    assert snaps["empty_sig"].item_bytes is None and snaps["no_sig"].item_bytes is None
     assert snaps["no_sig"].sampler.kind == "unknown"
+
+
+@pytest.mark.parametrize("raw", [b"\x9a\x02\x05abc", b"\xff" * 7, b"\x08\x01"])
+def test_a_signature_that_is_not_a_nest_of_specs_has_no_item_size(raw: bytes) -> None:
+    assert signature_item_bytes(raw) is None
 
 
 @pytest.mark.parametrize("raw", [b"\x12\x05abc", b"\x12", b"\x0b", b"\xff" * 12])

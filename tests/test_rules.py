@@ -345,9 +345,18 @@ def test_worker_starvation_evidence_says_how_many_iterators_can_sample() -> None
     assert finding.evidence["stranded_samples"] == 1536 + 400 * 256
     assert finding.evidence["stranded_beyond_requested_workers"] is True
     assert finding.evidence["sampling_iterators_up_to"] == 36
-    # The declared dataset (one iterator per worker) cannot strand this much, so the fixes
-    # are judged with Acme's three: 7 x 255 + 14 x (512 + 4 x 256 - 1) = 23275 < 25600.
-    assert "num_parallel_calls=7" in finding.fix and "error_buffer=39901" in finding.fix
+    # No signature: the items may be frames, so the one fix that holds either way.
+    assert [(f["knob"], f["value"]) for f in finding.evidence["fixes"]] == [
+        ("num_parallel_calls", 1)]
+    # Small items by the signature: the declared dataset (one iterator per worker) cannot
+    # strand this much, so the fixes are judged with Acme's three, in multiples of 16:
+    # 7 x 240 + 14 x 1520 = 22960 < 25600; error_buffer 39892 (g = 4) against at most
+    # 12 x 252 + 24 x 1532 = 39792.
+    finding = rules_actors.is_worker_starvation(
+        case(seed_hung_table(item_bytes=16), seed_hung_probe(batches=SEED_BATCHES - 400)),
+        DEFAULT)
+    assert finding is not None
+    assert "num_parallel_calls=7" in finding.fix and "error_buffer=39892" in finding.fix
     assert {f["knob"] for f in finding.evidence["fixes"]} >= {"num_parallel_calls",
                                                                "error_buffer"}
 
@@ -396,7 +405,11 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
      "deadlock_risk"),
     # The same numbers with one iterator per worker: 25600 released > 3060 strandable.
     ("no_deadlock_risk_on_the_seed_with_one_iterator_per_worker", rules_config.is_deadlock_risk,
-     lambda: with_probe(*seed_healthy(workers=12)), None),
+     lambda: with_probe(*seed_healthy(workers=12, item_bytes=16)), None),
+    # No signature, no declared size: frames would answer thinner than a batch.
+    ("deadlock_risk_on_the_seed_when_no_signature_tells_the_item_size",
+     rules_config.is_deadlock_risk, lambda: with_probe(*seed_healthy(workers=12)),
+     "deadlock_risk"),
     # The seed's fix: one worker.
     ("no_deadlock_risk_on_the_seed_with_one_worker", rules_config.is_deadlock_risk,
      lambda: with_probe(*seed_healthy(workers=1)), None),
@@ -446,7 +459,7 @@ def test_worker_starvation_evidence_shows_the_stranded_arithmetic() -> None:
     assert finding.evidence["stranded_samples"] == 1536
     assert finding.evidence["prefetched"] == 0
     assert finding.evidence["workers"] == 12 and finding.evidence["batch_size"] == 256
-    assert "num_parallel_calls=7" in finding.fix and "now 12" in finding.fix
+    assert "num_parallel_calls=1" in finding.fix and "now 12" in finding.fix
     assert finding.since == 1000.0
 
 
@@ -506,7 +519,14 @@ def test_deadlock_risk_on_the_seed_with_acme_interleave_gives_the_models_fixes()
     assert finding.evidence["verdict"] == "can_hang" and finding.evidence["layout"] == "sync"
     # 12 x 255 + 24 x (512 + 4 x 256 - 1) = 39900 can be held, 25600 is released.
     assert finding.evidence["strandable_samples"] == 39900
-    assert "num_parallel_calls=7 " in finding.fix and "error_buffer=39901 " in finding.fix
+    # The size unknown (no signature): only the fix that holds for frames too.
+    assert finding.fix.startswith("Any one of: num_parallel_calls=1 ")
+    assert "error_buffer=" not in finding.fix and finding.evidence["item_bytes"] is None
+    # Small items by the signature: the warm-up fixes, in multiples of the granularity.
+    table, _ = seed_healthy(workers=12, item_bytes=16)
+    finding = rules_config.is_deadlock_risk(*with_probe(table, probe), DEFAULT)
+    assert finding is not None and finding.evidence["item_bytes_from"] == "signature"
+    assert "num_parallel_calls=7 " in finding.fix and "error_buffer=39892 " in finding.fix
 
 
 # -- reachability and threads ---------------------------------------------------------------------

@@ -82,7 +82,11 @@ carry a whole batch, the first request completes one; when it cannot (seed-sized
 dealt thinly and none may complete, whatever error_buffer is. The seed's own numbers on
 that dataset hung so after 10,958 batches (bench/RESULTS.md), and a batch of 164, which the
 warm-up arithmetic calls safe, hung too. So such a configuration is never `safe`, and its one
-proven fix is a single sampling worker.
+proven fix is a single sampling worker. With the items' size unknown (no signature on the
+table, none declared) a thin answer cannot be ruled out, so a `sync` loop with more than one
+worker is never called `safe` either: the reason names the item size from which answers are
+thin and what the warm-up reading alone would say, and the one fix offered is the one that
+holds under both readings.
 
 **Verdict.** `safe` when released > strandable (pigeonhole: some iterator completes a batch)
 or the layout cannot stop; `will_hang` when released < B (no batch can complete) or, with a
@@ -247,8 +251,14 @@ def burst_strandable(ds: Dataset) -> float:
 
 def steady_race(ds: Dataset, layout: Layout) -> bool:
     """A `sync` loop whose read iterators can each be dealt less than a batch at a time
-    (module docstring, steady state)."""
-    return layout.kind == SYNC and ds.workers > 1 and response_cap(ds) < ds.batch_size
+    (module docstring, steady state); with the item size unknown that cannot be ruled out."""
+    return layout.kind == SYNC and ds.workers > 1 and (ds.item_bytes is None
+                                                      or response_cap(ds) < ds.batch_size)
+
+
+def thin_item_bytes(batch_size: int) -> int:
+    """The least item size at which one answer (1 MiB) carries less than a batch."""
+    return MAX_RESPONSE_BYTES // max(batch_size - 1, 1) + 1
 
 
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
@@ -257,6 +267,15 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     if warm.verdict == WILL_HANG or not steady_race(ds, layout):
         return warm
     # Said whether or not warm-up can hang too: it is why only one worker is offered.
+    if ds.item_bytes is None:
+        return Budget(CAN_HANG, warm.released, warm.strandable,
+                      f"{warm.reason}; the items' size is unknown: from "
+                      f"{thin_item_bytes(ds.batch_size):,} bytes an item, an answer (1 MiB) "
+                      f"carries less than a batch of {ds.batch_size}, and once trained the "
+                      f"credit for one batch is dealt across {ds.workers} read iterators so "
+                      "that none may complete it (declare item_bytes, or --item-bytes, to "
+                      f"settle it; smaller items: the warm-up reading, "
+                      f"{warm.verdict.replace('_', ' ')})")
     return Budget(CAN_HANG, warm.released, warm.strandable,
                   f"{warm.reason}; once trained, credit for one batch is dealt at most "
                   f"{response_cap(ds)} samples an answer across {ds.workers} read iterators, "

@@ -109,7 +109,7 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
                     ) -> tuple[str, list[dict[str, object]]]:
     """The fixes the budget model proves for this configuration (never the current values);
     the plain advice only when the probe does not declare the dataset."""
-    ds = rules_config.dataset_of(probe[-1])
+    ds = rules_config.dataset_of(probe[-1], case.latest)
     known = rules_config.known_layout(case)
     model = known.model() or (budget.Layout(budget.SYNC) if synchronous else None)
     if model is None:

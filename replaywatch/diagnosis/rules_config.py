@@ -35,12 +35,14 @@ def limiter_of(t: TableSnapshot) -> budget.Limiter:
                           rl.max_diff)
 
 
-def dataset_of(p: ProbeSnapshot) -> budget.Dataset | None:
-    """The dataset as the probe declares it; None without a batch size or worker count."""
+def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Dataset | None:
+    """The dataset as the probe declares it, its items' size read from the table's signature
+    where the probe does not declare it; None without a batch size or worker count."""
     if not p.batch_size or not p.num_parallel_calls:
         return None
+    item_bytes = p.item_bytes or (t.item_bytes if t is not None else None)
     return budget.Dataset(p.num_parallel_calls, p.batch_size, p.max_in_flight,
-                          p.prefetch_size or 0, p.iterators_per_worker or 1, p.item_bytes)
+                          p.prefetch_size or 0, p.iterators_per_worker or 1, item_bytes)
 
 
 def known_layout(case: TableCase) -> lay.KnownLayout:
@@ -59,7 +61,7 @@ def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayou
                                                    budget.Layout] | None:
     """The model's budget for this table and probe, under the known (or, unknown, the
     synchronous) reading; None when the probe does not declare the dataset."""
-    ds = dataset_of(probe[-1])
+    ds = dataset_of(probe[-1], case.latest)
     if ds is None or not lim.is_sample_limited(case.latest):
         return None
     known = known_layout(case)
@@ -91,14 +93,16 @@ def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding |
 def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
              known: lay.KnownLayout, model: budget.Layout) -> Finding:
     t, p = case.latest, probe[-1]
-    ds = dataset_of(p)
+    ds = dataset_of(p, t)
     assert ds is not None
     fixes = budget.fixes(limiter_of(t), ds, model)
     evidence: dict[str, Any] = {
         **limiter_evidence(t), **b.evidence(), **known.evidence(), "judged_as": model.kind,
         "error_buffer": limiter_of(t).error_buffer, "workers": ds.workers,
         "batch_size": ds.batch_size, "max_in_flight": ds.in_flight,
-        "iterators_per_worker": ds.iterators_per_worker, "probe": p.probe,
+        "iterators_per_worker": ds.iterators_per_worker, "item_bytes": ds.item_bytes,
+        "item_bytes_from": ("probe" if p.item_bytes else "signature" if ds.item_bytes
+                            else None), "probe": p.probe,
         "fixes": [f.document() for f in fixes]}
     words = {budget.WILL_HANG: "will hang", budget.CAN_HANG: "can hang"}[b.verdict]
     summary = (f"'{t.name}' {words} in next(): once inserting stops the limiter releases "

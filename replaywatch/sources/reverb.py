@@ -95,6 +95,8 @@ def snapshot_from_info(info: Any, target: str, observed_at: float) -> TableSnaps
             waiting_for_inserts_ms=wt.waiting_for_inserts_ms,
         ),
         has_signature=info.HasField("signature"),
+        item_bytes=(reverb_wire.signature_item_bytes(info.signature)
+                    if info.HasField("signature") else None),
     )
 
 

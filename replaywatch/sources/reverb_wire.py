@@ -12,8 +12,11 @@ The messages are built from descriptors at import, in a private pool: no
 generated code to keep in step with a protoc version, no clash with reverb's own
 `deepmind.reverb` classes when both are imported (the tests do), and nothing to
 build at install. The signature (field 6 of TableInfo) is declared as opaque
-bytes: same wire type as `tensorflow.StructuredValue`, so only its presence is
-read and TensorFlow's protos are never needed. Fields a newer server adds are
+bytes: same wire type as `tensorflow.StructuredValue`, so TensorFlow's protos are
+never needed. Its presence is read, and `signature_item_bytes` decodes it (with the
+few struct.proto messages declared below) for one number the budget model needs:
+an item's size, which decides how many items one sample response carries (1 MiB at
+most). Fields a newer server adds are
 kept as unknown fields and ignored. The file is proto2 only so that
 `HasField("signature")` tells an absent signature from an empty one; proto2 and
 proto3 read the same bytes the same way for these scalar fields.
@@ -84,8 +87,30 @@ _MESSAGES: dict[str, list[tuple[str, int, int, str, str]]] = {
         ("tables_state_id", 1, _MESSAGE, "Uint128", ""),
         ("table_info", 2, _MESSAGE, "TableInfo", ""),  # repeated: see _REPEATED
     ],
+    # The signature's tensorflow.StructuredValue (tensorflow/core/protobuf/struct.proto), as
+    # far as item sizes go: nests of TensorSpecs. The other kinds of value are left unknown,
+    # so a signature holding one reads as "size unknown".
+    "StructuredValue": [
+        ("tensor_spec_value", 33, _MESSAGE, "TensorSpec", "kind"),
+        ("bounded_tensor_spec_value", 35, _MESSAGE, "TensorSpec", "kind"),
+        ("list_value", 51, _MESSAGE, "Values", "kind"),
+        ("tuple_value", 52, _MESSAGE, "Values", "kind"),
+        ("dict_value", 53, _MESSAGE, "DictValue", "kind"),
+        ("named_tuple_value", 54, _MESSAGE, "NamedTupleValue", "kind"),
+    ],
+    "Values": [("values", 1, _MESSAGE, "StructuredValue", "")],  # ListValue, TupleValue
+    "DictValue": [("fields", 1, _MESSAGE, "DictValue.Entry", "")],  # a map on the wire
+    "DictValue.Entry": [("key", 1, _STRING, "", ""), ("value", 2, _MESSAGE, "StructuredValue", "")],
+    "NamedTupleValue": [("name", 1, _STRING, "", ""),
+                        ("values", 2, _MESSAGE, "DictValue.Entry", "")],  # PairValue alike
+    "TensorSpec": [("name", 1, _STRING, "", ""), ("shape", 2, _MESSAGE, "TensorShape", ""),
+                   ("dtype", 3, _INT32, "", "")],  # an enum on the wire: a varint
+    "TensorShape": [("dim", 2, _MESSAGE, "TensorShape.Dim", ""),
+                    ("unknown_rank", 3, _BOOL, "", "")],
+    "TensorShape.Dim": [("size", 1, _INT64, "", "")],
 }
-_REPEATED = {("ServerInfoResponse", "table_info")}
+_REPEATED = {("ServerInfoResponse", "table_info"), ("Values", "values"), ("DictValue", "fields"),
+             ("NamedTupleValue", "values"), ("TensorShape", "dim")}
 _PACKAGE = "deepmind.reverb"
 
 
@@ -115,12 +140,18 @@ def _classes() -> dict[str, Any]:
     pool = descriptor_pool.DescriptorPool()  # private: reverb's own classes may coexist
     pool.Add(_file())
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(
-        f"{_PACKAGE}.{name}")) for name in ("ServerInfoResponse", "TableInfo")}
+        f"{_PACKAGE}.{name}")) for name in ("ServerInfoResponse", "TableInfo", "StructuredValue")}
 
 
 _CLASSES = _classes()
 ServerInfoResponse: Any = _CLASSES["ServerInfoResponse"]
 TableInfo: Any = _CLASSES["TableInfo"]
+StructuredValue: Any = _CLASSES["StructuredValue"]
+
+# tensorflow.DataType -> bytes per element (tensorflow/core/framework/types.proto); strings,
+# resources and variants have no fixed size.
+DTYPE_BYTES = {1: 4, 2: 8, 3: 4, 4: 1, 5: 2, 6: 1, 8: 8, 9: 8, 10: 1, 11: 1, 12: 1, 13: 4,
+               14: 2, 15: 2, 16: 2, 17: 2, 18: 16, 19: 2, 22: 4, 23: 8}
 
 
 class WireError(ValueError):
@@ -133,3 +164,35 @@ def decode_server_info(buf: bytes) -> list[Any]:
         return list(ServerInfoResponse.FromString(buf).table_info)
     except message.DecodeError as e:
         raise WireError(str(e) or "not a ServerInfoResponse") from None
+
+
+def signature_item_bytes(signature: bytes) -> int | None:
+    """The bytes of one item by the table's signature (uncompressed): the sum over its
+    TensorSpecs of elements x element size. None when the signature is empty or holds a
+    dimension, rank or dtype without a fixed size, or is not a nest of TensorSpecs."""
+    try:
+        total = _value_bytes(StructuredValue.FromString(signature))
+    except (message.DecodeError, RecursionError):
+        return None
+    return total or None
+
+
+def _value_bytes(v: Any) -> int | None:
+    kind = v.WhichOneof("kind")
+    if kind in ("tensor_spec_value", "bounded_tensor_spec_value"):
+        spec = getattr(v, kind)
+        per = DTYPE_BYTES.get(spec.dtype)
+        if per is None or spec.shape.unknown_rank or any(d.size < 0 for d in spec.shape.dim):
+            return None
+        count = 1
+        for d in spec.shape.dim:
+            count *= d.size
+        return count * per
+    if kind in ("list_value", "tuple_value"):
+        parts = [_value_bytes(x) for x in getattr(v, kind).values]
+    elif kind in ("dict_value", "named_tuple_value"):
+        entries = v.dict_value.fields if kind == "dict_value" else v.named_tuple_value.values
+        parts = [_value_bytes(e.value) for e in entries]
+    else:
+        return None
+    return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
