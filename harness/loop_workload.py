@@ -229,6 +229,8 @@ def main() -> None:
     p.add_argument("--max-policy-lag", type=int, default=None)
     p.add_argument("--shape", choices=("per-worker", "repeat"), default="per-worker")
     p.add_argument("--item", choices=("small", "frames"), default="small")
+    p.add_argument("--item-size-from-signature", action="store_true",
+                   help="the probe does not declare item_bytes: the table's signature tells it")
     p.add_argument("--hang-after", type=float, default=8.0)
     p.add_argument("--train-s", type=float, default=10.0)
     p.add_argument("--timeout-s", type=float, default=120.0)
@@ -255,7 +257,8 @@ def main() -> None:
         batch_size=args.batch_size, num_parallel_calls=args.workers,
         prefetch_size=args.prefetch or None, table=TABLE, name="learner",
         max_in_flight=args.max_in_flight or 2 * args.batch_size,
-        iterators_per_worker=3 if args.shape == "repeat" else 1, item_bytes=item_bytes)
+        iterators_per_worker=3 if args.shape == "repeat" else 1,
+        item_bytes=None if args.item_size_from_signature else item_bytes)
     actor = (ActorProbe(table=TABLE, name="actor", max_policy_lag=args.max_policy_lag)
              if args.layout.startswith("async") else None)
     iterator = make_dataset(address, args).as_numpy_iterator()

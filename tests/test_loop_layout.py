@@ -161,3 +161,22 @@ def test_one_worker_below_a_batch_is_named_before_the_first_next(tmp_path: Path)
     assert certain["evidence"]["layout_basis"] == "loop writer"
     assert {f["knob"]: f["value"] for f in certain["evidence"]["fixes"]} == {
         "error_buffer": 256, "batch_size": 100}
+
+
+def test_the_item_size_comes_from_the_table_signature_when_the_probe_does_not_say(
+        tmp_path: Path) -> None:
+    # Frames (84x84x9 uint8) in a sync loop of 2 workers of 32: the warm-up burst (200 against
+    # 47 strandable) is safe, but a 1 MiB answer carries 17 frames, fewer than a batch. The
+    # probe declares no item_bytes; ServerInfo's signature gives 63,504 and the race is named.
+    doc = check(tmp_path, ["--layout", "sync", "--workers", "2", "--batch-size", "32",
+                           "--samples-per-insert", "4", "--min-size", "100",
+                           "--error-buffer", "200", "--item", "frames",
+                           "--item-size-from-signature"], 2.0, "signature")
+    (probe,) = [p["snapshot"] for p in doc["probes"]]
+    assert probe["item_bytes"] is None
+    (risk,) = [f for f in doc["findings"] if f["kind"] == "deadlock_risk"]
+    assert risk["evidence"]["item_bytes"] == 63_504
+    assert risk["evidence"]["item_bytes_from"] == "signature"
+    assert "17 samples an answer" in risk["summary"]
+    assert [(f["knob"], f["value"]) for f in risk["evidence"]["fixes"]] == [
+        ("num_parallel_calls", 1)]
