@@ -190,6 +190,11 @@ def render_text(doc: dict[str, Any], out: IO[str]) -> None:
         for f in doc["fixes"]:
             was = f"{f['was']:g}" if isinstance(f["was"], float) else f["was"]
             print(f"  {f['knob']}={f['value']} (now {was}): {f['cost']}", file=out)
+            if "together_with" in f:
+                t = f["together_with"]
+                was = f"{t['was']:g}" if isinstance(t["was"], float) else t["was"]
+                print(f"    together with {t['knob']}={t['value']} (now {was}): {t['cost']}",
+                      file=out)
 
 
 def run_predict(args: argparse.Namespace, out: IO[str]) -> int:

@@ -241,3 +241,23 @@ def test_an_unknown_item_size_is_not_safe_for_a_sync_loop() -> None:
     assert budget.predict(lim, replace(ds, workers=1), layout).verdict == SAFE
     assert budget.predict(Limiter.ratio(128, 2000, 3200), ds, Layout("sync-ratio")).verdict \
         == SAFE
+
+
+def test_where_one_worker_alone_still_strands_the_fix_is_a_pair() -> None:
+    # Frames race past warm-up, so only one worker; on Acme's repeat-interleave one worker
+    # still has two unread iterators, which warm-up's 100 can be stranded in (15 + 2 x ...):
+    # one worker together with the least error_buffer that is safe for it.
+    lim = Limiter.ratio(4, 1000, 100, insert_blocking=False)
+    frames = Dataset(2, 64, iterators_per_worker=3, item_bytes=84 * 84 * 9)
+    (fix,) = budget.fixes(lim, frames, Layout("sync"))
+    assert (fix.knob, fix.value) == ("num_parallel_calls", 1)
+    assert fix.together is not None and fix.together.knob == "error_buffer"
+    one = replace(frames, workers=1)
+    value = fix.together.value
+    assert budget.predict(lim.with_error_buffer(value), one, Layout("sync")).verdict == SAFE
+    assert budget.predict(lim.with_error_buffer(value - 1), one, Layout("sync")).verdict != SAFE
+    # Neither knob alone is safe.
+    assert budget.predict(lim, one, Layout("sync")).verdict != SAFE
+    assert budget.predict(lim.with_error_buffer(value), frames, Layout("sync")).verdict != SAFE
+    assert "together with error_buffer=" in fix.text()
+    assert fix.document()["together_with"]["value"] == value  # type: ignore[index]

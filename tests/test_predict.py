@@ -194,3 +194,15 @@ def test_predict_reads_the_limiter_of_a_running_server(reverb_workload: Any) -> 
                             "--error-buffer", "20", *argv[3:]], capture_output=True, text=True,
                            timeout=60)
     assert json.loads(flags.stdout)["verdict"] == doc["verdict"]
+
+
+def test_a_pair_fix_is_printed_and_given_as_json(capsys: Any) -> None:
+    argv = ["--samples-per-insert", "4", "--min-size-to-sample", "1000", "--error-buffer", "100",
+            "--batch-size", "64", "--num-parallel-calls", "2", "--layout", "sync",
+            "--iterators-per-worker", "3", "--item-bytes", "63504"]
+    code, out, _ = predict(argv, capsys)
+    assert code == 1
+    assert "num_parallel_calls=1 (now 2)" in out and "together with error_buffer=" in out
+    code, out, _ = predict([*argv, "--json"], capsys)
+    (fix,) = json.loads(out)["fixes"]
+    assert fix["knob"] == "num_parallel_calls" and fix["together_with"]["knob"] == "error_buffer"

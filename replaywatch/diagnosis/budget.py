@@ -328,12 +328,19 @@ class Fix:
     value: int
     was: float | int | None
     cost: str
+    # A second knob that must change with this one: no single knob suffices.
+    together: Fix | None = None
 
     def document(self) -> dict[str, object]:
-        return {"knob": self.knob, "value": self.value, "was": self.was, "cost": self.cost}
+        doc: dict[str, object] = {"knob": self.knob, "value": self.value, "was": self.was,
+                                  "cost": self.cost}
+        if self.together is not None:
+            doc["together_with"] = self.together.document()
+        return doc
 
     def text(self) -> str:
-        return f"{self.knob}={self.value} (now {_num(self.was)}; {self.cost})"
+        alone = f"{self.knob}={self.value} (now {_num(self.was)}; {self.cost})"
+        return alone if self.together is None else f"{alone} together with {self.together.text()}"
 
 
 # The rules ask again on every poll while a finding stays open, and a search tries up to a
@@ -343,9 +350,11 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     """For each knob, the smallest change the model calls safe (never the current value).
     Empty when the configuration is safe already.
 
-    One knob always suffices, so no pair is ever needed: error_buffer raises what is
-    released without bound in the synchronous layouts, and a longer lag under a lag bound
-    (where error_buffer never helps).
+    One knob suffices but in one case: error_buffer raises what is released without bound
+    in the synchronous layouts, and a longer lag under a lag bound (where error_buffer never
+    helps). The case is a race of thin answers, which only one worker removes, where one
+    worker still has unread iterators (Acme's repeat-interleave) that warm-up can strand:
+    then the pair, one worker together with the least error_buffer safe for it.
     """
     if predict(lim, ds, layout).verdict == SAFE:
         return ()
@@ -353,7 +362,15 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
         # No error_buffer or batch size removes a race of thin answers that the grid has
         # run; one read iterator takes every answer.
         one = _fewer_workers(lim, ds, layout)
-        return (one,) if one is not None else ()
+        if one is not None:
+            return (one,)
+        single = dataclasses.replace(ds, workers=1)
+        more = _more_buffer(lim, single, layout)
+        if more is None:
+            return ()
+        return (Fix("num_parallel_calls", 1, ds.workers,
+                    f"1 sampling worker instead of {ds.workers}: less sampling throughput",
+                    together=more),)
     return tuple(f for f in (_fewer_workers(lim, ds, layout), _more_buffer(lim, ds, layout),
                              _smaller_batch(lim, ds, layout), _longer_lag(lim, ds, layout))
                  if f is not None)
