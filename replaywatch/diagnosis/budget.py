@@ -273,9 +273,9 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"{thin_item_bytes(ds.batch_size):,} bytes an item, an answer (1 MiB) "
                       f"carries less than a batch of {ds.batch_size}, and once trained the "
                       f"credit for one batch is dealt across {ds.workers} read iterators so "
-                      "that none may complete it (a table signature or TrainerProbe(item_bytes=...) "
-                      f"settles it, --item-bytes to predict; smaller items: the warm-up reading, "
-                      f"{warm.verdict.replace('_', ' ')})")
+                      "that none may complete it (a table signature or "
+                      "TrainerProbe(item_bytes=...) settles it, --item-bytes to predict; "
+                      f"smaller items: the warm-up reading, {warm.verdict.replace('_', ' ')})")
     return Budget(CAN_HANG, warm.released, warm.strandable,
                   f"{warm.reason}; once trained, credit for one batch is dealt at most "
                   f"{response_cap(ds)} samples an answer across {ds.workers} read iterators, "
