@@ -261,3 +261,14 @@ def test_where_one_worker_alone_still_strands_the_fix_is_a_pair() -> None:
     assert budget.predict(lim.with_error_buffer(value), frames, Layout("sync")).verdict != SAFE
     assert "together with error_buffer=" in fix.text()
     assert fix.document()["together_with"]["value"] == value  # type: ignore[index]
+
+
+def test_a_loop_that_only_takes_ready_batches_at_warm_up_still_races_once_trained() -> None:
+    # error_buffer and spi below a batch: warm-up never sends the loop into next() undrawn,
+    # but once trained can_sample reads a batch's credit, dealt thinly: that batch is what
+    # is released (the rules print it).
+    lim = Limiter.ratio(1, 10, 30, insert_blocking=False)
+    for item_bytes in (None, 84 * 84 * 9):
+        b = budget.predict(lim, Dataset(4, 64, item_bytes=item_bytes), Layout("sync"))
+        assert (b.verdict, b.released) == (CAN_HANG, 64)
+    assert budget.predict(lim, Dataset(4, 64, item_bytes=16), Layout("sync")).released is None

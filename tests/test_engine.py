@@ -9,7 +9,7 @@ from replaywatch.diagnosis import rules
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import Severity
+from replaywatch.model import FLOAT_MAX, Severity
 from tests.builders import (
     DEFAULT,
     SEED_FROZEN_SAMPLES,
@@ -78,6 +78,16 @@ def test_healthy_synchronous_loop_on_acme_interleave_only_warns_of_the_risk() ->
     diagnosis = diagnose(target_view([table], [probe]), DEFAULT, 1019.0)
     assert [(f.kind, f.severity) for f in diagnosis.findings] == [
         ("deadlock_risk", Severity.WARNING)]
+
+
+def test_a_sync_loop_below_a_batch_on_a_table_without_signature_is_judged_not_crashed() -> None:
+    # The starved learner of the status page test: 4 workers of 16, error_buffer 0 and spi 1
+    # (below a batch: warm-up only takes ready batches), no signature: it races once trained.
+    table = table_history(T20, 50, 40, spi=1.0, min_diff=10.0, max_diff=FLOAT_MAX, min_size=10)
+    probe = probe_history(T20, 0, workers=4, batch_size=16)
+    diagnosis = diagnose(target_view([table], [probe]), DEFAULT, 1019.0)
+    risk = next(f for f in diagnosis.findings if f.kind == "deadlock_risk")
+    assert risk.evidence["released_samples"] == 16 and "releases 16 samples" in risk.summary
 
 
 def test_findings_carry_onset_as_since_and_now_as_last_seen() -> None:

@@ -266,9 +266,12 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     warm = _predict_warm_up(lim, ds, layout)
     if warm.verdict == WILL_HANG or not steady_race(ds, layout):
         return warm
-    # Said whether or not warm-up can hang too: it is why only one worker is offered.
+    # Said whether or not warm-up can hang too: it is why only one worker is offered. A
+    # loop that only took ready batches at warm-up still enters next() once trained when
+    # can_sample reads a batch's credit: that batch is what is released then.
+    released = warm.released if warm.released is not None else float(ds.batch_size)
     if ds.item_bytes is None:
-        return Budget(CAN_HANG, warm.released, warm.strandable,
+        return Budget(CAN_HANG, released, warm.strandable,
                       f"{warm.reason}; the items' size is unknown: from "
                       f"{thin_item_bytes(ds.batch_size):,} bytes an item, an answer (1 MiB) "
                       f"carries less than a batch of {ds.batch_size}, and once trained the "
@@ -276,7 +279,7 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       "that none may complete it (a table signature or "
                       "TrainerProbe(item_bytes=...) settles it, --item-bytes to predict; "
                       f"smaller items: the warm-up reading, {warm.verdict.replace('_', ' ')})")
-    return Budget(CAN_HANG, warm.released, warm.strandable,
+    return Budget(CAN_HANG, released, warm.strandable,
                   f"{warm.reason}; once trained, credit for one batch is dealt at most "
                   f"{response_cap(ds)} samples an answer across {ds.workers} read iterators, "
                   f"so none may complete a batch of {ds.batch_size}")
