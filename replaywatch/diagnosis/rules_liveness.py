@@ -52,14 +52,18 @@ def held_by_pause(view: TargetView, polls: tuple[PollRecord, ...], first: PollRe
     same pause, for as long as the pause is `checkpointing` and `down_polls` polls after it
     ends: the process that checkpoints sits in the client's call (a sync loop's probe shares
     it), or the host is busy. Seen on a healthy sync loop checkpointing every 2 minutes: its
-    ActorProbe went 3 polls unanswered with the server, and probe_down paged for 3 s."""
+    ActorProbe went 3 polls unanswered with the server, and probe_down paged for 3 s.
+
+    "When its server paused" is within one poll before the server's first unanswered one:
+    the pause may land between the two polls of one cycle, so the probe fails a cycle first,
+    and the cycles' timing jitters by a fraction of one (hence 1.5 polls, not 1)."""
     pause = _last_pause(view.polls)
     if pause is None:
         return False
     unanswered, answered_after = pause
     if (now - unanswered[0].at >= th.checkpoint_grace_s
             or len(answered_after) > th.down_polls
-            or first.at < unanswered[0].at - _spacing(view.polls)
+            or first.at < unanswered[0].at - 1.5 * _spacing(view.polls)
             or not all(r.error and NO_ANSWER in r.error for r in unanswered)):
         return False
     return all(r.error and NO_ANSWER in r.error for r in polls if r.at >= first.at)
