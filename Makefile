@@ -104,8 +104,8 @@ bench:
 	$(PY) -m bench.run_all
 
 # The prediction grid (bench/predict_grid.py): the budget model against real runs, every fix
-# it prints applied and run again; 40 cells one at a time, about 50 minutes on 2 cores, so
-# apart from make bench. Its table replaces the "Prediction grid" section of bench/RESULTS.md.
+# it prints applied and run again; 43 cells one at a time, 40 minutes on 2 cores and up to
+# an hour more for the seed's cell (its own loop, 8 minutes a run), so apart from make bench. Its table replaces the "Prediction grid" section of bench/RESULTS.md.
 bench-grid: $(STAMP)
 	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
 
