@@ -69,6 +69,9 @@ class FindingsKeeper:
         self._stacks = stacks or StackTaker()
         self._active: dict[tuple[str, str, str], Finding] = {}
         self._resumed = False
+        # Rules that raised, each logged once: a bug in one rule costs its finding, not the
+        # cycle, and must not fill the log at every poll.
+        self._rule_errors_logged: set[str] = set()
         self._held: set[tuple[str, str, str]] = set()
         self._hold_until = 0.0
         # A restarted sidecar knows nothing for a while: a target_down needs
@@ -119,6 +122,11 @@ class FindingsKeeper:
             view = dataclasses.replace(view, held_baselines=self._held_baselines(open_here))
             verdicts = self._stacks.verdicts(target)
             diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
+            for error in diagnosis.rule_errors:
+                if error not in self._rule_errors_logged:
+                    self._rule_errors_logged.add(error)
+                    log.error("a rule raised on %s and was skipped (the others judged): %s",
+                              target, error)
             inputs[target] = Inputs(view, now, self._th, self._layout, verdicts, open_here)
             found.extend(diagnosis.findings)
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)

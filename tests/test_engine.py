@@ -263,3 +263,19 @@ def test_a_new_kind_is_its_declaration_and_its_registered_rule(monkeypatch) -> N
                                                          Shape.TABLE_SETTINGS)))
     view = target_view([table_history(seconds(20), 100, 50, max_size=50)])
     assert "table_is_tiny" in kinds(view)
+
+
+def test_a_rule_that_raises_costs_its_own_finding_not_the_others(monkeypatch) -> None:
+    def broken(case, th):
+        raise ZeroDivisionError("a bug")
+
+    view = target_view([seed_hung_table()], [seed_hung_probe()])
+    before = diagnose(view, DEFAULT, 1019.5)
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(kinds_module.SPI_DRIFT, broken,
+                                                         Shape.TABLE_SETTINGS)))
+    after = diagnose(view, DEFAULT, 1019.5)
+    assert [f.kind for f in after.findings] == [f.kind for f in before.findings] != []
+    assert after.rule_errors == (
+        "test_a_rule_that_raises_costs_its_own_finding_not_the_others.<locals>.broken: "
+        "ZeroDivisionError: a bug",)
+    assert before.rule_errors == ()

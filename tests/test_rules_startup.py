@@ -189,7 +189,7 @@ def test_startup_rule(name: str, rule: Rule, scenario: Callable[[], Any],
 def judge(rule: Rule, c: TableCase) -> Finding | None:
     """A table rule as the engine runs it: an after-stalls rule is handed the stalls."""
     if rule in (rules_startup.is_learner_starting, rules_startup.is_reconnecting):
-        return rule(c, DEFAULT, tuple(stall_findings(c, DEFAULT)))
+        return rule(c, DEFAULT, tuple(stall_findings(c, DEFAULT, [])))
     return rule(c, DEFAULT)
 
 

@@ -3,17 +3,21 @@
     diagnosis = diagnose(history.view(target, probes, start), thresholds, now)
     for finding in diagnosis.findings: ...        # worst first
     diagnosis.insufficient                         # ("table:replay", ...) too young to judge
+    diagnosis.rule_errors                          # rules that raised: bugs, for the edge to log
     diagnose(view, thresholds, now, stacks={"replay": verdict})  # the keeper's stack dumps
 
 Pure: the time is an argument and every number comes from the view. Each shape's rules are
 read from their registrations (`rules.of_shape`); the order they run in decides nothing, as
-precedence is the kinds' declaration order (`kinds.ALL`).
+precedence is the kinds' declaration order (`kinds.ALL`). A rule that raises costs its own
+finding only: the others still judge, and the error is handed back (a sidecar watching a
+week-long job must not go blind on one rule's bug).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from replaywatch.diagnosis import rules
 from replaywatch.diagnosis import window as win
@@ -33,6 +37,17 @@ class Diagnosis:
 
     findings: tuple[Finding, ...]
     insufficient: tuple[str, ...]
+    rule_errors: tuple[str, ...] = ()
+
+
+def _judged(rule: Callable[..., Any], errors: list[str], *args: Any) -> Finding | None:
+    """One rule's answer; a rule that raises answers None and its error is kept."""
+    try:
+        result: Finding | None = rule(*args)
+    except Exception as e:  # a bug in one rule: the others must still judge
+        errors.append(f"{getattr(rule, '__qualname__', rule)}: {type(e).__name__}: {e}")
+        return None
+    return result
 
 
 def is_fresh(observed_at: float, th: Thresholds, now: float) -> bool:
@@ -87,8 +102,10 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     `layout`: the job's layout as its configuration declares it (`--layout`), if it does.
     """
     th = thresholds
+    errors: list[str] = []
     actors = actors_by_table(view)
-    found = [f for rule in rules.of_shape(Shape.VIEW) if (f := rule(view, th, now)) is not None]
+    found = [f for rule in rules.of_shape(Shape.VIEW)
+             if (f := _judged(rule, errors, view, th, now)) is not None]
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     answered_again = win.answered_again_at(view.polls, th.down_polls)
@@ -104,7 +121,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                          came_back_how=came_back and came_back[1])
         stalls = []
         if has_enough_history(history, th):
-            stalls = stall_findings(case, th)
+            stalls = stall_findings(case, th, errors)
         else:
             insufficient.append(f"table:{name}")
         # After-stalls rules also see the target-wide findings placed on this table (an
@@ -112,15 +129,16 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         # writer stuck in its call to the server before a restart is seen at once.
         on_table = tuple(stalls) + tuple(f for f in found if f.table == name)
         stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
-                   if (f := rule(case, th, on_table)) is not None]
+                   if (f := _judged(rule, errors, case, th, on_table)) is not None]
         found += rules.with_restore_evidence(stalls, view.tables[name])
         found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
-                  if (f := rule(case, th)) is not None]
+                  if (f := _judged(rule, errors, case, th)) is not None]
         found += [f for probe in probes for rule in rules.of_shape(Shape.PROBE_SETTINGS)
-                  if (f := rule(case, probe, th)) is not None]
+                  if (f := _judged(rule, errors, case, probe, th)) is not None]
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(win.since_last_restart(h), th)]
-    return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient))
+    return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
+                     tuple(errors))
 
 
 def came_back_at(table: tuple[TableSnapshot, ...], answered_again: float | None
@@ -132,14 +150,14 @@ def came_back_at(table: tuple[TableSnapshot, ...], answered_again: float | None
     return max(seen, default=None)
 
 
-def stall_findings(case: TableCase, th: Thresholds) -> list[Finding]:
+def stall_findings(case: TableCase, th: Thresholds, errors: list[str]) -> list[Finding]:
     """The stall rules on one table whose history covers the window: each trainer probe's
     with enough history of its own, then the table's."""
     found = [f for probe in case.probes if has_enough_history(probe, th)
              for rule in rules.of_shape(Shape.PROBE_STALL)
-             if (f := rule(case, probe, th)) is not None]
+             if (f := _judged(rule, errors, case, probe, th)) is not None]
     return found + [f for rule in rules.of_shape(Shape.TABLE_STALL)
-                    if (f := rule(case, th)) is not None]
+                    if (f := _judged(rule, errors, case, th)) is not None]
 
 
 def _first_per_key(found: list[Finding]) -> list[Finding]:
