@@ -188,13 +188,14 @@ def render_text(doc: dict[str, Any], out: IO[str]) -> None:
     if doc["fixes"]:
         print("fixes the model proves (any one):", file=out)
         for f in doc["fixes"]:
-            was = f"{f['was']:g}" if isinstance(f["was"], float) else f["was"]
-            print(f"  {f['knob']}={f['value']} (now {was}): {f['cost']}", file=out)
+            print(f"  {_knob(f)}", file=out)
             if "together_with" in f:
-                t = f["together_with"]
-                was = f"{t['was']:g}" if isinstance(t["was"], float) else t["was"]
-                print(f"    together with {t['knob']}={t['value']} (now {was}): {t['cost']}",
-                      file=out)
+                print(f"    together with {_knob(f['together_with'])}", file=out)
+
+
+def _knob(f: dict[str, Any]) -> str:
+    was = f"{f['was']:g}" if isinstance(f["was"], float) else f["was"]
+    return f"{f['knob']}={f['value']} (now {was}): {f['cost']}"
 
 
 def run_predict(args: argparse.Namespace, out: IO[str]) -> int:

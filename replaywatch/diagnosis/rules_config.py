@@ -105,9 +105,8 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
                             else None), "probe": p.probe,
         "fixes": [f.document() for f in fixes]}
     words = {budget.WILL_HANG: "will hang", budget.CAN_HANG: "can hang"}[b.verdict]
-    released = "no more" if b.released is None else f"{b.released:g}"
     summary = (f"'{t.name}' {words} in next(): once inserting stops the limiter releases "
-               f"{released} samples ({b.reason}) and {ds.workers} batching worker(s) of "
+               f"{b.released:g} samples ({b.reason}) and {ds.workers} batching worker(s) of "
                f"{ds.batch_size} can hold {b.strandable:g} without completing a batch.")
     if not known.known:
         summary = (f"If this is a synchronous loop ({model.kind}), {summary[0].lower()}"
