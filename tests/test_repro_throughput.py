@@ -4,7 +4,7 @@ grows, nothing ever blocked.
 Thresholds are scaled to seconds (a 30 s look-back, 6 s of baseline, 5 s below half, so 1 s
 below a fifth; the coarse history then keeps one snapshot per 0.5 s): the shape of the
 default 30 min / 3 min / 300 s / 60 s. The bound is the span the drop must last plus two
-buckets, and one more for a loaded machine. Measured times are printed (`-s`).
+buckets, and a second more for a loaded machine. Measured times are printed (`-s`).
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ def job() -> Iterator[tuple[reverb.Client, int]]:
     server.stop()
 
 
-# 6x, not 5x: a step five times longer is a rate a little above a fifth (each insert's own
-# time does not grow), which is "below half".
-@pytest.mark.parametrize("factor", [10, 6, 3], ids=["10x", "6x", "3x"])
+# 8x, not 5x: a step five times longer is a rate a little above a fifth (each insert's own
+# time does not grow), which is "below half". Nor 6x: the actors share this process's GIL
+# with the learner and the sidecar's ticks, and on a loaded machine an insert's 5 ms took
+# 6x to a fifth too; the half line, whose 5 s span then still held 1.4 s of the old rate,
+# named it at 3.6 s (inserts at 0.47 of the baseline). At 8x that takes 15 ms an insert.
+@pytest.mark.parametrize("factor", [10, 8, 3], ids=["10x", "8x", "3x"])
 def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None:
     client, port = job
     actors = [SlowingActor(client, 0.02) for _ in range(2)]
@@ -84,11 +87,10 @@ def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None
     print(f"\nthroughput_drop at {factor}x: {took} s after the step slowed "
           f"(the span and two buckets: {span + 2 * BUCKET_S} s)")
     assert not set().union(*(alarms(s) for s in healthy))
-    # A bucket more than the span and its two buckets for a loaded machine's late ticks (a 6x
-    # drop was named 3.61 s in against 3.6 s); below a fifth, that stays under the 5 s the
-    # below-half span needs, so it is still the fifth's span that named it.
-    bound = span + 3 * BUCKET_S + SLACK_S + 1.0
-    assert factor < 5 or bound < DROP_FOR_S
+    # A second for a loaded machine's late ticks. Which span named it is read from the
+    # evidence, not the clock: the half line's 5 s span can name a drop before 5 s have
+    # passed (with most of its buckets slow), and it is the fifth's that must name one here.
+    bound = span + 2 * BUCKET_S + SLACK_S + 1.0
     assert took is not None and took <= bound
     # Named once the span's rate and its median bucket are under the line: most of the span
     # slow (a 3x drop: four fifths of it), never a moment's slowness.
@@ -96,4 +98,5 @@ def test_actors_that_slow_down_are_a_throughput_drop(job, factor: float) -> None
     drop = next(f for f in state.findings if f.kind == "throughput_drop")
     inserts = drop.evidence["series"]["inserts"]
     assert inserts["ratio"] < (0.2 if factor >= 5 else 0.5)
+    assert inserts["below_a_fifth"] is (factor >= 5)
     assert drop.evidence["attribution"] == "clients"  # the server is not slower per insert
