@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-long bench-bundles system-deps venv launchpad-venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-buffers bench-long bench-bundles system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -108,6 +108,11 @@ bench:
 # an hour more for the seed's cell (its own loop, 8 minutes a run), so apart from make bench. Its table replaces the "Prediction grid" section of bench/RESULTS.md.
 bench-grid: $(STAMP)
 	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
+
+# Each error_buffer fix at its value, the one above and the next hundred (about 10 minutes):
+# the findings say any larger error_buffer holds too.
+bench-grid-buffers: $(STAMP)
+	$(PY) -m bench.predict_grid --buffer-fixes --results bench/RESULTS.md
 
 # Long healthy runs and throughput_drop's detection times (about 50 minutes).
 bench-long:

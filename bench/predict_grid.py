@@ -19,6 +19,11 @@ CPU, the schedule where races show: a fix holds when that run does not hang.
 
     python -m bench.predict_grid --results bench/RESULTS.md      # make bench-grid
     python -m bench.predict_grid --cells 3 --runs 1              # a quick look
+    python -m bench.predict_grid --buffer-fixes --results bench/RESULTS.md
+
+`--buffer-fixes` runs no cell: it runs each error_buffer fix the model proves, the value
+above it and the next hundred, on one CPU (`make bench-grid-buffers`). The model calls every
+value from the one it prints safe (a user rounds it up); those runs are what say so.
 """
 
 from __future__ import annotations
@@ -204,6 +209,66 @@ def run_cell(cell: Cell, runs: int, workdir: Path, fixes: bool = True) -> dict[s
     return row
 
 
+BUFFER_HEADING = "## Error-buffer fixes, and the values above them"
+
+
+def buffer_values(value: int) -> list[int]:
+    """The printed error_buffer, the one above it (where the granularity is 1, the model's
+    thinnest margin) and the next hundred (what a user rounds it to)."""
+    return sorted({value, value + 1, (value // 100 + 1) * 100})
+
+
+def run_buffer_fixes(cells: list[Cell], runs: int, workdir: Path) -> list[dict[str, Any]]:
+    """Every error_buffer fix the model proves for `cells`, at each of buffer_values, `runs`
+    times on one CPU; a fixed configuration two cells share is run once."""
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for cell in cells:
+        if cell.loop == "seed":
+            continue  # 480 s a run: its fixes are the seed cell's own section
+        for fix in budget.fixes(*cell.model()):
+            if fix.knob != "error_buffer" or fix.together is not None:
+                continue
+            for value in buffer_values(fix.value):
+                fixed = cell.fixed(dataclasses.replace(fix, value=value))
+                if fixed.name in seen:
+                    continue
+                seen.add(fixed.name)
+                outcomes = [run_once(fixed, workdir, one_cpu=True)["outcome"]
+                            for _ in range(runs)]
+                rows.append({"cell": cell.name, "printed": fix.value, "value": value,
+                             "model": fixed.predict().verdict, "outcomes": outcomes})
+                print(f"{fixed.name}: model {rows[-1]['model']}, {outcomes}", flush=True)
+    return rows
+
+
+def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
+    held = sum(o == "ran" for r in rows for o in r["outcomes"])
+    total = sum(len(r["outcomes"]) for r in rows)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        f"{BUFFER_HEADING} ({len(rows)} configurations, {total} runs: {took_s / 60:.1f} min "
+        f"on {when})",
+        "",
+        "`python -m bench.predict_grid --buffer-fixes` (`make bench-grid-buffers`). The "
+        "error_buffer a finding prints is the least from which the model calls every value "
+        "safe, since a user rounds it up: the granularity is a gcd with error_buffer, so a "
+        "value can be safe and the one above it not (the seed's numbers: 39,892 safe with "
+        "g = 4, 39,893 not with g = 1; the fix is 39,900). Each fix runs at its value, the "
+        "one above and the next hundred, pinned to one CPU, where the grid's races show.",
+        "",
+        f"- runs that did not hang: **{held}/{total}**",
+        "",
+        "| cell | printed | run at | model | runs | hung |",
+        "| --- | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        hung = sum(o != "ran" for o in r["outcomes"])
+        lines.append(f"| {r['cell']} | {r['printed']} | {r['value']} | {r['model']} | "
+                     f"{len(r['outcomes'])} | {'**' + str(hung) + '**' if hung else 0} |")
+    return "\n".join(lines) + "\n"
+
+
 def agrees(verdict: str, hangs: int, runs: int) -> bool:
     if verdict == budget.SAFE:
         return hangs == 0
@@ -318,7 +383,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the rows a stopped run wrote with --json; run the other cells")
     p.add_argument("--took-min", type=float, default=None,
                    help="with --from-json: how long that run took, for the heading")
+    p.add_argument("--buffer-fixes", action="store_true",
+                   help="run only the error_buffer fixes, at their value and above it")
     args = p.parse_args(argv)
+    if args.buffer_fixes:
+        return _buffer_fixes_main(args)
     if args.from_json:
         text = render(json.loads(args.from_json.read_text()), 60 * (args.took_min or 0),
                       predict_seconds())
@@ -348,6 +417,24 @@ def main(argv: list[str] | None = None) -> int:
                 args.json.write_text(json.dumps(rows, indent=1))
     text = render(rows, time.time() - started, predict_seconds())
     print(text)
+    if args.results:
+        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+    return 0
+
+
+def _buffer_fixes_main(args: argparse.Namespace) -> int:
+    if args.from_json:
+        rows, took_s = json.loads(args.from_json.read_text()), 60 * (args.took_min or 0)
+    else:
+        cells = [c for c in default_cells() if not args.only or args.only in c.name]
+        started = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = run_buffer_fixes(cells, max(args.runs, 1), Path(tmp))
+        took_s = time.time() - started
+    text = render_buffer_fixes(rows, took_s)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
     if args.results:
         args.results.write_text(replace_sections(args.results.read_text(), [text]))
     return 0

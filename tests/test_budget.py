@@ -8,6 +8,7 @@ replaywatch/diagnosis/budget.py's docstring.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -163,6 +164,36 @@ def test_fixes_are_the_smallest_change_the_model_calls_safe() -> None:
     by_knob = {f.knob: f.value for f in budget.fixes(lim, ds, layout)}
     # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300.
     assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25}
+
+
+def test_an_error_buffer_fix_holds_for_every_larger_value_too() -> None:
+    # Users round the value up. 28 is safe (g = gcd(4, 28, 16, 16) = 4: each of 2 workers
+    # holds 12) but 29 is not (g = 1: 15 each, 30 > 29), so the fix is 30, from which every
+    # value holds; 748 (g 4) and 749 (g 1) likewise give 756.
+    assert _buffer_fix(sized(cell("sync-ratio", 2, 16, 4, 20), 16)) == 30
+    assert _buffer_fix(sized(cell("sync-ratio", 12, 64, 8, 300), 16)) == 756
+    checked = 0
+    for layout in ("sync", "sync-ratio"):
+        for workers, batch, spi, e, iters, item in itertools.product(
+                (2, 4, 12), (16, 32, 64, 256), (1, 4, 8, 16, 64, 128, 256), (0, 12, 40, 300),
+                (1, 3), (16, 4096)):
+            config = sized(cell(layout, workers, batch, spi, e, iterators=iters), item)
+            value = _buffer_fix(config)
+            if value is None:
+                continue
+            lim, ds, lay = config
+            above = [*range(value, value + 4 * batch), *range(batch, batch + 64)]
+            unsafe = [v for v in above
+                      if v >= value and budget.predict(lim.with_error_buffer(v), ds,
+                                                       lay).verdict != SAFE]
+            assert not unsafe, (config, value, unsafe[:5])
+            assert budget.predict(lim.with_error_buffer(value - 1), ds, lay).verdict != SAFE
+            checked += 1
+    assert checked > 200
+
+
+def _buffer_fix(config: tuple[Limiter, Dataset, Layout]) -> int | None:
+    return next((f.value for f in budget.fixes(*config) if f.knob == "error_buffer"), None)
 
 
 def test_a_lag_bound_below_a_batch_per_step_is_fixed_by_the_lag_not_the_buffer() -> None:

@@ -140,7 +140,7 @@ def test_a_hand_written_loop_with_a_finite_max_diff_is_named_worker_starvation(
     assert starved["evidence"]["layout_basis"] == "loop writer"
     assert "most likely" not in starved["fix"].lower()
     assert {f["knob"]: f["value"] for f in starved["evidence"]["fixes"]} == {
-        "num_parallel_calls": 1, "error_buffer": 28, "batch_size": 12}
+        "num_parallel_calls": 1, "error_buffer": 30, "batch_size": 12}
     assert "sample_blocked" not in found
 
 

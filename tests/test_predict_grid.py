@@ -3,7 +3,14 @@ the table it writes (no runs: the runs are `make bench-grid`'s)."""
 
 from __future__ import annotations
 
-from bench.predict_grid import Cell, agrees, default_cells, render
+from bench.predict_grid import (
+    Cell,
+    agrees,
+    buffer_values,
+    default_cells,
+    render,
+    render_buffer_fixes,
+)
 from replaywatch.diagnosis import budget
 
 
@@ -46,3 +53,17 @@ def test_the_table_counts_what_it_claims() -> None:
     assert "hung runs predicted before the hang began: **1/1**" in text
     assert "fixes that held: **0/1**" in text and "- b': error_buffer=31 -> hang" in text
     assert "| b | can_hang | 20 | 30 | 1 | 1 (0 + 1) |" in text
+
+
+def test_an_error_buffer_fix_is_run_at_its_value_the_next_and_a_round_one() -> None:
+    assert buffer_values(30) == [30, 31, 100]
+    assert buffer_values(3060) == [3060, 3061, 3100]
+    assert buffer_values(99) == [99, 100]
+    rows = [{"cell": "c", "printed": 30, "value": 31, "model": "safe",
+             "outcomes": ["ran", "hang"]},
+            {"cell": "c", "printed": 30, "value": 100, "model": "safe", "outcomes": ["ran"]}]
+    text = render_buffer_fixes(rows, 60.0)
+    assert "(2 configurations, 3 runs: 1.0 min" in text
+    assert "runs that did not hang: **2/3**" in text
+    assert "| c | 30 | 31 | safe | 2 | **1** |" in text
+    assert "| c | 30 | 100 | safe | 1 | 0 |" in text

@@ -401,14 +401,30 @@ def _largest_smaller(lim: Limiter, ds: Dataset, layout: Layout, field: str, knob
 
 def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     e = lim.error_buffer
-    value = _least(lambda v: _safe(lim.with_error_buffer(v), ds, layout), math.floor(e) + 1,
+    value = _least(lambda v: _safe_from(lim, ds, layout, v), math.floor(e) + 1,
                    MAX_ERROR_BUFFER)
     if value is None:
         return None
     offset = lim.samples_per_insert * lim.min_size_to_sample
     rate = f", Acme's tolerance rate {value / offset:.3g}" if offset > 0 else ""
     return Fix("error_buffer", value, e,
-               f"samples and inserts may drift {value} samples apart{rate}")
+               f"samples and inserts may drift {value} samples apart{rate}; any larger "
+               "error_buffer holds too")
+
+
+def _safe_from(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> bool:
+    """Every error_buffer from `value` on is safe, not `value` alone.
+
+    A user rounds the number we print up, so that must hold too. Safety is not monotone in
+    error_buffer in two places only. The granularity is a gcd with it: 28 may be safe (g 4)
+    and 29 not (g 1); but every other factor of g divides FIRST_REQUEST, so g repeats every
+    FIRST_REQUEST values, while what is released only grows with error_buffer. And a `sync`
+    loop's release steps down at a batch (e + spi below it, e from it). So FIRST_REQUEST
+    values from `value`, and as many from the batch size when that lies above, decide it.
+    """
+    starts = [value] + ([ds.batch_size] if ds.batch_size > value else [])
+    return all(_safe(lim.with_error_buffer(v), ds, layout)
+               for start in starts for v in range(start, start + FIRST_REQUEST))
 
 
 def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
