@@ -47,6 +47,7 @@ def to_document(state: Published) -> dict[str, Any]:
         "findings": [f.to_document() for f in worst_first(state.findings)],
         "insufficient_data": list(state.insufficient),
         "actors": {url: dataclasses.asdict(a) for url, a in sorted(state.actors.items())},
+        "rule_errors": list(state.rule_errors),
     }
 
 
@@ -81,7 +82,9 @@ def render_text(state: Published, out: TextIO) -> None:
         print(f"\n{_actor_line(url, a)}", file=out)
     print(file=out)
     if not state.findings:
-        print("findings: none", file=out)
+        # Not "none" while a rule could not judge: what it would have found is unknown.
+        print("findings: none" if not state.rule_errors else
+              "findings: none from the rules that judged", file=out)
     for f in worst_first(state.findings):
         print(f"[{f.severity.label.upper()}] {f.kind} {f.target} {f.table}".rstrip(), file=out)
         print(f"  {f.summary}", file=out)
@@ -90,6 +93,8 @@ def render_text(state: Published, out: TextIO) -> None:
         print(f"  fix: {f.fix}", file=out)
     for name in state.insufficient:
         print(f"insufficient data: {name}", file=out)
+    for error in state.rule_errors:
+        print(f"rule error, its finding is missing (a replaywatch bug): {error}", file=out)
 
 
 def _actor_line(url: str, a: ActorSnapshot) -> str:

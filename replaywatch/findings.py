@@ -115,6 +115,7 @@ class FindingsKeeper:
         targets = self._targets()
         open_by_target = _by_target(self._active.values())
         inputs: dict[str, Inputs] = {}
+        rule_errors: list[str] = []
         for target, probes in targets.items():
             open_here = open_by_target.get(target, ())
             view = history.view(target, probes, start=now - self._window_s,
@@ -122,6 +123,7 @@ class FindingsKeeper:
             view = dataclasses.replace(view, held_baselines=self._held_baselines(open_here))
             verdicts = self._stacks.verdicts(target)
             diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
+            rule_errors += [f"{target}: {error}" for error in diagnosis.rule_errors]
             for error in diagnosis.rule_errors:
                 if error not in self._rule_errors_logged:
                     self._rule_errors_logged.add(error)
@@ -170,6 +172,7 @@ class FindingsKeeper:
             incident_log_dropped=dropped,
             bundles_written=self._bundles.written if self._bundles else 0,
             bundle_failures=self._bundles.failed if self._bundles else 0,
+            rule_errors=tuple(rule_errors),
             baselines=baselines,
         )
 

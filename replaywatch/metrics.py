@@ -88,6 +88,9 @@ BUNDLES = counter("bundles_written", "Incident bundles written to the bundle dir
 BUNDLE_FAILURES = counter("bundle_failures",
                           "Bundles not written (a full disk, an unwritable directory); the log "
                           "says why.")
+RULE_ERRORS = gauge("rule_errors",
+                    "Rules that raised in the last poll cycle: their findings are missing "
+                    "(the others still judge); /api/v1/findings and the log say which.")
 LATE_CYCLES = counter("late_poll_cycles",
                       "Poll cycles that overran the interval (the next one started late).")
 
@@ -112,6 +115,7 @@ def families(state: Published) -> Group:
     yield DROPPED, [((), state.incident_log_dropped)]
     yield BUNDLES, [((), state.bundles_written)]
     yield BUNDLE_FAILURES, [((), state.bundle_failures)]
+    yield RULE_ERRORS, [((), float(len(state.rule_errors)))]
     yield LATE_CYCLES, [((), state.late_cycles)]
 
 

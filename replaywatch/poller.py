@@ -40,6 +40,8 @@ class CycleFindings:
     incident_log_dropped: int = 0
     bundles_written: int = 0
     bundle_failures: int = 0
+    # "target: rule: error" for each rule that raised this cycle (its finding was skipped)
+    rule_errors: tuple[str, ...] = ()
     # (target, table) -> series ("inserts", "samples") -> its throughput baseline now
     baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
         default_factory=dict)
@@ -252,6 +254,7 @@ class Poller:
             incident_log_dropped=found.incident_log_dropped,
             bundles_written=found.bundles_written,
             bundle_failures=found.bundle_failures,
+            rule_errors=found.rule_errors,
             baselines=found.baselines,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),

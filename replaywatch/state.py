@@ -54,6 +54,8 @@ class Published:
     late_cycles: int = 0  # poll cycles that overran the interval
     bundles_written: int = 0  # incident bundles written since the sidecar started
     bundle_failures: int = 0  # bundles that could not be written
+    # "target: rule: error" for each rule that raised in this cycle: its finding is missing
+    rule_errors: tuple[str, ...] = ()
     # actor probes' latest documents, by URL (trainer probes' are in `probes`)
     actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)
     # (target, table) -> series -> the throughput baseline (rules_throughput.table_baselines)

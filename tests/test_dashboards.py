@@ -40,6 +40,8 @@ DOCKER_COMPOSE = "/usr/bin/docker-compose"
 COMPOSE_YML = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 RUNBOOKS = ROOT / "docs" / "runbooks"
+# Runbooks of the sidecar's own alerts, beside one per finding kind.
+SIDECAR_RUNBOOKS = {"sidecar_down", "rule_errors"}
 # Where every alert's runbook_url points (_config.runbookBase in dashboards/mixin/).
 RUNBOOK_BASE = "https://github.com/replaywatch/replaywatch/blob/main/docs/runbooks/"
 GRID_COLUMNS = 24
@@ -133,6 +135,9 @@ def test_warning_findings_and_raw_fallbacks_have_alerts() -> None:
     assert exprs['up{job="replaywatch"} == 0']["alert"] == "ReplaywatchSidecarDown"
     target_down = exprs['replaywatch_target_up{job="replaywatch"} == 0']
     assert target_down["alert"] == "ReplaywatchTargetDown"
+    rule_errors = exprs['replaywatch_rule_errors{job="replaywatch"} > 0']
+    assert (rule_errors["alert"], rule_errors["labels"]["severity"]) == (
+        "ReplaywatchRuleErrors", "warning")
 
 
 def test_every_alert_has_for_severity_annotations_and_a_runbook_that_exists() -> None:
@@ -158,7 +163,7 @@ def test_every_alert_has_for_severity_annotations_and_a_runbook_that_exists() ->
 
 
 def test_runbooks_exist_exactly_for_the_declared_kinds_and_the_sidecar() -> None:
-    assert {p.stem for p in RUNBOOKS.glob("*.md")} == set(kinds.BY_NAME) | {"sidecar_down"}
+    assert {p.stem for p in RUNBOOKS.glob("*.md")} == set(kinds.BY_NAME) | SIDECAR_RUNBOOKS
     for kind in kinds.ALL:
         assert (ROOT / kind.runbook).is_file(), kind.runbook
 
@@ -170,7 +175,7 @@ def test_every_runbook_title_names_its_kind_and_declared_severity() -> None:
 
 
 def test_every_runbook_says_what_it_means_how_to_confirm_and_how_to_fix() -> None:
-    expected = set(kinds.BY_NAME) | {"sidecar_down"}
+    expected = set(kinds.BY_NAME) | SIDECAR_RUNBOOKS
     for kind in expected:
         text = (RUNBOOKS / f"{kind}.md").read_text()
         for heading in ("## What it means", "## How to confirm", "## How to fix"):

@@ -336,3 +336,31 @@ def test_page_shows_actors_stuck_in_a_writer_call_or_waiting_on_the_learner(
             t.join(5)
         stuck.stop()
         waiter.stop()
+
+
+def test_page_says_the_verdict_is_incomplete_while_a_rule_cannot_judge(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path, browser_page: Any,
+) -> None:
+    # No rule of a real sidecar raises on demand: the page gets the sidecar's own findings
+    # answer with one rule error added, as a sidecar whose rule raised sends it.
+    base = _offline_sidecar(sidecar, tmp_path)
+    error = "127.0.0.1:9: is_spi_drift: KeyError: 'evidence'"
+
+    def with_error(route: Any) -> None:
+        answer = route.fetch()
+        route.fulfill(response=answer, json={**answer.json(), "findings": [],
+                                             "rule_errors": [error]})
+
+    page = browser_page
+    page.route("**/api/v1/findings*", with_error)
+    page.goto(base + "/")
+    note = page.locator("#rule-errors")
+    note.wait_for(state="visible")
+    assert error in note.inner_text() and "its finding is missing" in note.inner_text()
+    assert page.locator("#verdict").inner_text() == "incomplete: 1 rule(s) could not judge"
+    assert "sev-warning" in page.locator("#verdict").get_attribute("class")
+    assert "Nothing wrong" not in page.locator("#findings").inner_text()
+    page.unroute("**/api/v1/findings*")
+    note.wait_for(state="hidden")  # the next answer has none: the note goes
+    assert not page.locator("#verdict").inner_text().startswith("incomplete")
+    assert page.errors == []

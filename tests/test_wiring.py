@@ -87,7 +87,7 @@ def test_check_json_keeps_its_shape(tmp_path: Path) -> None:
     assert run_check(config(tmp_path), 0.7, as_json=True, out=out) == 0  # down is a warning
     doc = json.loads(out.getvalue())
     assert list(doc) == ["at", "targets", "probes", "tables", "findings", "insufficient_data",
-                         "actors"]
+                         "actors", "rule_errors"]
     (target,) = doc["targets"]
     assert list(target) == ["name", "kind", "target", "up", "last_poll_at", "last_ok_at",
                             "last_error", "last_duration_s", "consecutive_failures",
@@ -100,3 +100,40 @@ def test_check_json_keeps_its_shape(tmp_path: Path) -> None:
                          "fix", "since", "last_seen", "resolved_at"}
     # check keeps its incidents in memory: nothing is written beside a running watch.
     assert not (tmp_path / "state").exists()
+
+
+def test_a_rule_that_raises_is_said_in_the_state_the_api_the_metrics_and_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its finding is missing: the list of findings is not the whole picture, and a user who
+    # reads "findings: none" or an empty API answer must be told so.
+    from fastapi.testclient import TestClient
+
+    from replaywatch.api import create_app
+    from replaywatch.diagnosis import kinds, rules
+    from replaywatch.diagnosis.registry import Rule, Shape
+    from replaywatch.metrics import make_registry, render
+
+    def broken(view, th, now):
+        raise KeyError("evidence")
+
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(kinds.SPI_DRIFT, broken, Shape.VIEW)))
+    with build_sidecar(config(tmp_path), incidents_path=":memory:") as sidecar:
+        state = sidecar.poller.tick()
+        (error,) = state.rule_errors
+        assert error.startswith(f"{CLOSED}: ") and "broken: KeyError: 'evidence'" in error
+        assert "replaywatch_rule_errors 1.0" in render(make_registry(sidecar.store.current)
+                                                       ).decode()
+        app = create_app(sidecar.store, make_registry(sidecar.store.current), sidecar.history,
+                         None)
+        body = TestClient(app).get("/api/v1/findings").json()
+        assert body["rule_errors"] == [error]
+    text, doc = io.StringIO(), io.StringIO()
+    run_check(config(tmp_path), 0.3, as_json=False, out=text)
+    run_check(config(tmp_path), 0.3, as_json=True, out=doc)
+    assert "rule error, its finding is missing (a replaywatch bug): " in text.getvalue()
+    assert json.loads(doc.getvalue())["rule_errors"] == [error]
+    monkeypatch.undo()
+    with build_sidecar(config(tmp_path), incidents_path=":memory:") as sidecar:
+        assert sidecar.poller.tick().rule_errors == ()
+        assert "replaywatch_rule_errors 0.0" in render(make_registry(sidecar.store.current)
+                                                       ).decode()

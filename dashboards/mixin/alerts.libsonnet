@@ -7,7 +7,8 @@
 // - One alert for every warning kind (severity="warning", by the finding's own severity label),
 //   slower and not paging: a warning kind needs no entry here. Info kinds have no alert.
 // - Raw fallbacks: the sidecar's own scrape (`up`) and the Reverb server's reachability
-//   (replaywatch_target_up), which need no diagnosis to be right.
+//   (replaywatch_target_up), which need no diagnosis to be right; and the rules that could
+//   not judge (replaywatch_rule_errors), so a broken rule is not taken for a healthy job.
 //
 // Every alert carries labels.severity (critical or warning) and the annotations summary,
 // description, runbook_url (_config.runbookBase + <kind>.md) and dashboard_url
@@ -110,6 +111,19 @@
       dashboardVars: ['target'],
       summary: 'Reverb server {{ $labels.target }} does not answer',
       description: 'The replaywatch sidecar {{ $labels.instance }} cannot reach the Reverb server {{ $labels.target }}: none of its tables can be sampled or inserted into, and none is diagnosed while it is down.',
+    },
+    // A rule that raises costs its own finding (the others still judge): the verdicts this
+    // sidecar sends are then incomplete, which must not stay silent. A replaywatch bug, not
+    // the job's: a warning, not a page.
+    {
+      name: 'RuleErrors',
+      expr: 'replaywatch_rule_errors{%s} > 0' % c.replaywatchSelector,
+      severity: 'warning',
+      'for': c.warningFor,
+      runbook: 'rule_errors',
+      dashboardVars: [],
+      summary: 'replaywatch sidecar {{ $labels.instance }}: {{ $value }} rule(s) cannot judge',
+      description: 'A diagnosis rule of the replaywatch sidecar {{ $labels.instance }} raises at every poll: the finding it would give is missing, so its silence is not a verdict. The rule and its error: GET /api/v1/findings (rule_errors) on the sidecar, or its log.',
     },
   ],
 

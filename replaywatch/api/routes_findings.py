@@ -44,7 +44,8 @@ def findings(
             finding = _finding_from_incident(row)
             if finding.id not in active or finding.resolved_at is not None:
                 out.append(finding)
-    return FindingsOut(findings=out, insufficient_data=list(state.insufficient))
+    return FindingsOut(findings=out, insufficient_data=list(state.insufficient),
+                       rule_errors=list(state.rule_errors))
 
 
 def _matches(t: str, k: str, s: str, target: str | None, kind: str | None,

@@ -122,6 +122,9 @@ class FindingOut(BaseModel):
 class FindingsOut(BaseModel):
     findings: list[FindingOut]
     insufficient_data: list[str]
+    # Rules that raised in the last cycle ("target: rule: error"): what they would have
+    # found is missing from `findings`, so the list is not the whole picture.
+    rule_errors: list[str] = []
 
 
 class IncidentOut(BaseModel):

@@ -510,22 +510,36 @@
     for (const id of Array.from(cards.keys())) {
       if (!findings.some((f) => f.id === id)) cards.delete(id);
     }
+    // A rule that raised could not judge: its finding is missing, so an empty list is
+    // not "nothing wrong" (older sidecars send no rule_errors).
+    const ruleErrors = doc.rule_errors || [];
     const container = document.getElementById("findings");
+    const emptyText = ruleErrors.length
+      ? "No active findings from the rules that judged (see below)."
+      : "Nothing wrong: no active findings.";
     const same = live.length === container.children.length
       && live.every((c, i) => container.children[i] === c);
     if (!same) {
       container.replaceChildren();
       append(container, live.length ? live
-        : [el("p", { class: "empty ok" }, "Nothing wrong: no active findings.")]);
+        : [el("p", { class: "empty" + (ruleErrors.length ? "" : " ok") }, emptyText)]);
     }
+    const errors = document.getElementById("rule-errors");
+    errors.hidden = !ruleErrors.length;
+    errors.textContent = ruleErrors.length
+      ? "A replaywatch rule could not judge, so its finding is missing (a bug in replaywatch; "
+        + "please report it): " + ruleErrors.join("; ") : "";
     const insufficient = document.getElementById("insufficient");
     insufficient.hidden = !doc.insufficient_data.length;
     insufficient.textContent = doc.insufficient_data.length
       ? "Insufficient data (too young to judge): " + doc.insufficient_data.join(", ") : "";
     const worst = findings.length ? findings[0].severity : null;
     const verdict = document.getElementById("verdict");
-    verdict.className = "verdict " + (worst ? "sev-" + worst : "ok");
-    verdict.textContent = worst ? findings.length + " active finding(s), worst " + worst : "healthy";
+    verdict.className = "verdict " + (worst ? "sev-" + worst
+      : ruleErrors.length ? "sev-warning" : "ok");
+    verdict.textContent = worst ? findings.length + " active finding(s), worst " + worst
+      : ruleErrors.length ? "incomplete: " + ruleErrors.length + " rule(s) could not judge"
+        : "healthy";
   }
 
   // The incident's Markdown report (from its bundle), to paste into an issue tracker. With
