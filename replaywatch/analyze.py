@@ -68,17 +68,18 @@ def changed(bundled: Thresholds, used: Thresholds) -> dict[str, tuple[Any, Any]]
 def run_analyze(args: argparse.Namespace, flagged: dict[str, Any], out: IO[str]) -> int:
     b = bd.read(args.bundle)
     th = thresholds_for(args, flagged, b.inputs.thresholds)
-    findings = bd.verdict(b.inputs, th)
+    findings, errors = bd.judged(b.inputs, th)
     doc = bd.verdict_document(b.inputs.view.target, b.inputs.now, findings)
     if args.json:
-        out.write(bd.dumps_verdict(doc))
+        # Only when a rule raised: otherwise the bytes stay the sidecar's own verdict's.
+        out.write(bd.dumps_verdict({**doc, "rule_errors": list(errors)} if errors else doc))
     else:
-        render_text(b, findings, doc, th, out)
+        render_text(b, findings, doc, th, out, errors)
     return 1 if any(f.severity == Severity.CRITICAL for f in findings) else 0
 
 
 def render_text(b: bd.Bundle, findings: tuple[Finding, ...], doc: dict[str, Any],
-                th: Thresholds | None, out: IO[str]) -> None:
+                th: Thresholds | None, out: IO[str], errors: tuple[str, ...] = ()) -> None:
     d = b.doc
     print(f"bundle: {d.get('reason')} on {d.get('host')} (replaywatch "
           f"{d.get('replaywatch_version')}, format {d.get('format_version')})", file=out)
@@ -98,8 +99,11 @@ def render_text(b: bd.Bundle, findings: tuple[Finding, ...], doc: dict[str, Any]
     for m in d.get("missing") or []:
         print(f"missing: {m.get('what')}: {m.get('why')}", file=out)
     print(file=out)
+    for error in errors:
+        print(f"rule error, its finding is missing (a replaywatch bug): {error}", file=out)
     if not findings:
-        print("no findings", file=out)
+        print("no findings" if not errors else "no findings from the rules that judged",
+              file=out)
     for f in findings:
         where = f"{f.target} {f.table}".strip()
         print(f"{f.severity.label.upper():8} {f.kind} on {where} since {_utc(f.since)}",

@@ -74,13 +74,20 @@ class Bundle:
 def verdict(inputs: Inputs, thresholds: Thresholds | None = None) -> tuple[Finding, ...]:
     """The cycle replayed: the findings the sidecar had for the target after it, worst
     first; under `thresholds` instead of the bundle's, what it would have had."""
+    return judged(inputs, thresholds)[0]
+
+
+def judged(inputs: Inputs, thresholds: Thresholds | None = None
+           ) -> tuple[tuple[Finding, ...], tuple[str, ...]]:
+    """`verdict`, and the rules that raised while replaying it (their findings missing)."""
     th = thresholds if thresholds is not None else inputs.thresholds
     target = inputs.view.target
-    found = diagnose(inputs.view, th, inputs.now, stacks=inputs.stacks or None,
-                     layout=inputs.layout).findings
+    diagnosis = diagnose(inputs.view, th, inputs.now, stacks=inputs.stacks or None,
+                         layout=inputs.layout)
     active = {f.key: f for f in inputs.active_before}
-    result = reconcile(active, [*found, *inputs.held], {target}, inputs.now)
-    return worst_first(f for f in result.active.values() if f.target == target)
+    result = reconcile(active, [*diagnosis.findings, *inputs.held], {target}, inputs.now)
+    return (worst_first(f for f in result.active.values() if f.target == target),
+            diagnosis.rule_errors)
 
 
 def verdict_document(target: str, now: float, findings: Iterable[Finding]) -> dict[str, Any]:

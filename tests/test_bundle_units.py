@@ -317,3 +317,23 @@ def test_the_report_shows_the_blocked_thread_from_the_stacks(tmp_path: Path) -> 
     text = run("report", str(path))[1]
     assert "```text\ntrain.py:10 in step\ntf.py:99 in __next__\n```" in text
     assert "1 thread(s) with this stack (MainThread)" in text
+
+
+def test_a_rule_that_raises_offline_is_said_not_read_as_no_finding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replaywatch.diagnosis import kinds, rules
+    from replaywatch.diagnosis.registry import Rule, Shape
+
+    def broken(view, th, now):
+        raise KeyError("evidence")
+
+    path = seed_bundle(tmp_path)
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(kinds.SPI_DRIFT, broken, Shape.VIEW)))
+    code, out = run("analyze", str(path))
+    assert code == 1 and "CRITICAL worker_starvation" in out
+    assert "rule error, its finding is missing (a replaywatch bug): " in out
+    assert "broken: KeyError: 'evidence'" in out
+    code, out = run("analyze", str(path), "--json")
+    assert json.loads(out)["rule_errors"] == [
+        "test_a_rule_that_raises_offline_is_said_not_read_as_no_finding.<locals>.broken: "
+        "KeyError: 'evidence'"]
