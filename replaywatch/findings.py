@@ -123,7 +123,8 @@ class FindingsKeeper:
             view = dataclasses.replace(view, held_baselines=self._held_baselines(open_here))
             verdicts = self._stacks.verdicts(target)
             diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
-            rule_errors += [f"{target}: {error}" for error in diagnosis.rule_errors]
+            # One line per rule and error, not per table it raised on.
+            rule_errors += [f"{target}: {error}" for error in dict.fromkeys(diagnosis.rule_errors)]
             for error in diagnosis.rule_errors:
                 if error not in self._rule_errors_logged:
                     self._rule_errors_logged.add(error)

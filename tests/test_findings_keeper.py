@@ -306,3 +306,24 @@ def test_an_incident_keeps_the_actor_snapshots_around_its_opening(tmp_path: Path
         assert [s["steps_total"] for s in context["probes"][ACTOR]] == [10, 11, 12]
     finally:
         log.close()
+
+
+def test_a_rule_that_raises_on_every_table_is_one_error_per_target(
+        monkeypatch: Any) -> None:
+    from replaywatch.diagnosis import kinds, rules
+    from replaywatch.diagnosis.registry import Rule, Shape
+
+    def broken(case, th):
+        raise ValueError("no limiter")
+
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(kinds.SPI_DRIFT, broken,
+                                                         Shape.TABLE_SETTINGS)))
+    keeper, history = FindingsKeeper(lambda: {T: []}, TH, 1.0, None), History()
+    for i in range(12):
+        t = START + i
+        history.record(PollOutcome(T, "reverb", t, 0.001, tables=tuple(
+            table_snapshot(t, 10 * i, 10 * i, target=T, name=name) for name in ("a", "b"))))
+    found = keeper.diagnose_cycle(history, {}, START + 11)
+    assert found.rule_errors == (
+        f"{T}: test_a_rule_that_raises_on_every_table_is_one_error_per_target.<locals>."
+        "broken: ValueError: no limiter",)
