@@ -109,7 +109,8 @@ bench:
 bench-grid: $(STAMP)
 	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
 
-# Each error_buffer fix at its value, the one above and the next hundred (about 10 minutes):
+# Each error_buffer fix at its value, the one above and the next hundred, and the pair fixes
+# (about 20 minutes; one pair on the seed's own loop for 480 s):
 # the findings say any larger error_buffer holds too.
 bench-grid-buffers: $(STAMP)
 	$(PY) -m bench.predict_grid --buffer-fixes --results bench/RESULTS.md

@@ -218,28 +218,57 @@ def buffer_values(value: int) -> list[int]:
     return sorted({value, value + 1, (value // 100 + 1) * 100})
 
 
+# Configurations whose only fix is a pair (one worker together with an error_buffer): thin
+# answers need one worker, and on Acme's repeat-interleave that worker still has unread
+# iterators for the warm-up burst to strand in. No grid cell needs a pair; these are where
+# the model prints one. The seed-loop one runs its pair for 480 s, on the seed's own loop.
+PAIR_CELLS = (
+    Cell("sync", 12, 256, 128.0, 2560.0, 2000, shape="repeat", item="frames"),
+    Cell("sync", 4, 32, 64.0, 100.0, 1000, shape="repeat", item="frames"),
+    Cell("sync", 4, 64, 16.0, 200.0, 1000, shape="repeat", item="frames"),
+    Cell("sync", 12, 256, 128.0, 2560.0, 2000, shape="repeat", item="frames", loop="seed"),
+)
+
+
+def _buffer_fix(fix: budget.Fix, value: int) -> budget.Fix:
+    """`fix` with its error_buffer (itself, or the second knob of a pair) at `value`."""
+    if fix.together is not None:
+        return dataclasses.replace(fix, together=dataclasses.replace(fix.together, value=value))
+    return dataclasses.replace(fix, value=value)
+
+
 def run_buffer_fixes(cells: list[Cell], runs: int, workdir: Path) -> list[dict[str, Any]]:
-    """Every error_buffer fix the model proves for `cells`, at each of buffer_values, `runs`
-    times on one CPU; a fixed configuration two cells share is run once."""
+    """Every error_buffer fix the model proves for `cells` (alone, or the second knob of a
+    pair), at each of buffer_values, `runs` times on one CPU; a fixed configuration two cells
+    share is run once. A seed-loop cell runs 480 s: its printed fix only, once."""
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for cell in cells:
-        if cell.loop == "seed":
-            continue  # 480 s a run: its fixes are the seed cell's own section
+        seed = cell.loop == "seed"
         for fix in budget.fixes(*cell.model()):
-            if fix.knob != "error_buffer" or fix.together is not None:
+            buffer = fix.together if fix.together is not None else fix
+            if buffer.knob != "error_buffer":
                 continue
-            for value in buffer_values(fix.value):
-                fixed = cell.fixed(dataclasses.replace(fix, value=value))
+            for value in [buffer.value] if seed else buffer_values(buffer.value):
+                fixed = cell.fixed(_buffer_fix(fix, value))
                 if fixed.name in seen:
                     continue
                 seen.add(fixed.name)
                 outcomes = [run_once(fixed, workdir, one_cpu=True)["outcome"]
-                            for _ in range(runs)]
-                rows.append({"cell": cell.name, "printed": fix.value, "value": value,
+                            for _ in range(1 if seed else runs)]
+                rows.append({"cell": cell.name, "printed": _fix_values(fix), "value":
+                             _fix_values(_buffer_fix(fix, value)),
                              "model": fixed.predict().verdict, "outcomes": outcomes})
                 print(f"{fixed.name}: model {rows[-1]['model']}, {outcomes}", flush=True)
     return rows
+
+
+def _fix_values(fix: budget.Fix) -> str:
+    """error_buffer=30, or num_parallel_calls=1 + error_buffer=3326 for a pair."""
+    parts = [f"{fix.knob}={fix.value}"]
+    if fix.together is not None:
+        parts.append(f"{fix.together.knob}={fix.together.value}")
+    return " + ".join(parts)
 
 
 def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
@@ -255,7 +284,10 @@ def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
         "safe, since a user rounds it up: the granularity is a gcd with error_buffer, so a "
         "value can be safe and the one above it not (the seed's numbers: 39,892 safe with "
         "g = 4, 39,893 not with g = 1; the fix is 39,900). Each fix runs at its value, the "
-        "one above and the next hundred, pinned to one CPU, where the grid's races show.",
+        "one above and the next hundred, pinned to one CPU, where the grid's races show; so does "
+        "each pair the model prints where no single knob suffices (`PAIR_CELLS`: one worker "
+        "together with an error_buffer, Acme's repeat-interleave and frames), the seed-loop one "
+        "once, 480 s on the seed's own loop.",
         "",
         f"- runs that did not hang: **{held}/{total}**",
         "",
@@ -426,7 +458,8 @@ def _buffer_fixes_main(args: argparse.Namespace) -> int:
     if args.from_json:
         rows, took_s = json.loads(args.from_json.read_text()), 60 * (args.took_min or 0)
     else:
-        cells = [c for c in default_cells() if not args.only or args.only in c.name]
+        cells = [c for c in (*default_cells(), *PAIR_CELLS)
+                 if not args.only or args.only in c.name]
         started = time.time()
         with tempfile.TemporaryDirectory() as tmp:
             rows = run_buffer_fixes(cells, max(args.runs, 1), Path(tmp))

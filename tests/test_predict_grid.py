@@ -4,7 +4,10 @@ the table it writes (no runs: the runs are `make bench-grid`'s)."""
 from __future__ import annotations
 
 from bench.predict_grid import (
+    PAIR_CELLS,
     Cell,
+    _buffer_fix,
+    _fix_values,
     agrees,
     buffer_values,
     default_cells,
@@ -59,11 +62,21 @@ def test_an_error_buffer_fix_is_run_at_its_value_the_next_and_a_round_one() -> N
     assert buffer_values(30) == [30, 31, 100]
     assert buffer_values(3060) == [3060, 3061, 3100]
     assert buffer_values(99) == [99, 100]
-    rows = [{"cell": "c", "printed": 30, "value": 31, "model": "safe",
-             "outcomes": ["ran", "hang"]},
-            {"cell": "c", "printed": 30, "value": 100, "model": "safe", "outcomes": ["ran"]}]
+    rows = [{"cell": "c", "printed": "error_buffer=30", "value": "error_buffer=31",
+             "model": "safe", "outcomes": ["ran", "hang"]},
+            {"cell": "c", "printed": "error_buffer=30", "value": "error_buffer=100",
+             "model": "safe", "outcomes": ["ran"]}]
     text = render_buffer_fixes(rows, 60.0)
     assert "(2 configurations, 3 runs: 1.0 min" in text
     assert "runs that did not hang: **2/3**" in text
-    assert "| c | 30 | 31 | safe | 2 | **1** |" in text
-    assert "| c | 30 | 100 | safe | 1 | 0 |" in text
+    assert "| c | error_buffer=30 | error_buffer=31 | safe | 2 | **1** |" in text
+    assert "| c | error_buffer=30 | error_buffer=100 | safe | 1 | 0 |" in text
+
+
+def test_a_pair_fix_is_run_with_its_error_buffer_moved_and_its_worker_kept() -> None:
+    (cell,) = [c for c in PAIR_CELLS if c.workers == 4 and c.batch_size == 32]
+    (fix,) = budget.fixes(*cell.model())
+    assert _fix_values(fix) == "num_parallel_calls=1 + error_buffer=414"
+    fixed = cell.fixed(_buffer_fix(fix, 500))
+    assert (fixed.workers, fixed.error_buffer) == (1, 500)
+    assert fixed.predict().verdict == budget.SAFE
