@@ -428,9 +428,39 @@ def _safe_from(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> bool:
 
 
 def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    return _largest_smaller(lim, ds, layout, "batch_size", "batch_size",
-                            lambda b: f"batches of {b}: a different learning step (rescale "
-                                      "the learning rate)")
+    fix = _largest_smaller(lim, ds, layout, "batch_size", "batch_size",
+                           lambda b: f"batches of {b}: a different learning step (rescale "
+                                     "the learning rate)")
+    if fix is None:
+        return None
+    below = unsafe_batches_below(lim, ds, layout, fix.value)
+    if not below:
+        return fix
+    # Users round a batch down to a power of two, and smaller is not always safer: the
+    # branch a sync loop's release takes turns on error_buffer and spi against the batch,
+    # and the granularity on its gcd. Only the warning is said, not the sizes that hold:
+    # the grid ran the printed value.
+    return dataclasses.replace(fix, cost=f"{fix.cost}; not any smaller batch: "
+                                         f"{_spans(below)} can hang")
+
+
+def unsafe_batches_below(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> list[int]:
+    """The batch sizes below `value` that the model does not call safe, largest first."""
+    return [b for b in range(value - 1, 0, -1)
+            if not _safe(lim, dataclasses.replace(ds, batch_size=b), layout)]
+
+
+def _spans(values: list[int], most: int = 3) -> str:
+    """Descending integers as runs, the first `most` of them: [55, 54, 53, 40, 39] ->
+    '53-55, 39-40'."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v + 1:
+            runs[-1][0] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(f"{lo}-{hi}" if lo < hi else f"{lo}" for lo, hi in runs[:most])
+    return text + (", ..." if len(runs) > most else "")
 
 
 def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
