@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-buffers bench-long bench-bundles system-deps venv launchpad-venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-fixes bench-long bench-bundles system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -109,11 +109,13 @@ bench:
 bench-grid: $(STAMP)
 	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
 
-# Each error_buffer fix at its value, the one above and the next hundred, and the pair fixes
-# (about 20 minutes; one pair on the seed's own loop for 480 s):
-# the findings say any larger error_buffer holds too.
-bench-grid-buffers: $(STAMP)
+# What the fixes say beyond their value (about 25 minutes): each error_buffer fix at its value,
+# the one above and the next hundred, and the pair fixes (one pair on the seed's own loop for
+# 480 s), since a finding says any larger error_buffer holds too; then the largest smaller
+# batch each batch_size fix warns can hang.
+bench-grid-fixes: $(STAMP)
 	$(PY) -m bench.predict_grid --buffer-fixes --results bench/RESULTS.md
+	$(PY) -m bench.predict_grid --batch-warnings --results bench/RESULTS.md
 
 # Long healthy runs and throughput_drop's detection times (about 50 minutes).
 bench-long:

@@ -22,7 +22,7 @@ CPU, the schedule where races show: a fix holds when that run does not hang.
     python -m bench.predict_grid --buffer-fixes --results bench/RESULTS.md
 
 `--buffer-fixes` runs no cell: it runs each error_buffer fix the model proves, the value
-above it and the next hundred, on one CPU (`make bench-grid-buffers`). The model calls every
+above it and the next hundred, on one CPU (`make bench-grid-fixes`). The model calls every
 value from the one it prints safe (a user rounds it up); those runs are what say so.
 """
 
@@ -279,7 +279,7 @@ def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
         f"{BUFFER_HEADING} ({len(rows)} configurations, {total} runs: {took_s / 60:.1f} min "
         f"on {when})",
         "",
-        "`python -m bench.predict_grid --buffer-fixes` (`make bench-grid-buffers`). The "
+        "`python -m bench.predict_grid --buffer-fixes` (`make bench-grid-fixes`). The "
         "error_buffer a finding prints is the least from which the model calls every value "
         "safe, since a user rounds it up: the granularity is a gcd with error_buffer, so a "
         "value can be safe and the one above it not (the seed's numbers: 39,892 safe with "
@@ -298,6 +298,57 @@ def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
         hung = sum(o != "ran" for o in r["outcomes"])
         lines.append(f"| {r['cell']} | {r['printed']} | {r['value']} | {r['model']} | "
                      f"{len(r['outcomes'])} | {'**' + str(hung) + '**' if hung else 0} |")
+    return "\n".join(lines) + "\n"
+
+
+WARNING_HEADING = "## Smaller batches a batch fix warns of"
+
+
+def run_batch_warnings(cells: list[Cell], runs: int, workdir: Path) -> list[dict[str, Any]]:
+    """For each cell whose batch_size fix warns that a smaller batch can hang, the largest
+    such batch, run as a grid cell is (up to CAN_HANG_RUNS runs for a race)."""
+    rows: list[dict[str, Any]] = []
+    for cell in cells:
+        if cell.loop == "seed":
+            continue
+        for fix in budget.fixes(*cell.model()):
+            if fix.knob != "batch_size" or "smaller batch" not in fix.cost:
+                continue
+            lim, ds, layout = cell.model()
+            warned = budget.unsafe_batches_below(lim, ds, layout, fix.value)[0]
+            row = run_cell(dataclasses.replace(cell, batch_size=warned), runs, workdir,
+                           fixes=False)
+            rows.append({"cell": cell.name, "fix": f"batch_size={fix.value}",
+                         "warned": warned, **{k: row[k] for k in (
+                             "predicted", "hangs", "agrees")}, "runs": len(row["runs"])})
+            print(f"{cell.name}: batch {warned} (fix {fix.value}): model {row['predicted']}, "
+                  f"{row['hangs']}/{len(row['runs'])} hung", flush=True)
+    return rows
+
+
+def render_batch_warnings(rows: list[dict[str, Any]], took_s: float) -> str:
+    seen = sum(r["hangs"] > 0 for r in rows)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        f"{WARNING_HEADING} ({len(rows)} configurations, {sum(r['runs'] for r in rows)} runs: "
+        f"{took_s / 60:.1f} min on {when})",
+        "",
+        "`python -m bench.predict_grid --batch-warnings` (`make bench-grid-fixes`). A "
+        "batch_size fix is the largest batch below the current one that the model calls "
+        "safe; a smaller one is not always safer (the granularity, a gcd with the batch, "
+        "and which side of error_buffer and spi the batch lies), so the fix says which "
+        "smaller sizes can hang. The largest of them is run here as a grid cell is: "
+        "`can_hang` agrees when one of up to "
+        f"{CAN_HANG_RUNS} runs hangs, runs alternating all CPUs and one.",
+        "",
+        f"- warned batch sizes seen to hang: **{seen}/{len(rows)}**",
+        "",
+        "| cell | fix | warned batch | model | runs | hangs | agrees |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['cell']} | {r['fix']} | {r['warned']} | {r['predicted']} | "
+                     f"{r['runs']} | {r['hangs']} | {'yes' if r['agrees'] else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -417,9 +468,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --from-json: how long that run took, for the heading")
     p.add_argument("--buffer-fixes", action="store_true",
                    help="run only the error_buffer fixes, at their value and above it")
+    p.add_argument("--batch-warnings", action="store_true",
+                   help="run only the smaller batches the batch_size fixes warn of")
     args = p.parse_args(argv)
     if args.buffer_fixes:
         return _buffer_fixes_main(args)
+    if args.batch_warnings:
+        return _batch_warnings_main(args)
     if args.from_json:
         text = render(json.loads(args.from_json.read_text()), 60 * (args.took_min or 0),
                       predict_seconds())
@@ -465,6 +520,20 @@ def _buffer_fixes_main(args: argparse.Namespace) -> int:
             rows = run_buffer_fixes(cells, max(args.runs, 1), Path(tmp))
         took_s = time.time() - started
     text = render_buffer_fixes(rows, took_s)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.results:
+        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+    return 0
+
+
+def _batch_warnings_main(args: argparse.Namespace) -> int:
+    cells = [c for c in default_cells() if not args.only or args.only in c.name]
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run_batch_warnings(cells, max(args.runs, 1), Path(tmp))
+    text = render_batch_warnings(rows, time.time() - started)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -12,6 +12,7 @@ from bench.predict_grid import (
     buffer_values,
     default_cells,
     render,
+    render_batch_warnings,
     render_buffer_fixes,
 )
 from replaywatch.diagnosis import budget
@@ -80,3 +81,15 @@ def test_a_pair_fix_is_run_with_its_error_buffer_moved_and_its_worker_kept() -> 
     fixed = cell.fixed(_buffer_fix(fix, 500))
     assert (fixed.workers, fixed.error_buffer) == (1, 500)
     assert fixed.predict().verdict == budget.SAFE
+
+
+def test_the_batch_warnings_table_counts_the_warned_sizes_that_hung() -> None:
+    rows = [{"cell": "c", "fix": "batch_size=12", "warned": 11, "predicted": "can_hang",
+             "hangs": 1, "agrees": True, "runs": 2},
+            {"cell": "d", "fix": "batch_size=8", "warned": 7, "predicted": "can_hang",
+             "hangs": 0, "agrees": False, "runs": 8}]
+    text = render_batch_warnings(rows, 90.0)
+    assert "(2 configurations, 10 runs: 1.5 min" in text
+    assert "warned batch sizes seen to hang: **1/2**" in text
+    assert "| c | batch_size=12 | 11 | can_hang | 2 | 1 | yes |" in text
+    assert "| d | batch_size=8 | 7 | can_hang | 8 | 0 | **no** |" in text
