@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -510,30 +511,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _buffer_fixes_main(args: argparse.Namespace) -> int:
-    if args.from_json:
-        rows, took_s = json.loads(args.from_json.read_text()), 60 * (args.took_min or 0)
-    else:
-        cells = [c for c in (*default_cells(), *PAIR_CELLS)
-                 if not args.only or args.only in c.name]
-        started = time.time()
-        with tempfile.TemporaryDirectory() as tmp:
-            rows = run_buffer_fixes(cells, max(args.runs, 1), Path(tmp))
-        took_s = time.time() - started
-    text = render_buffer_fixes(rows, took_s)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
-    return 0
+    return _fix_checks_main(args, (*default_cells(), *PAIR_CELLS), run_buffer_fixes,
+                            render_buffer_fixes)
 
 
 def _batch_warnings_main(args: argparse.Namespace) -> int:
-    cells = [c for c in default_cells() if not args.only or args.only in c.name]
-    started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = run_batch_warnings(cells, max(args.runs, 1), Path(tmp))
-    text = render_batch_warnings(rows, time.time() - started)
+    return _fix_checks_main(args, default_cells(), run_batch_warnings, render_batch_warnings)
+
+
+def _fix_checks_main(args: argparse.Namespace, cells: Sequence[Cell],
+                     run: Callable[[list[Cell], int, Path], list[dict[str, Any]]],
+                     render: Callable[[list[dict[str, Any]], float], str]) -> int:
+    """A check of what the fixes say beyond their value: runs (or --from-json rows), its
+    section printed, and written with --json and --results."""
+    if args.from_json:
+        rows, took_s = json.loads(args.from_json.read_text()), 60 * (args.took_min or 0)
+    else:
+        chosen = [c for c in cells if not args.only or args.only in c.name]
+        started = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = run(chosen, max(args.runs, 1), Path(tmp))
+        took_s = time.time() - started
+    text = render(rows, took_s)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
