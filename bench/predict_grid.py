@@ -313,7 +313,7 @@ def run_batch_warnings(cells: list[Cell], runs: int, workdir: Path) -> list[dict
         if cell.loop == "seed":
             continue
         for fix in budget.fixes(*cell.model()):
-            if fix.knob != "batch_size" or "smaller batch" not in fix.cost:
+            if fix.knob != "batch_size" or "not always safer" not in fix.cost:
                 continue
             lim, ds, layout = cell.model()
             warned = budget.unsafe_batches_below(lim, ds, layout, fix.value)[0]

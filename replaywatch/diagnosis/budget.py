@@ -440,7 +440,7 @@ def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     # branch a sync loop's release takes turns on error_buffer and spi against the batch,
     # and the granularity on its gcd. Only the warning is said, not the sizes that hold:
     # the grid ran the printed value.
-    return dataclasses.replace(fix, cost=f"{fix.cost}; not any smaller batch: "
+    return dataclasses.replace(fix, cost=f"{fix.cost}; a smaller one is not always safer: "
                                          f"{_spans(below)} can hang")
 
 
