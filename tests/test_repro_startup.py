@@ -10,6 +10,7 @@ poll); the measured times are printed (`-s`) for the report.
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import threading
 import time
@@ -399,3 +400,45 @@ def test_a_checkpoint_restore_pages_no_one_while_clients_reconnect(servers) -> N
     assert time.monotonic() - back >= 0
     assert "reconnecting" not in kinds(seen[-1]) or not alarms(seen[-1])
 
+
+
+def test_a_frozen_server_s_clients_go_on_at_once_and_a_stall_after_it_waits_one_window(
+        reverb_workload) -> None:
+    # The server alone is frozen (SIGSTOP, its own process) for longer than down_polls polls:
+    # an outage, its counters never reset. Its clients' channels never broke, so nothing
+    # reconnects: inserts and samples go on as soon as it runs again. The actors then stop,
+    # and the learner's sample_blocked is named once a stall window of answers follows the
+    # outage, not after the 30 s a new server's clients are given to reconnect.
+    proc, address = reverb_workload("--no-load", "--spi", "1", "--min-size", "10",
+                                    "--error-buffer", "50")
+    port = int(address.rsplit(":", 1)[1])
+    client = reverb.Client(f"localhost:{port}")
+    acting, learning = actor(client, "table_0"), learner(client, "table_0")
+    inserted: list[float] = []
+    step = acting.step
+    acting.step = lambda: (step(), inserted.append(time.monotonic()))
+    acting.start()
+    learning.start()
+    seen: list[Published] = []
+    with sidecar_for(port) as sidecar:
+        tick_until(sidecar, lambda s: False, 2.0, seen)
+        proc.signal(signal.SIGSTOP)
+        tick_until(sidecar, lambda s: False, 2.0, seen)  # 10 polls fail: an outage
+        proc.signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        tick_until(sidecar, lambda s: any(t > resumed for t in inserted), 5.0, seen)
+        went_on_s = min(t for t in inserted if t > resumed) - resumed
+        tick_until(sidecar, lambda s: False, 0.6, seen)
+        acting.stop()
+        stopped = time.monotonic()
+        took = tick_until(sidecar, lambda s: "sample_blocked" in kinds(s),
+                          WINDOW_S + DEADLINE_S + SLACK_S, seen)
+    learning.stop()
+    print(f"\nfrozen 2 s: inserts went on {went_on_s:.2f} s after SIGCONT; sample_blocked "
+          f"{took} s after the actors stopped")
+    assert went_on_s < 1.0  # a reconnect takes about 12 s
+    held = [f for s in seen for f in s.findings if f.kind == "reconnecting"]
+    assert all(f.evidence["came_back_how"] == "outage" for f in held)
+    assert all(f.evidence["grace_s"] == WINDOW_S for f in held)
+    assert took is not None, [sorted(kinds(s)) for s in seen[-3:]]
+    assert time.monotonic() - stopped < 30.0 - 5.0  # never the restart's grace

@@ -139,10 +139,21 @@ STARTUP_CASES: list[tuple[str, Rule, Callable[[], Any], str | None]] = [
                                 waiting_for_sampling_ms=waiting())), "learner_starting"),
     # -- reconnecting: the server came back, its clients are not yet talking to it --------
     # Inserts stopped since t=1000 with the learner waiting (sample_blocked), and the server
-    # answered again at t=1010 after an outage: 9 s ago, within the 30 s grace.
+    # answered again at t=1010 after an outage: 9 s ago, within a stall window (10 s), which
+    # still spans the dark time.
     ("reconnecting_when_a_stall_follows_an_outage", rules_startup.is_reconnecting,
      lambda: case(table_history(T20, 100, 100, min_diff=0.0, waiting_for_inserts_ms=waiting()),
                   came_back=(1010.0, "outage")), "reconnecting"),
+    # 14 s after the same server answered again: its clients never had to reconnect (their
+    # calls go on at once after a freeze), so a whole window without progress is the stall.
+    ("no_reconnecting_a_stall_window_after_an_outage", rules_startup.is_reconnecting,
+     lambda: case(table_history(T20, 100, 100, min_diff=0.0, waiting_for_inserts_ms=waiting()),
+                  came_back=(1005.0, "outage")), None),
+    # 14 s after a new server came back its clients may still be reconnecting (about 12 s
+    # after a stop on Reverb 0.14): within reconnect_grace_s (30 s).
+    ("reconnecting_fourteen_seconds_after_a_restart", rules_startup.is_reconnecting,
+     lambda: case(table_history(T20, 100, 100, min_diff=0.0, waiting_for_inserts_ms=waiting()),
+                  came_back=(1005.0, "restart")), "reconnecting"),
     # The same stall 40 s after the server came back: past the grace, the usual finding.
     ("no_reconnecting_after_the_grace", rules_startup.is_reconnecting,
      lambda: case(table_history(T20, 100, 100, min_diff=0.0, waiting_for_inserts_ms=waiting()),

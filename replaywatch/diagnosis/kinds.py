@@ -206,11 +206,13 @@ CHECKPOINTING = Kind(
     supersedes=(Name.TARGET_DOWN,))
 RECONNECTING = Kind(
     Name.RECONNECTING, Severity.INFO, needs_probe=False,
-    meaning="The Reverb server came back (restarted, restored, or answering again after an "
-            "outage) less than `reconnect_grace_s` (30 s) ago and its clients are still "
-            "reconnecting (gRPC's back-off: about 12 s after a stop): an actor inside its "
-            "writer call, stopped inserts or sampling are the restart, shown with it as "
-            "their cause. Past the grace they are the usual findings.",
+    meaning="The Reverb server came back, restarted or restored less than "
+            "`reconnect_grace_s` (30 s) ago, and its clients are still reconnecting (gRPC's "
+            "back-off: about 12 s after a stop); or the same server answered again after an "
+            "outage less than a stall window ago, which still spans the dark time (its "
+            "clients go on at once). An actor inside its writer call, stopped inserts or "
+            "sampling are the coming back, shown with it as their cause. Past the grace "
+            "they are the usual findings.",
     fix="Wait; if it outlasts the grace it becomes the usual finding.",
     # A restart explains these on the same table while its clients reconnect.
     supersedes=(Name.WORKER_STARVATION, Name.LEARNER_STALLED, Name.WRITER_STALLED,
