@@ -272,14 +272,19 @@ def _fix_values(fix: budget.Fix) -> str:
     return " + ".join(parts)
 
 
+def _section_head(heading: str, configurations: int, runs: int, took_s: float,
+                  what: str) -> list[str]:
+    """A fix check's heading (what ran, how long, when) and the paragraph saying what."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return [f"{heading} ({configurations} configurations, {runs} runs: {took_s / 60:.1f} min "
+            f"on {when})", "", what, ""]
+
+
 def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
     held = sum(o == "ran" for r in rows for o in r["outcomes"])
     total = sum(len(r["outcomes"]) for r in rows)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    lines = [
-        f"{BUFFER_HEADING} ({len(rows)} configurations, {total} runs: {took_s / 60:.1f} min "
-        f"on {when})",
-        "",
+    lines = _section_head(
+        BUFFER_HEADING, len(rows), total, took_s,
         "`python -m bench.predict_grid --buffer-fixes` (`make bench-grid-fixes`). The "
         "error_buffer a finding prints is the least from which the model calls every value "
         "safe, since a user rounds it up: the granularity is a gcd with error_buffer, so a "
@@ -288,8 +293,8 @@ def render_buffer_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
         "one above and the next hundred, pinned to one CPU, where the grid's races show; so does "
         "each pair the model prints where no single knob suffices (`PAIR_CELLS`: one worker "
         "together with an error_buffer, Acme's repeat-interleave and frames), the seed-loop one "
-        "once, 480 s on the seed's own loop.",
-        "",
+        "once, 480 s on the seed's own loop.")
+    lines += [
         f"- runs that did not hang: **{held}/{total}**",
         "",
         "| cell | printed | run at | model | runs | hung |",
@@ -329,19 +334,16 @@ def run_batch_warnings(cells: list[Cell], runs: int, workdir: Path) -> list[dict
 
 def render_batch_warnings(rows: list[dict[str, Any]], took_s: float) -> str:
     seen = sum(r["hangs"] > 0 for r in rows)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    lines = [
-        f"{WARNING_HEADING} ({len(rows)} configurations, {sum(r['runs'] for r in rows)} runs: "
-        f"{took_s / 60:.1f} min on {when})",
-        "",
+    lines = _section_head(
+        WARNING_HEADING, len(rows), sum(r["runs"] for r in rows), took_s,
         "`python -m bench.predict_grid --batch-warnings` (`make bench-grid-fixes`). A "
         "batch_size fix is the largest batch below the current one that the model calls "
         "safe; a smaller one is not always safer (the granularity, a gcd with the batch, "
         "and which side of error_buffer and spi the batch lies), so the fix says which "
         "smaller sizes can hang. The largest of them is run here as a grid cell is: "
-        "`can_hang` agrees when one of up to "
-        f"{CAN_HANG_RUNS} runs hangs, runs alternating all CPUs and one.",
-        "",
+        f"`can_hang` agrees when one of up to {CAN_HANG_RUNS} runs hangs, runs alternating "
+        "all CPUs and one.")
+    lines += [
         f"- warned batch sizes seen to hang: **{seen}/{len(rows)}**",
         "",
         "| cell | fix | warned batch | model | runs | hangs | agrees |",

@@ -124,8 +124,8 @@ class FindingsKeeper:
             verdicts = self._stacks.verdicts(target)
             diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
             # One line per rule and error, not per table it raised on.
-            rule_errors += [f"{target}: {error}" for error in dict.fromkeys(diagnosis.rule_errors)]
-            for error in diagnosis.rule_errors:
+            for error in dict.fromkeys(diagnosis.rule_errors):
+                rule_errors.append(f"{target}: {error}")
                 if error not in self._rule_errors_logged:
                     self._rule_errors_logged.add(error)
                     log.error("a rule raised on %s and was skipped (the others judged): %s",
