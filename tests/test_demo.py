@@ -8,6 +8,7 @@ processes that were below it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -45,6 +46,27 @@ def test_a_port_already_answering_is_refused_before_anything_starts(tmp_path: Pa
     assert code != 0
     assert f"127.0.0.1:{port} is already in use" in out and "DEMO_PORT=0" in out
     assert not (tmp_path / "demo-agent.log").exists()  # no agent was started
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_demo_is_free_again() -> None:
+    spec = importlib.util.spec_from_file_location("demo_tool", "tools/demo.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert tool.port_in_use(port)  # listening: in use
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server side closes first, as a stopped sidecar does
+            client.recv(1)
+    with socket.socket() as plain:  # the TIME_WAIT a plain bind trips over
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    assert not tool.port_in_use(port)
 
 
 # SIGHUP is handled as SIGTERM is (tools/demo.py installs one handler for both): each run

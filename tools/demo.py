@@ -61,8 +61,13 @@ SIDECAR_START_S = 60.0
 
 
 def port_in_use(port: int) -> bool:
-    """Something already listens on 127.0.0.1:port (a bind without SO_REUSEADDR fails)."""
+    """Something already listens on 127.0.0.1:port.
+
+    With SO_REUSEADDR, as the sidecar's own server binds: without it the connections a
+    demo stopped a moment ago leave in TIME_WAIT (a minute) read as "in use", and `make demo`
+    run again at once was refused with nothing listening."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
