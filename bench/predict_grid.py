@@ -80,7 +80,9 @@ class Cell:
         ds = budget.Dataset(self.workers, self.batch_size,
                             iterators_per_worker=3 if self.shape == "repeat" else 1,
                             item_bytes=84 * 84 * 9 if self.item == "frames" else 16)
-        return lim, ds, budget.Layout(self.layout, self.lag)
+        # The harness's `sync` loop steps while can_sample (Acme's LocalLayout).
+        gate = budget.CAN_SAMPLE if self.layout == budget.SYNC else None
+        return lim, ds, budget.Layout(self.layout, self.lag, gate)
 
     def predict(self) -> budget.Budget:
         return budget.predict(*self.model())

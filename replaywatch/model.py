@@ -20,6 +20,7 @@ FLOAT_MAX = 1.7976931348623157e308
 # with insert blocking disabled, one with a finite max_diff, free-running actors, and actors
 # held by a policy-lag bound.
 LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
+GATES = ("can_sample", "schedule")  # when a synchronous loop calls next()
 
 
 class SourceKind(enum.StrEnum):
@@ -115,6 +116,17 @@ class TableSnapshot:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NextStrides:
+    """A synchronous loop's items inserted (its wrapped writer's) around its next() calls."""
+
+    inserts_at_first: int  # when it first entered next()
+    inserts_at_last: int  # when it last entered next()
+    count: int  # strides seen: next() calls after the first
+    least: int  # the fewest items inserted between two next() calls
+    most: int  # the most
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProbeSnapshot:
     """A trainer's `GET /probe` document at `observed_at` (sidecar's clock)."""
 
@@ -147,6 +159,13 @@ class ProbeSnapshot:
     writers_wrapped: int = 0  # the loop's own writers: the trainer inserts
     items_inserted: int = 0  # through the loop's own wrapped writer
     inserts_on_next_thread: bool | None = None  # the inserting thread is the one in next()
+    gate: str | None = None  # declared: can_sample or schedule
+    inserts_per_step: float | None = None  # declared schedule: inserts between steps
+    first_step_at: int | None = None  # declared schedule: items at the first step
+    batch_after_interleave: bool = False  # one batch after the interleave (TF-Agents)
+    cycle_length: int | None = None  # Reverb datasets interleaved
+    workers_per_iterator: int | None = None
+    next_strides: NextStrides | None = None  # the loop's inserts between next() calls
 
 
 # The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a
@@ -200,6 +219,7 @@ class ActorSnapshot:
     last_error: str | None = None  # "call: Type: message" of the last failed writer call
     last_error_at: float | None = None
     max_policy_lag: int | None = None  # steps it takes without a learner step, then waits
+    max_items_ahead: int | None = None  # items it may insert ahead of what was consumed
 
     @property
     def waiting(self) -> bool:

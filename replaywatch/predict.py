@@ -25,8 +25,15 @@ from replaywatch.errors import ConfigError, SourceError
 from replaywatch.model import LAYOUTS
 
 INT_KEYS = ("min_size_to_sample", "batch_size", "num_parallel_calls", "max_in_flight",
-            "prefetch", "max_policy_lag", "iterators_per_worker", "item_bytes")
-FLOAT_KEYS = ("samples_per_insert", "error_buffer", "min_diff", "max_diff")
+            "prefetch", "max_policy_lag", "iterators_per_worker", "item_bytes",
+            "first_step_at", "max_items_ahead", "cycle_length", "workers_per_iterator")
+FLOAT_KEYS = ("samples_per_insert", "error_buffer", "min_diff", "max_diff", "inserts_per_step")
+STR_KEYS = ("layout", "gate", "pipeline")
+GATE_FLAGS = {"can-sample": budget.CAN_SAMPLE, "schedule": budget.SCHEDULE}
+# Each framework's own pipeline: Acme's make_reverb_dataset batches per worker (in flight
+# 2 x batch); TF-Agents' as_dataset interleaves min(B, 32) datasets (3 x B / cycle in
+# flight each) and batches once after the interleave.
+PIPELINES = {"acme": budget.PER_WORKER, "tf-agents": budget.AFTER_INTERLEAVE}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +52,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="max_in_flight_samples_per_worker (default 2 x batch size)")
     p.add_argument("--prefetch", type=int, metavar="N")
     p.add_argument("--max-policy-lag", type=int, metavar="L",
-                   help="async-lag: steps an actor takes without a learner step")
+                   help="async-lag: items an actor inserts after it last saw a learner step, "
+                        "then it waits for the next one")
+    p.add_argument("--max-items-ahead", type=int, metavar="N",
+                   help="async-lag: items the actors may insert ahead of what the learner "
+                        "consumed (inserts - min_size <= N + consumed samples / spi)")
+    p.add_argument("--gate", choices=tuple(GATE_FLAGS),
+                   help="sync: when the loop calls next(): can-sample (only while "
+                        "can_sample(batch) or ready(), Acme's LocalLayout) or schedule (every "
+                        "--inserts-per-step inserts from --first-step-at items on); left out, "
+                        "both are judged and the worse is given")
+    p.add_argument("--inserts-per-step", type=float, metavar="K",
+                   help="schedule: inserts between learner steps (default batch / spi)")
+    p.add_argument("--first-step-at", type=int, metavar="M",
+                   help="schedule: items in the table at the first learner step (default "
+                        "min_size_to_sample)")
+    p.add_argument("--pipeline", choices=tuple(PIPELINES),
+                   help="acme: per-worker batching (default); tf-agents: min(B, 32) Reverb "
+                        "datasets, one batch after the interleave")
+    p.add_argument("--batch-after-interleave", action="store_true",
+                   help="one batch after the interleave, as TF-Agents' as_dataset")
+    p.add_argument("--cycle-length", type=int, metavar="C",
+                   help="after the interleave: Reverb datasets interleaved (default "
+                        "min(B, 32))")
+    p.add_argument("--workers-per-iterator", type=int, metavar="N",
+                   help="num_workers_per_iterator of each Reverb dataset (default 1)")
     p.add_argument("--iterators-per-worker", type=int, metavar="N",
                    help="3 for Acme's make_reverb_dataset before acme dea9307 (default 1)")
     p.add_argument("--item-bytes", type=int, metavar="N")
@@ -59,10 +90,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Flags over the config file's [predict] table."""
     found: dict[str, Any] = _config_file(args.config) if args.config else {}
-    for key in (*INT_KEYS, *FLOAT_KEYS, "layout"):
+    for key in (*INT_KEYS, *FLOAT_KEYS, *STR_KEYS):
         value = getattr(args, key)
         if value is not None:
             found[key] = value
+    if args.batch_after_interleave:
+        if found.get("pipeline", "tf-agents") != "tf-agents":
+            raise ConfigError("--batch-after-interleave is TF-Agents' shape, not --pipeline "
+                              f"{found['pipeline']}")
+        found["pipeline"] = "tf-agents"
     return found
 
 
@@ -70,13 +106,13 @@ def _config_file(path: str) -> dict[str, Any]:
     section = read_toml(path, allowed=("predict",)).get("predict")
     if not isinstance(section, dict):
         raise ConfigError(f"config file {path}: needs a [predict] table")
-    known = set(INT_KEYS) | set(FLOAT_KEYS) | {"layout"}
+    known = set(INT_KEYS) | set(FLOAT_KEYS) | set(STR_KEYS)
     out: dict[str, Any] = {}
     for key, value in section.items():
         name = key.replace("-", "_")
         if name not in known:
             raise ConfigError(f"config file {path}: unknown key {key!r} in [predict]")
-        kind = int if name in INT_KEYS else float if name in FLOAT_KEYS else str
+        kind: type = int if name in INT_KEYS else float if name in FLOAT_KEYS else str
         if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
                 kind is int and not isinstance(value, int)):
             raise ConfigError(f"config file {path}: {key} ({value!r}) must be a "
@@ -119,20 +155,41 @@ def dataset_from(s: dict[str, Any]) -> budget.Dataset:
         if key in s and s[key] < (0 if key == "prefetch" else 1):
             raise ConfigError(f"--{key.replace('_', '-')} ({s[key]}) must be "
                               f"{'>= 0' if key == 'prefetch' else '>= 1'}")
+    pipeline = s.get("pipeline", "acme")
+    if pipeline not in PIPELINES:
+        raise ConfigError(f"pipeline {pipeline!r} must be one of {', '.join(PIPELINES)}")
+    shape = PIPELINES[pipeline]
+    if shape == budget.PER_WORKER and "cycle_length" in s:
+        raise ConfigError("--cycle-length is for a batch after the interleave "
+                          "(--pipeline tf-agents)")
     return budget.Dataset(s["num_parallel_calls"], s["batch_size"], s.get("max_in_flight"),
                           s.get("prefetch", 0), s.get("iterators_per_worker", 1),
-                          s.get("item_bytes"))
+                          s.get("item_bytes"), shape, s.get("cycle_length"),
+                          s.get("workers_per_iterator", 1))
 
 
 def layout_from(s: dict[str, Any]) -> budget.Layout:
     kind = s.get("layout")
     if kind is None:
         raise ConfigError(f"--layout is required: one of {', '.join(LAYOUTS)}")
-    if kind == budget.ASYNC_LAG and "max_policy_lag" not in s:
-        raise ConfigError("--layout async-lag needs --max-policy-lag")
-    if kind != budget.ASYNC_LAG and "max_policy_lag" in s:
-        raise ConfigError(f"--max-policy-lag is for --layout async-lag, not {kind}")
-    return budget.Layout(kind, s.get("max_policy_lag"))
+    bounds = [k for k in ("max_policy_lag", "max_items_ahead") if k in s]
+    if kind == budget.ASYNC_LAG and len(bounds) != 1:
+        raise ConfigError("--layout async-lag needs one of --max-policy-lag, --max-items-ahead")
+    if kind != budget.ASYNC_LAG and bounds:
+        raise ConfigError(f"--{bounds[0].replace('_', '-')} is for --layout async-lag, "
+                          f"not {kind}")
+    gate = s.get("gate")
+    if gate is not None and gate not in GATE_FLAGS:
+        raise ConfigError(f"gate {gate!r} must be one of {', '.join(GATE_FLAGS)}")
+    schedule = [k for k in ("inserts_per_step", "first_step_at") if k in s]
+    if gate is not None and kind not in (budget.SYNC, budget.SYNC_RATIO):
+        raise ConfigError(f"--gate is for a synchronous loop (--layout sync), not {kind}")
+    if schedule and (kind not in (budget.SYNC, budget.SYNC_RATIO) or gate == "can-sample"):
+        raise ConfigError(f"--{schedule[0].replace('_', '-')} is for a loop that steps on a "
+                          "schedule (--layout sync, --gate schedule or left out)")
+    return budget.Layout(kind, s.get("max_policy_lag"),
+                         GATE_FLAGS[gate] if gate else None, s.get("inserts_per_step"),
+                         s.get("first_step_at"), s.get("max_items_ahead"))
 
 
 def server_table(address: str, table: str | None, timeout_s: float = 2.0
@@ -174,14 +231,24 @@ def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
             "dataset": {"num_parallel_calls": ds.workers, "batch_size": ds.batch_size,
                         "max_in_flight": ds.in_flight, "prefetch": ds.prefetch,
                         "iterators_per_worker": ds.iterators_per_worker,
-                        "item_bytes": ds.item_bytes},
-            "layout": layout.kind, "max_policy_lag": layout.max_policy_lag}
+                        "item_bytes": ds.item_bytes, "batch": ds.shape,
+                        "samplers": ds.samplers,
+                        "workers_per_iterator": ds.workers_per_iterator},
+            "layout": layout.kind, "max_policy_lag": layout.max_policy_lag,
+            "max_items_ahead": layout.max_items_ahead,
+            "gate": layout.loop_gate if layout.synchronous else None,
+            "judged_gate": b.gate, "inserts_per_step": layout.inserts_per_step,
+            "first_step_at": layout.first_step_at}
 
 
 def render_text(doc: dict[str, Any], out: IO[str]) -> None:
     words = {"safe": "safe", "can_hang": "CAN HANG", "will_hang": "WILL HANG"}
     released = "never stops" if doc["budget"] is None else f"{doc['budget']:g}"
-    print(f"verdict: {words[doc['verdict']]} ({doc['layout']})", file=out)
+    gate = ""
+    if doc["layout"] in (budget.SYNC, budget.SYNC_RATIO):
+        gate = (f", gate {doc['gate']}" if doc["gate"] else
+                f", gate unknown: judged as {doc['judged_gate']}, the worse reading")
+    print(f"verdict: {words[doc['verdict']]} ({doc['layout']}{gate})", file=out)
     print(f"  released when inserting stops: {released} samples ({doc['reason']})", file=out)
     print(f"  strandable without a complete batch: {doc['strandable']:g} samples (safe from "
           f"{doc['safe_from']:g} released)", file=out)

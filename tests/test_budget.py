@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from replaywatch.diagnosis import budget
-from replaywatch.diagnosis.budget import CAN_HANG, SAFE, WILL_HANG, Dataset, Layout, Limiter
+from replaywatch.diagnosis.budget import (
+    CAN_HANG,
+    CAN_SAMPLE,
+    SAFE,
+    WILL_HANG,
+    Dataset,
+    Layout,
+    Limiter,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +33,9 @@ def cell(layout: str, workers: int, batch: int, spi: float, e: float, min_size: 
          lag: int | None = None, iterators: int = 1
          ) -> tuple[Limiter, Dataset, Layout]:
     lim = Limiter.ratio(spi, min_size, e, insert_blocking=layout != budget.SYNC)
-    return lim, Dataset(workers, batch, iterators_per_worker=iterators), Layout(layout, lag)
+    # The grid's `sync` loop steps while can_sample (Acme's LocalLayout): its gate is known.
+    gate = budget.CAN_SAMPLE if layout == budget.SYNC else None
+    return lim, Dataset(workers, batch, iterators_per_worker=iterators), Layout(layout, lag, gate)
 
 
 def sized(config: tuple[Limiter, Dataset, Layout], item_bytes: int
@@ -152,18 +162,33 @@ def test_every_fix_is_proven_safe_and_changes_the_value(
     assert bool(fixes) == (verdict != SAFE)
     for fix in fixes:
         assert fix.value != fix.was
-        changed = {"num_parallel_calls": lambda v: (lim, replace(ds, workers=v), layout),
-                   "error_buffer": lambda v: (lim.with_error_buffer(v), ds, layout),
-                   "batch_size": lambda v: (lim, replace(ds, batch_size=v), layout),
-                   "max_policy_lag": lambda v: (lim, ds, Layout(layout.kind, v))}[fix.knob]
-        assert budget.predict(*changed(fix.value)).verdict == SAFE, fix.text()
+        assert budget.predict(*applied(config, fix)).verdict == SAFE, fix.text()
+
+
+def applied(config: tuple[Limiter, Dataset, Layout], fix: budget.Fix
+            ) -> tuple[Limiter, Dataset, Layout]:
+    """The configuration with one fix's knob set to its value."""
+    lim, ds, layout = config
+    v = fix.value
+    return {"num_parallel_calls": lambda: (lim, replace(ds, workers=v), layout),
+            "cycle_length": lambda: (lim, replace(ds, cycle_length=v,
+                                                   max_in_flight=ds.in_flight), layout),
+            "error_buffer": lambda: (lim.with_error_buffer(v), ds, layout),
+            "batch_size": lambda: (lim, replace(ds, batch_size=v), layout),
+            "max_policy_lag": lambda: (lim, ds, replace(layout, max_policy_lag=v)),
+            "max_items_ahead": lambda: (lim, ds, replace(layout, max_items_ahead=v)),
+            "first_step_at": lambda: (lim, ds, replace(layout, first_step_at=v)),
+            "inserts_per_step": lambda: (lim, ds, replace(layout, inserts_per_step=v)),
+            }[fix.knob]()
 
 
 def test_fixes_are_the_smallest_change_the_model_calls_safe() -> None:
     lim, ds, layout = cell("sync-ratio", 12, 64, 8, 300)
     by_knob = {f.knob: f.value for f in budget.fixes(lim, ds, layout)}
-    # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300.
-    assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25}
+    # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300;
+    # a first step 58 inserts past min_size has released 300 + 8 x 58 = 764 > 756.
+    assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25,
+                       "first_step_at": 1058}
 
 
 def test_an_error_buffer_fix_holds_for_every_larger_value_too() -> None:
@@ -238,7 +263,7 @@ def test_every_unsafe_grid_cell_has_a_single_knob_fix() -> None:
 def test_bad_model_input_is_refused_with_the_value() -> None:
     with pytest.raises(ValueError, match=r"workers \(0\)"):
         Dataset(0, 16)
-    with pytest.raises(ValueError, match="async-lag needs max_policy_lag"):
+    with pytest.raises(ValueError, match="async-lag needs one bound"):
         Layout("async-lag")
     with pytest.raises(ValueError, match="layout"):
         Layout("pipelined")
@@ -251,8 +276,8 @@ def test_large_items_answer_fewer_samples_a_request_so_the_burst_strands_more() 
     assert budget.burst_strandable(small) == 11 * 240 + 255
     assert budget.burst_strandable(frames) == 11 * 254 + 255
     lim = Limiter.ratio(128, 2000, 2950, insert_blocking=False)
-    assert budget.predict(lim, small, Layout("sync")).verdict == SAFE
-    assert budget.predict(lim, frames, Layout("sync")).verdict == CAN_HANG
+    assert budget.predict(lim, small, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
+    assert budget.predict(lim, frames, Layout("sync", gate=CAN_SAMPLE)).verdict == CAN_HANG
 
 
 def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker() -> None:
@@ -261,13 +286,13 @@ def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker
     # (the seed's numbers hung so after 10,958 batches; a batch of 164 hung too).
     frames = Dataset(12, 256, iterators_per_worker=3, item_bytes=84 * 84 * 9)
     lim = Limiter.ratio(128, 2000, 50_000, insert_blocking=False)  # above 39,900 strandable
-    b = budget.predict(lim, frames, Layout("sync"))
+    b = budget.predict(lim, frames, Layout("sync", gate=CAN_SAMPLE))
     assert b.verdict == CAN_HANG and "17 samples an answer" in b.reason
-    fixes = budget.fixes(lim, frames, Layout("sync"))
+    fixes = budget.fixes(lim, frames, Layout("sync", gate=CAN_SAMPLE))
     assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
     # Small items: one answer carries a batch, so the warm-up arithmetic decides.
     small = Dataset(12, 256, iterators_per_worker=3, item_bytes=16)
-    assert budget.predict(lim, small, Layout("sync")).verdict == SAFE
+    assert budget.predict(lim, small, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
     # A loop that steps by count keeps error_buffer held, so frames change nothing there.
     ratio = Limiter.ratio(128, 2000, 50_000)
     assert budget.predict(ratio, frames, Layout("sync-ratio")).verdict == SAFE
@@ -299,16 +324,16 @@ def test_where_one_worker_alone_still_strands_the_fix_is_a_pair() -> None:
     # one worker together with the least error_buffer that is safe for it.
     lim = Limiter.ratio(4, 1000, 100, insert_blocking=False)
     frames = Dataset(2, 64, iterators_per_worker=3, item_bytes=84 * 84 * 9)
-    (fix,) = budget.fixes(lim, frames, Layout("sync"))
+    (fix,) = budget.fixes(lim, frames, Layout("sync", gate=CAN_SAMPLE))
     assert (fix.knob, fix.value) == ("num_parallel_calls", 1)
     assert fix.together is not None and fix.together.knob == "error_buffer"
     one = replace(frames, workers=1)
     value = fix.together.value
-    assert budget.predict(lim.with_error_buffer(value), one, Layout("sync")).verdict == SAFE
-    assert budget.predict(lim.with_error_buffer(value - 1), one, Layout("sync")).verdict != SAFE
+    assert budget.predict(lim.with_error_buffer(value), one, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
+    assert budget.predict(lim.with_error_buffer(value - 1), one, Layout("sync", gate=CAN_SAMPLE)).verdict != SAFE
     # Neither knob alone is safe.
-    assert budget.predict(lim, one, Layout("sync")).verdict != SAFE
-    assert budget.predict(lim.with_error_buffer(value), frames, Layout("sync")).verdict != SAFE
+    assert budget.predict(lim, one, Layout("sync", gate=CAN_SAMPLE)).verdict != SAFE
+    assert budget.predict(lim.with_error_buffer(value), frames, Layout("sync", gate=CAN_SAMPLE)).verdict != SAFE
     assert "together with error_buffer=" in fix.text()
     assert fix.document()["together_with"]["value"] == value  # type: ignore[index]
 
@@ -319,6 +344,6 @@ def test_a_loop_that_only_takes_ready_batches_at_warm_up_still_races_once_traine
     # is released (the rules print it).
     lim = Limiter.ratio(1, 10, 30, insert_blocking=False)
     for item_bytes in (None, 84 * 84 * 9):
-        b = budget.predict(lim, Dataset(4, 64, item_bytes=item_bytes), Layout("sync"))
+        b = budget.predict(lim, Dataset(4, 64, item_bytes=item_bytes), Layout("sync", gate=CAN_SAMPLE))
         assert (b.verdict, b.released) == (CAN_HANG, 64)
-    assert budget.predict(lim, Dataset(4, 64, item_bytes=16), Layout("sync")).released is None
+    assert budget.predict(lim, Dataset(4, 64, item_bytes=16), Layout("sync", gate=CAN_SAMPLE)).released is None

@@ -84,10 +84,16 @@ def test_a_sync_loop_below_a_batch_on_a_table_without_signature_is_judged_not_cr
     # The starved learner of the status page test: 4 workers of 16, error_buffer 0 and spi 1
     # (below a batch: warm-up only takes ready batches), no signature: it races once trained.
     table = table_history(T20, 50, 40, spi=1.0, min_diff=10.0, max_diff=FLOAT_MAX, min_size=10)
-    probe = probe_history(T20, 0, workers=4, batch_size=16)
+    probe = probe_history(T20, 0, workers=4, batch_size=16, gate="can_sample")
     diagnosis = diagnose(target_view([table], [probe]), DEFAULT, 1019.0)
     risk = next(f for f in diagnosis.findings if f.kind == "deadlock_risk")
     assert risk.evidence["released_samples"] == 16 and "releases 16 samples" in risk.summary
+    # Its gate unknown, the scheduled reading asks for 16 of 0 released: it will hang, said
+    # as a risk (a warning) until the loop's own calls settle the gate.
+    unknown = probe_history(T20, 0, workers=4, batch_size=16)
+    risk = next(f for f in diagnose(target_view([table], [unknown]), DEFAULT, 1019.0).findings
+                if f.kind == "deadlock_risk")
+    assert (risk.evidence["verdict"], risk.evidence["judged_gate"]) == ("will_hang", "schedule")
 
 
 def test_findings_carry_onset_as_since_and_now_as_last_seen() -> None:
@@ -156,8 +162,8 @@ def test_two_learners_one_hung_in_its_update_is_learner_stalled_once() -> None:
     # The table can still sample a batch; learner b takes none for 19 s, a keeps going.
     table = table_history(T20, list(range(1000, 1020)), list(range(100, 120)), min_diff=0.0,
                           max_diff=1e308)  # actors keep inserting (else: stale_data)
-    a = probe_history(T20, list(range(20)), url="http://a", ready=True)
-    b = probe_history(T20, 7, url="http://b", ready=True)
+    a = probe_history(T20, list(range(20)), url="http://a", ready=True, gate="can_sample")
+    b = probe_history(T20, 7, url="http://b", ready=True, gate="can_sample")
     diagnosis = diagnose(target_view([table], [a, b]), DEFAULT, 1019.0)
     assert [f.kind for f in diagnosis.findings] == ["learner_stalled"]
     assert diagnosis.findings[0].evidence["probe"] == "http://b"

@@ -41,16 +41,20 @@ def predict(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 def test_the_seed_numbers_with_one_iterator_per_worker_and_small_items_are_safe(capsys: Any
                                                                               ) -> None:
-    code, out, _ = predict([*SEED, "--item-bytes", "16"], capsys)
-    assert code == 0 and out.startswith("verdict: safe (sync)")
+    code, out, _ = predict([*SEED, "--item-bytes", "16", "--gate", "can-sample"], capsys)
+    assert code == 0 and out.startswith("verdict: safe (sync, gate can_sample)")
     assert "25600 samples" in out and "2895 samples" in out
+    # The gate left out, the scheduled reading is judged too: 12 x 240 = 2880 < 25600.
+    code, out, _ = predict([*SEED, "--item-bytes", "16"], capsys)
+    assert code == 0 and out.startswith("verdict: safe (sync, gate unknown")
+    assert "as a loop that steps on a schedule" in out and "2880 samples" in out
 
 
 def test_the_seed_numbers_with_the_item_size_unknown_say_both_readings(capsys: Any) -> None:
     # Small items are safe there, seed-sized frames are not (the grid's seed loop): unknown,
     # the answer says from which size, how to settle it, and offers the fix that holds both.
     code, out, _ = predict(SEED, capsys)
-    assert code == 1 and out.startswith("verdict: CAN HANG (sync)")
+    assert code == 1 and out.startswith("verdict: CAN HANG (sync, gate unknown")
     assert "from 4,113 bytes an item" in out and "--item-bytes" in out
     assert "smaller items: the warm-up reading, safe" in out
     assert "num_parallel_calls=1 (now 12)" in out and "batch_size=" not in out
@@ -103,7 +107,7 @@ def test_a_toml_file_gives_the_same_answer_as_the_flags(tmp_path: Path, capsys: 
 @pytest.mark.parametrize("argv,message", [
     (["--batch-size", "16"], "--samples-per-insert is required"),
     ([*SEED[:-2]], "--layout is required"),
-    ([*SEED[:-1], "async-lag"], "needs --max-policy-lag"),
+    ([*SEED[:-1], "async-lag"], "needs one of --max-policy-lag"),
     ([*SEED, "--max-policy-lag", "3"], "--max-policy-lag is for --layout async-lag"),
     ([*SEED, "--min-diff", "1", "--max-diff", "2"], "not both"),
     ([*SEED[:4], *SEED[6:]], "give --error-buffer, or both --min-diff and --max-diff"),
@@ -146,9 +150,11 @@ def live_view(cell: Cell) -> Any:
                           min_diff=lim.min_diff,
                           max_diff=FLOAT_MAX if lim.insert_blocking_disabled else lim.max_diff)
     synchronous = cell.layout.startswith("sync")
+    # The harness's loops declare their gate to the probe (harness/loop_workload.py).
     probe = probe_history(times, 0, workers=cell.workers, batch_size=cell.batch_size,
                           iterators_per_worker=ds.iterators_per_worker, prefetch=None,
-                          item_bytes=ds.item_bytes, items_inserted=5 if synchronous else 0)
+                          item_bytes=ds.item_bytes, items_inserted=5 if synchronous else 0,
+                          gate=layout.loop_gate if synchronous else None)
     actors = () if synchronous else (Actor(ACTOR, tuple(
         dataclasses.replace(actor_snapshot(t, 5), max_policy_lag=cell.lag) for t in times),
         polls(times)),)
@@ -168,6 +174,8 @@ def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None
     argv += ["--item-bytes", str(cell.model()[1].item_bytes)]
     if cell.shape == "repeat":
         argv += ["--iterators-per-worker", "3"]
+    if cell.layout == "sync":
+        argv += ["--gate", "can-sample"]
     out = io.StringIO()
     from replaywatch.cli import build_parser
     from replaywatch.predict import run_predict

@@ -480,18 +480,28 @@ def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_i
 def test_deadlock_risk_on_a_loop_with_a_finite_max_diff_gives_proven_fixes() -> None:
     # spi 128, min_size 1, min_diff -1000: error_buffer 1128 is released at each step of a
     # synchronous loop; 12 workers of 256 can hold 12 x 255 = 3060 without a batch. The
-    # loop's writer is wrapped by its trainer probe: the layout is known, whatever max_diff.
+    # loop's writer is wrapped by its trainer probe: the layout is known, whatever max_diff,
+    # and the probe says the loop steps on a schedule.
     table = table_history(T20, 100, 50, spi=128.0, min_diff=-1000.0, max_diff=1000.0)
-    probe = probe_history(T20, 0, workers=12, writers_wrapped=1)
+    probe = probe_history(T20, 0, workers=12, writers_wrapped=1, gate="schedule")
     finding = rules_config.is_deadlock_risk(*with_probe(table, probe), DEFAULT)
     assert finding is not None
-    assert finding.evidence["layout"] == "sync-ratio"
+    assert finding.evidence["layout"] == "sync"
+    assert (finding.evidence["gate"], finding.evidence["gate_basis"]) == ("schedule", "declared")
     assert finding.evidence["layout_basis"] == "loop writer"
     assert finding.evidence["released_samples"] == 1128
     assert finding.evidence["strandable_samples"] == 3060
     # 4 x 255 = 1020 < 1128; error_buffer 3061 > 3060; 12 x (94 - 1) = 1116 < 1128.
     assert "num_parallel_calls=4 " in finding.fix and "error_buffer=3061 " in finding.fix
     assert "batch_size=94 " in finding.fix
+    # The gate not declared: a loop that waits on can_sample, its items' size unknown, may be
+    # dealt thin answers, so the one fix that holds under both readings is one worker.
+    undeclared = probe_history(T20, 0, workers=12, writers_wrapped=1)
+    finding = rules_config.is_deadlock_risk(*with_probe(table, undeclared), DEFAULT)
+    assert finding is not None and finding.evidence["gate"] == "unknown"
+    assert finding.evidence["released_samples"] == 1128
+    assert [(f["knob"], f["value"]) for f in finding.evidence["fixes"]] == [
+        ("num_parallel_calls", 1)]
 
 
 def test_no_prediction_while_the_layout_is_unknown_and_max_diff_finite() -> None:

@@ -54,7 +54,8 @@ def insert_blocked_at_start(**kw: Any) -> tuple[TableSnapshot, ...]:
 
 # A probe whose learner took its first batch at t=1000 and is compiling (not in next()).
 def compiling(steps: int = 0, batches: int = 1, started_at: float = 995.0):
-    return probe_history(T20, batches, steps=steps, started_at=started_at, ready=True)
+    return probe_history(T20, batches, steps=steps, started_at=started_at, ready=True,
+                         gate="can_sample")
 
 
 CAN_SAMPLE = table_history(T20, 1000, 256, min_diff=0.0, max_diff=FLOAT_MAX)
@@ -264,7 +265,7 @@ def test_a_synchronous_loop_compiling_its_first_step_is_starting_not_sample_bloc
     # learner step); the probe shows it outside next() with no step yet.
     table = table_history(T20, 100, 101, min_diff=-1.0, max_diff=FLOAT_MAX,
                           waiting_for_inserts_ms=waiting())
-    probe = probe_history(T20, 1, steps=0, started_at=995.0)
+    probe = probe_history(T20, 1, steps=0, started_at=995.0, gate="can_sample")
     assert kinds_of(target_view([table], [probe])) == ["learner_starting"]
     assert kinds_of(target_view([table], [probe]), Thresholds(startup_grace_s=20.0)) == [
         "sample_blocked"]

@@ -1,51 +1,84 @@
-"""The budget model: can this limiter, dataset and layout hang the learner in next()?
+"""The budget model: can this limiter, dataset, loop and pacing hang the learner in next()?
 
-One question decides every prediction: once the inserting side stops, does the learner get
-a batch out of what the limiter still releases? Reverb's limiter commits a sample while
-`size >= min_size_to_sample` and `diff - 1 >= min_diff`, an insert while
-`(inserts + 1) * spi - samples <= max_diff` (reverb/cc/rate_limiter.cc); a half-filled
-sample request gets what the limiter allows (reverb/cc/table.cc), so samples are stranded
-only in the client's iterators. With `error_buffer` e, SampleToInsertRatio sets
-`min_diff = spi * min_size - e` and `max_diff = spi * min_size + e`: when the table reaches
-min_size the limiter releases e samples at once, and from then on each insert releases spi.
+One question decides every prediction: when the learner asks for a batch and nothing will
+insert until it gets one, do the samples the limiter has released reach a batch? The model
+is composed from the parts that decide it, each with the code it comes from:
 
-**Strandable.** tf.data's `batch(B, drop_remainder=True)` runs per sampling iterator, so
-an iterator the learner reads holds at most `B - 1` samples without completing a batch.
-Acme's make_reverb_dataset at the seed's commit interleaves an infinite
-`from_tensors(0).repeat()`, and tf.data then opens more iterators than it reads (about
-three per requested worker): an unread iterator absorbs its whole bound, its sampler queue
-(`max_in_flight`, reverb/cc/sampler.cc) plus the batches its interleave element buffers
-(3, parallel_interleave_dataset_op.cc) plus a partial one. So
+**The limiter** (reverb/cc/rate_limiter.cc) commits a sample while `size >= min_size` and
+`diff - 1 >= min_diff`, an insert while `(inserts + 1) * spi - samples <= max_diff`, with
+`diff = inserts * spi - samples`. A half-filled sample request gets what the limiter allows
+(reverb/cc/table.cc), so samples are stranded only in the client. With `error_buffer` e,
+SampleToInsertRatio sets `min_diff = spi * min_size - e` and `max_diff = spi * min_size + e`,
+so after `n >= min_size` inserts the limiter has released `spi * (n - min_size) + e`
+samples in all: e at once when the table reaches min_size, spi with each insert after it.
 
-    strandable = workers * (B - 1) + workers * (iterators_per_worker - 1) * (M + 4B - 1)
+**The pipeline** decides how many drawn samples can sit undelivered with no batch complete
+("strandable"). Two shapes:
 
-and a learner blocked in next() with more than that drawn and undelivered has a batch.
+    per-worker batching   Acme's make_reverb_dataset (acme/datasets/reverb.py): P datasets,
+                          each `.batch(B, drop_remainder=True)` on its own, interleaved. An
+                          iterator the learner reads holds at most B - 1 short of a batch.
+                          At the seed's commit a `from_tensors(0).repeat()` interleave opened
+                          about three iterators per worker, and an unread one absorbs its
+                          sampler queue (`max_in_flight`) plus its interleave element's
+                          buffered batches (3, parallel_interleave_dataset_op.cc) plus a
+                          partial one:
+        strandable = P * (B - 1) + P * (iterators_per_worker - 1) * (M + 4B - 1)
+    batch after the       TF-Agents' make_reverb_dataset (tf_agents/replay_buffers/
+    interleave            reverb_replay_buffer.py): C = min(B, 32) Reverb datasets, each its
+                          own sampler holding up to `M x workers_per_iterator` samples (M =
+                          3B / C), read by P interleave threads, then ONE `.batch(B)`. A
+                          thread inside an empty sampler's GetNext blocks there, so with
+                          every thread so held the other C - P samplers keep what they drew:
+        strandable = (B - 1) + max(0, C - P) * M * workers_per_iterator
 
 **Granularity.** Samples leave the table in whole requests' worth of what the limiter
 allows: the table fills the request at the head of its queue while the limiter commits
 (reverb/cc/table.cc, TableWorkerLoop), and a sampler asks for twice its last answer, capped
 by `max_in_flight` (LocalSamplerWorker from 16; the gRPC stream from 128,
-reverb_service_impl.cc). With an integral spi and error_buffer, every release, every
-request and every batch is then a multiple of
+reverb_service_impl.cc). With an integral spi and error_buffer, every release, request and
+per-worker batch is then a multiple of
 
     g = gcd(spi, error_buffer, 16, max_in_flight, B)
 
-and so is what each iterator holds: short of a batch it holds at most B - 1 rounded down to
-a multiple of g (4 x 16 with spi 4: 12 each, 48 in all, not 60). A response also ends at
+and so is what each iterator holds: short of a batch at most B - 1 rounded down to a
+multiple of g (4 x 16 with spi 4: 12 each, 48 in all, not 60). A response also ends at
 1 MiB of (compressed) chunks, which can end it at any count, so g is 1 when that cap can
-bind (item size known, at most `max_in_flight` items in 1 MiB) or when the item size is
-unknown.
+bind (item size known, at most `max_in_flight` items in 1 MiB), when the item size is
+unknown, and for a batch after the interleave (no per-worker batch to be a multiple of).
 
-The warm-up burst of a `sync` loop is dealt more tightly, when every iterator is read: all
-of them wait with a request, none holds a sample, and Reverb's in-process sampler worker asks
-for 16 samples first and doubles each answered request up to `max_in_flight`
+**The loop's gate**, when a synchronous loop (the loop that inserts is the learner) calls
+next():
+
+    can_sample  Acme's LocalLayout and run_experiment (acme/jax/experiments/
+                run_experiment.py, `_LearningActor`): it steps while `iterator.ready()` or
+                `can_sample(B)`. It enters next() with a batch's credit in the limiter: the
+                warm-up burst e when e >= B; when e < B, one insert's spi when spi >= B
+                (e + spi); when both are below a batch it only ever takes ready batches.
+    schedule    Acme's `Agent` before LocalLayout (`min_observations`, then a step every
+                `observations_per_step`), TF-Agents' "collect K steps, train one", most
+                hand-written loops: the first next() when the table holds m items
+                (`first_step_at`, default min_size), then one every K inserts
+                (`inserts_per_step`, default B / spi), whatever the table can sample. At
+                its j-th next() the loop has consumed j batches of what the limiter
+                released, so the credit held for the batch it asks for is
+        H_j = e + spi * (m - min_size) + j * (K * spi - B)
+                constant when K * spi = B, growing when larger (the first step decides),
+                and falling by B - K * spi a step when smaller: then some step finds less
+                than a batch, every run (m below min_size: the first one already).
+    unknown     both readings are judged and the worse is given, both said: a loop whose
+                gate is not known is never called safe on the can_sample reading alone.
+
+The warm-up burst of a can_sample loop is dealt more tightly, when every iterator is read:
+all of them wait with a request, none holds a sample, and Reverb's in-process sampler
+worker asks for 16 samples first and doubles each answered request up to `max_in_flight`
 (reverb/cc/sampler.cc, LocalSamplerWorker: `kInitialSampleBatchSize` 8, `2 * prev`). The
 table answers waiting requests in turn, so the burst goes round in doubling rounds: each
 worker holds C, the samples of the rounds before the one whose request reaches a batch, and
 the first request of that round completes one. Uneven service only makes some worker reach
 a batch sooner, so
 
-    strandable (sync, burst) = (workers - 1) * C + B - 1
+    strandable (can_sample, burst) = (workers - 1) * C + B - 1
 
 (12 workers of 256: rounds of 16, 32, 64, 128 hold C = 240, so 2895; 2 of 16: the first
 request is a whole batch, so 15). The table ends a response at 1 MiB of chunks
@@ -54,43 +87,37 @@ takes at most ceil(1 MiB / item_bytes) items: seed-sized frames (63,504 bytes) a
 a time and C grows slower (3049 for 12 of 256). Chunks are compressed, so the uncompressed
 size overstates the bytes and the bound errs toward `can_hang`.
 
-**Released**, the samples drawn and undelivered when the inserting side stops, per layout:
+**Steady state of a can_sample loop.** The loop steps while a batch is there, so it spends
+the warm-up surplus: once trained a while, the read iterators hold partial batches only, and
+the loop enters next() whenever `can_sample` reads a batch's worth of credit the requests
+have not taken yet. That credit goes to the waiting requests in turn, each answer at most
+`response_cap` items: when one answer can carry a whole batch, the first request completes
+one; when it cannot (seed-sized frames, 17 a response against batches of 256) and more than
+one per-worker batching iterator is read, the credit is dealt thinly and none may complete,
+whatever error_buffer is. The seed's own numbers on that dataset hung so after 10,958
+batches (bench/RESULTS.md), and a batch of 164, which the warm-up arithmetic calls safe,
+hung too. So such a configuration is never `safe`, and its one proven fix is a single
+sampling worker. With the items' size unknown a thin answer cannot be ruled out either.
 
-    sync        insert blocking disabled (Acme's LocalLayout): the loop waits in next() only
-                when `can_sample(B)` says a batch is there. That is the warm-up burst, e,
-                when e >= B; when e < B, one insert's spi when spi >= B (e + spi); when
-                both are below a batch, the loop only ever takes ready batches: it cannot hang.
-    sync-ratio  one loop inserts and steps the learner (one step per B / spi inserts from
-                min_size on) with a finite max_diff: at every step the workers hold e.
-    async       actors insert on their own: held at max_diff they resume as soon as the
-                learner draws; nothing is released once and for all. It cannot hang.
-    async-lag   an actor inserts L items after it last saw the learner step, then waits on
-                it. The learner takes every batch that completes, so when it blocks, what
-                is held is whatever partial batches were left plus the actor's last L
-                inserts: spi * L at the least, whatever error_buffer is (it only pads the
-                first wait). When `spi * L < B` every wait frees less than a batch while
-                the learner takes at least one, so the held samples shrink until no batch
-                completes.
+**The actors' pacing**, when actors insert on their own:
 
-**Steady state of a `sync` loop.** The loop steps while a batch is there, so it spends the
-warm-up surplus: once trained a while, the read iterators hold partial batches only, and the
-loop enters next() whenever `can_sample` reads a batch's worth of credit the requests have
-not taken yet (a gap between a response and the next request). That credit goes to the
-waiting requests in turn, each answer at most `response_cap` items: when one answer can
-carry a whole batch, the first request completes one; when it cannot (seed-sized frames,
-17 a response against batches of 256) and more than one iterator is read, the credit is
-dealt thinly and none may complete, whatever error_buffer is. The seed's own numbers on
-that dataset hung so after 10,958 batches (bench/RESULTS.md), and a batch of 164, which the
-warm-up arithmetic calls safe, hung too. So such a configuration is never `safe`, and its one
-proven fix is a single sampling worker. With the items' size unknown (no signature on the
-table, none declared) a thin answer cannot be ruled out, so a `sync` loop with more than one
-worker is never called `safe` either: the reason names the item size from which answers are
-thin and what the warm-up reading alone would say, and the one fix offered is the one that
-holds under both readings.
+    async           held at max_diff they resume as soon as the learner draws: nothing is
+                    released once and for all. It cannot hang.
+    max_items_ahead an actor may insert N items ahead of what the learner consumed:
+                    `inserts - min_size <= N + consumed / spi`. When they all wait on that
+                    bound the credit held is exactly `e + spi * N`; when the limiter holds
+                    them at max_diff instead, the samplers draw its credit and they go on,
+                    so a hang finds them on the bound. Released: `e + spi * N`.
+    max_policy_lag  an actor inserts L items after it last saw a learner step, then waits
+                    on the next one. The learner takes every batch that completes, so
+                    when it blocks what is held is whatever partial batches were left plus
+                    the last L inserts: `spi * L` at the least, whatever error_buffer is.
+                    When `spi * L < B` every wait frees less than a batch while the learner
+                    takes one, so the held samples shrink until no batch completes.
 
 **Verdict.** `safe` when released > strandable (pigeonhole: some iterator completes a batch)
-or the layout cannot stop; `will_hang` when released < B (no batch can complete) or, with a
-lag bound, `spi * L < B`; otherwise `can_hang`: whether a run hangs depends on how the
+or nothing waits on the learner; `will_hang` when released < B (no batch can complete) or
+the credit falls every step; otherwise `can_hang`: whether a run hangs depends on how the
 released samples split across the iterators' requests, a race, so the grid measures it
 (bench/predict_grid.py). Nothing else in the core computes a boundary.
 
@@ -104,16 +131,23 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
-from replaywatch.model import FLOAT_MAX, LAYOUTS
+from replaywatch.model import FLOAT_MAX, GATES, LAYOUTS
 
 SAFE, CAN_HANG, WILL_HANG = "safe", "can_hang", "will_hang"
 SYNC, SYNC_RATIO, ASYNC, ASYNC_LAG = "sync", "sync-ratio", "async", "async-lag"
+CAN_SAMPLE, SCHEDULE = GATES
+PER_WORKER, AFTER_INTERLEAVE = "per-worker", "after-interleave"
 # Buffers of one interleave element (tf.data's parallel interleave keeps 3 results each).
 INTERLEAVE_BUFFER_BATCHES = 3
+# TF-Agents' ReverbReplayBuffer: max_cycle_length, and 3 x the batch per interleave in flight.
+TF_AGENTS_MAX_CYCLE = 32
+TF_AGENTS_IN_FLIGHT_BATCHES = 3
 # Fixes are searched up to these values; past them a knob is no fix worth printing.
 MAX_ERROR_BUFFER = 10**9
 MAX_POLICY_LAG = 10**6
+_RANK = {SAFE: 0, CAN_HANG: 1, WILL_HANG: 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,40 +183,94 @@ class Limiter:
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """The learner's pipeline: Acme's make_reverb_dataset and what it is built with."""
+    """The learner's pipeline: how many samplers, who reads them, where the batch forms."""
 
-    workers: int  # num_parallel_calls
+    workers: int  # num_parallel_calls: batching workers, or the interleave's threads
     batch_size: int
-    max_in_flight: int | None = None  # max_in_flight_samples_per_worker; Acme: 2 x batch
+    max_in_flight: int | None = None  # max_in_flight_samples_per_worker
     prefetch: int = 0
     iterators_per_worker: int = 1  # 3 for the repeat-interleave at the seed's commit
     item_bytes: int | None = None
+    shape: str = PER_WORKER  # or AFTER_INTERLEAVE: one batch after the interleave
+    cycle_length: int | None = None  # after-interleave: Reverb datasets (min(B, 32))
+    workers_per_iterator: int = 1  # a sampler's workers, each with max_in_flight
 
     def __post_init__(self) -> None:
         for label, value, least in (("workers", self.workers, 1),
                                     ("batch_size", self.batch_size, 1),
                                     ("iterators_per_worker", self.iterators_per_worker, 1),
+                                    ("workers_per_iterator", self.workers_per_iterator, 1),
+                                    ("cycle_length", self.cycle_length or 1, 1),
                                     ("prefetch", self.prefetch, 0)):
             if value < least:
                 raise ValueError(f"{label} ({value}) must be >= {least}")
+        if self.shape not in (PER_WORKER, AFTER_INTERLEAVE):
+            raise ValueError(f"shape ({self.shape!r}) must be {PER_WORKER} or "
+                             f"{AFTER_INTERLEAVE}")
+
+    @property
+    def after_interleave(self) -> bool:
+        return self.shape == AFTER_INTERLEAVE
+
+    @property
+    def samplers(self) -> int:
+        """Reverb datasets the pipeline opens: one per worker, or the interleave's cycle."""
+        if not self.after_interleave:
+            return self.workers
+        return self.cycle_length or min(self.batch_size, TF_AGENTS_MAX_CYCLE)
 
     @property
     def in_flight(self) -> int:
-        return self.max_in_flight if self.max_in_flight else 2 * self.batch_size
+        """Acme's default is 2 x batch; TF-Agents' 3 x the batch per interleaved dataset."""
+        if self.max_in_flight:
+            return self.max_in_flight
+        if self.after_interleave:
+            return max(1, TF_AGENTS_IN_FLIGHT_BATCHES * (self.batch_size // self.samplers))
+        return 2 * self.batch_size
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Who inserts and who waits; `max_policy_lag` only for async-lag."""
+    """Who inserts and who waits: the loop's gate for a synchronous loop, the actors' bound
+    for an asynchronous one (module docstring)."""
 
     kind: str
-    max_policy_lag: int | None = None
+    max_policy_lag: int | None = None  # async-lag: inserts after a seen step, then wait
+    gate: str | None = None  # sync: CAN_SAMPLE, SCHEDULE; None unknown (loop_gate)
+    inserts_per_step: float | None = None  # schedule: K (None: batch / spi)
+    first_step_at: int | None = None  # schedule: items in the table at the first next()
+    max_items_ahead: int | None = None  # async-lag: items ahead of what was consumed
 
     def __post_init__(self) -> None:
         if self.kind not in LAYOUTS:
             raise ValueError(f"layout ({self.kind!r}) must be one of {', '.join(LAYOUTS)}")
-        if self.kind == ASYNC_LAG and (self.max_policy_lag is None or self.max_policy_lag < 1):
-            raise ValueError(f"async-lag needs max_policy_lag >= 1 (got {self.max_policy_lag})")
+        if self.kind == ASYNC_LAG:
+            if (self.max_policy_lag is None) == (self.max_items_ahead is None):
+                raise ValueError("async-lag needs one bound: max_policy_lag or "
+                                 "max_items_ahead")
+            if self.max_policy_lag is not None and self.max_policy_lag < 1:
+                raise ValueError(f"max_policy_lag ({self.max_policy_lag}) must be >= 1")
+            if self.max_items_ahead is not None and self.max_items_ahead < 0:
+                raise ValueError(f"max_items_ahead ({self.max_items_ahead}) must be >= 0")
+        if self.gate is not None and self.gate not in GATES:
+            raise ValueError(f"gate ({self.gate!r}) must be one of {', '.join(GATES)}")
+        if self.inserts_per_step is not None and not self.inserts_per_step > 0:
+            raise ValueError(f"inserts_per_step ({self.inserts_per_step:g}) must be > 0")
+        if self.first_step_at is not None and self.first_step_at < 0:
+            raise ValueError(f"first_step_at ({self.first_step_at}) must be >= 0")
+
+    @property
+    def synchronous(self) -> bool:
+        return self.kind in (SYNC, SYNC_RATIO)
+
+    @property
+    def loop_gate(self) -> str | None:
+        """A synchronous loop's gate; `sync-ratio` is the scheduled loop by its definition
+        (one step per B / spi inserts from min_size on), `sync` says it with `gate`."""
+        return self.gate or (SCHEDULE if self.kind == SYNC_RATIO else None)
+
+    def gated(self, gate: str) -> Layout:
+        return dataclasses.replace(self, gate=gate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +281,7 @@ class Budget:
     released: float | None  # drawn and undelivered when inserting stops; None: never stops
     strandable: float  # the most the iterators can hold with no batch complete
     reason: str
+    gate: str | None = None  # the gate reading this verdict is (a synchronous loop's)
 
     @property
     def needed(self) -> float:
@@ -202,13 +291,13 @@ class Budget:
     def evidence(self) -> dict[str, float | str | None]:
         return {"verdict": self.verdict, "released_samples": self.released,
                 "strandable_samples": self.strandable, "safe_from_samples": self.needed,
-                "budget_reason": self.reason}
+                "budget_reason": self.reason, "judged_gate": self.gate}
 
 
 def granularity(lim: Limiter, ds: Dataset) -> int:
     """The multiple every release, request and batch is (module docstring); 1 when unsure."""
     spi, e = lim.samples_per_insert, lim.error_buffer
-    if not ds.item_bytes or response_cap(ds) <= ds.in_flight:
+    if ds.after_interleave or not ds.item_bytes or response_cap(ds) <= ds.in_flight:
         return 1
     if spi < 1 or not float(spi).is_integer() or not float(e).is_integer():
         return 1
@@ -220,7 +309,10 @@ def _down(value: int, g: int) -> int:
 
 
 def strandable(ds: Dataset, g: int = 1) -> float:
-    """Samples the iterators can hold while none completes a batch (module docstring)."""
+    """Samples the pipeline can hold while no batch completes (module docstring)."""
+    if ds.after_interleave:
+        unread = max(0, ds.samplers - ds.workers)
+        return float(ds.batch_size - 1 + unread * ds.in_flight * ds.workers_per_iterator)
     read = ds.workers * _down(ds.batch_size - 1, g)
     unread = ds.workers * (ds.iterators_per_worker - 1)
     return float(read + unread * _down(ds.in_flight + (INTERLEAVE_BUFFER_BATCHES + 1)
@@ -250,10 +342,12 @@ def burst_strandable(ds: Dataset) -> float:
 
 
 def steady_race(ds: Dataset, layout: Layout) -> bool:
-    """A `sync` loop whose read iterators can each be dealt less than a batch at a time
-    (module docstring, steady state); with the item size unknown that cannot be ruled out."""
-    return layout.kind == SYNC and ds.workers > 1 and (ds.item_bytes is None
-                                                      or response_cap(ds) < ds.batch_size)
+    """A can_sample loop (or one whose gate is unknown) whose per-worker batching iterators
+    can each be dealt less than a batch at a time (module docstring, steady state); with the
+    item size unknown that cannot be ruled out."""
+    return (layout.synchronous and layout.loop_gate != SCHEDULE
+            and not ds.after_interleave and ds.workers > 1
+            and (ds.item_bytes is None or response_cap(ds) < ds.batch_size))
 
 
 def thin_item_bytes(batch_size: int) -> int:
@@ -263,6 +357,10 @@ def thin_item_bytes(batch_size: int) -> int:
 
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The verdict for this configuration (module docstring)."""
+    if layout.synchronous and layout.loop_gate is None:
+        return _worse_reading(lim, ds, layout)
+    if layout.synchronous and layout.loop_gate == SCHEDULE:
+        return _predict_schedule(lim, ds, layout)
     warm = _predict_warm_up(lim, ds, layout)
     if warm.verdict == WILL_HANG or not steady_race(ds, layout):
         return warm
@@ -278,11 +376,55 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"credit for one batch is dealt across {ds.workers} read iterators so "
                       "that none may complete it (a table signature or "
                       "TrainerProbe(item_bytes=...) settles it, --item-bytes to predict; "
-                      f"smaller items: the warm-up reading, {warm.verdict.replace('_', ' ')})")
+                      f"smaller items: the warm-up reading, {warm.verdict.replace('_', ' ')})",
+                      CAN_SAMPLE)
     return Budget(CAN_HANG, released, warm.strandable,
                   f"{warm.reason}; once trained, credit for one batch is dealt at most "
                   f"{response_cap(ds)} samples an answer across {ds.workers} read iterators, "
-                  f"so none may complete a batch of {ds.batch_size}")
+                  f"so none may complete a batch of {ds.batch_size}", CAN_SAMPLE)
+
+
+def _worse_reading(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
+    """The gate unknown: the can_sample and the scheduled readings, the worse given and the
+    other said beside it (a tie goes to the scheduled one, whose arithmetic is plainer)."""
+    sampled = predict(lim, ds, layout.gated(CAN_SAMPLE))
+    scheduled = predict(lim, ds, layout.gated(SCHEDULE))
+    worse, other = ((sampled, scheduled) if _RANK[sampled.verdict] > _RANK[scheduled.verdict]
+                    else (scheduled, sampled))
+    words = {CAN_SAMPLE: "a loop that steps only while can_sample(batch)",
+             SCHEDULE: "a loop that steps on a schedule"}
+    return dataclasses.replace(
+        worse, reason=f"the loop's gate is unknown, so both readings are judged: as "
+                      f"{words[worse.gate or SCHEDULE]}, {worse.reason}; as "
+                      f"{words[other.gate or SCHEDULE]}, {other.verdict.replace('_', ' ')} "
+                      f"({other.reason})")
+
+
+def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
+    """A loop that calls next() at m items, then every K inserts (module docstring)."""
+    b, e, spi = ds.batch_size, lim.error_buffer, lim.samples_per_insert
+    s = strandable(ds, granularity(lim, ds))
+    k = layout.inserts_per_step or b / spi
+    m = lim.min_size_to_sample if layout.first_step_at is None else layout.first_step_at
+    if m < lim.min_size_to_sample:
+        return Budget(WILL_HANG, 0.0, s, f"the loop first asks for a batch at {m} items, "
+                      f"below min_size_to_sample {lim.min_size_to_sample}: nothing is "
+                      "released and the loop never inserts again", SCHEDULE)
+    first = e + spi * (m - lim.min_size_to_sample)
+    per_step = k * spi
+    at = (f"a step every {k:g} inserts from {m} items on; at the first the limiter has "
+          f"released {first:g} (error_buffer {e:g}"
+          + (f" + {spi:g} x {m - lim.min_size_to_sample} inserts past min_size" if m >
+             lim.min_size_to_sample else "") + ")")
+    if per_step < b - 1e-9:
+        fall = b - per_step
+        steps = 0 if first < b else math.floor((first - b) / fall) + 1
+        return Budget(WILL_HANG, first, s, f"{at}, and each step takes {b} while its "
+                      f"{k:g} inserts release {per_step:g}: the credit falls by {fall:g} a "
+                      "step and is below a batch "
+                      + (f"by step {steps}" if steps else "at the first"), SCHEDULE)
+    more = "and more at each later step" if per_step > b + 1e-9 else "and as much at every step"
+    return _judge(first, s, b, f"{at}, {more}", SCHEDULE)
 
 
 def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
@@ -291,6 +433,10 @@ def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     if layout.kind == ASYNC:
         return Budget(SAFE, None, s, "actors never wait on the learner: blocked at max_diff, "
                       "they resume as soon as it draws")
+    if layout.kind == ASYNC_LAG and layout.max_items_ahead is not None:
+        ahead = layout.max_items_ahead
+        return _judge(e + spi * ahead, s, b, f"actors wait {ahead} items ahead of what the "
+                      f"learner consumed: error_buffer {e:g} + {ahead} x {spi:g}")
     if layout.kind == ASYNC_LAG:
         lag = layout.max_policy_lag or 0
         released = spi * lag
@@ -299,26 +445,25 @@ def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                           f"lets the actors insert only {lag} x {spi:g} = {released:g}")
         return _judge(released, s, b, f"{lag} x {spi:g} inserted after the learner's last "
                       "step, before the actors wait on it again")
-    if layout.kind == SYNC_RATIO:
-        return _judge(e, s, b, f"error_buffer {e:g}: the credit the workers hold at each "
-                      "learner step")
     if e >= b:
-        burst = burst_strandable(ds) if ds.iterators_per_worker == 1 else s
+        burst = (burst_strandable(ds) if ds.iterators_per_worker == 1
+                 and not ds.after_interleave else s)
         return _judge(e, burst, b, f"the warm-up burst (error_buffer {e:g}) lets "
-                      f"can_sample({b}) send the loop into next()")
+                      f"can_sample({b}) send the loop into next()", CAN_SAMPLE)
     if spi >= b:
         return _judge(e + spi, s, b, f"one insert releases {spi:g} >= a batch, on top of "
-                      f"error_buffer {e:g}")
+                      f"error_buffer {e:g}", CAN_SAMPLE)
     return Budget(SAFE, None, s, f"error_buffer {e:g} and samples_per_insert {spi:g} are "
-                  f"each below a batch of {b}: the loop only takes ready batches")
+                  f"each below a batch of {b}: the loop only takes ready batches", CAN_SAMPLE)
 
 
-def _judge(released: float, strand: float, batch: int, why: str) -> Budget:
+def _judge(released: float, strand: float, batch: int, why: str,
+           gate: str | None = None) -> Budget:
     if released > strand:
-        return Budget(SAFE, released, strand, why)
+        return Budget(SAFE, released, strand, why, gate)
     if released < batch:
-        return Budget(WILL_HANG, released, strand, why)
-    return Budget(CAN_HANG, released, strand, why)
+        return Budget(WILL_HANG, released, strand, why, gate)
+    return Budget(CAN_HANG, released, strand, why, gate)
 
 
 # -- fixes the model proves ------------------------------------------------------------------
@@ -327,7 +472,8 @@ def _judge(released: float, strand: float, batch: int, why: str) -> Budget:
 class Fix:
     """One change the model calls safe, and what it costs."""
 
-    knob: str  # num_parallel_calls, error_buffer, batch_size, max_policy_lag
+    knob: str  # num_parallel_calls, cycle_length, error_buffer, batch_size, max_policy_lag,
+    # max_items_ahead, first_step_at, inserts_per_step
     value: int
     was: float | int | None
     cost: str
@@ -374,9 +520,7 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
         return (Fix("num_parallel_calls", 1, ds.workers,
                     f"1 sampling worker instead of {ds.workers}: less sampling throughput",
                     together=more),)
-    return tuple(f for f in (_fewer_workers(lim, ds, layout), _more_buffer(lim, ds, layout),
-                             _smaller_batch(lim, ds, layout), _longer_lag(lim, ds, layout))
-                 if f is not None)
+    return tuple(f for f in (search(lim, ds, layout) for search in _SEARCHES) if f is not None)
 
 
 def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
@@ -384,6 +528,8 @@ def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
 
 
 def _fewer_workers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    if ds.after_interleave:
+        return None  # fewer threads read fewer of the samplers: never safer
     return _largest_smaller(lim, ds, layout, "workers", "num_parallel_calls",
                             lambda w: f"{w} sampling worker(s) instead of {ds.workers}: less "
                                       "sampling throughput")
@@ -394,7 +540,8 @@ def _largest_smaller(lim: Limiter, ds: Dataset, layout: Layout, field: str, knob
     """The largest value of a dataset field below its current one that the model calls safe."""
     current = getattr(ds, field)
     for value in range(current - 1, 0, -1):
-        if _safe(lim, dataclasses.replace(ds, **{field: value}), layout):
+        changed: dict[str, Any] = {field: value}
+        if _safe(lim, dataclasses.replace(ds, **changed), layout):
             return Fix(knob, value, current, cost(value))
     return None
 
@@ -463,15 +610,88 @@ def _spans(values: list[int], most: int = 3) -> str:
     return text + (", ..." if len(runs) > most else "")
 
 
+def _more_readers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """After the interleave: as many threads as samplers leave none unread."""
+    if not ds.after_interleave or ds.workers >= ds.samplers:
+        return None
+    value = next((p for p in range(ds.workers + 1, ds.samplers + 1)
+                  if _safe(lim, dataclasses.replace(ds, workers=p), layout)), None)
+    return None if value is None else Fix(
+        "num_parallel_calls", value, ds.workers,
+        f"{value} interleave threads instead of {ds.workers}: more threads in the trainer")
+
+
+def _fewer_samplers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """After the interleave: fewer Reverb datasets leave fewer unread (TF-Agents'
+    max_cycle_length)."""
+    if not ds.after_interleave:
+        return None
+    current = ds.samplers
+    pinned = ds.max_in_flight or ds.in_flight  # the in-flight stays as the job set it
+    for value in range(current - 1, 0, -1):
+        if _safe(lim, dataclasses.replace(ds, cycle_length=value, max_in_flight=pinned),
+                 layout):
+            return Fix("cycle_length", value, current,
+                       f"{value} Reverb datasets interleaved instead of {current} "
+                       "(TF-Agents: max_cycle_length): fewer sampling streams")
+    return None
+
+
+def _schedule_reading(layout: Layout) -> bool:
+    return layout.synchronous and layout.loop_gate in (SCHEDULE, None)
+
+
+def _later_first_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """A scheduled loop that starts later has released more when it first asks."""
+    if not _schedule_reading(layout):
+        return None
+    current = (lim.min_size_to_sample if layout.first_step_at is None
+               else layout.first_step_at)
+    value = _least(lambda m: _safe(lim, ds, dataclasses.replace(layout, first_step_at=m)),
+                   current + 1, current + MAX_POLICY_LAG)
+    return None if value is None else Fix(
+        "first_step_at", value, current,
+        f"the loop's first learner step once the table holds {value} items (Acme: "
+        "min_observations; TF-Agents: the initial collect): training starts later")
+
+
+def _more_inserts_per_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """A scheduled loop whose steps take more than its inserts release (module docstring)."""
+    if not _schedule_reading(layout):
+        return None
+    current = layout.inserts_per_step or ds.batch_size / lim.samples_per_insert
+    value = _least(lambda k: _safe(lim, ds, dataclasses.replace(layout, inserts_per_step=k)),
+                   math.floor(current) + 1, MAX_POLICY_LAG)
+    return None if value is None else Fix(
+        "inserts_per_step", value, current,
+        f"one learner step every {value} inserts (Acme: observations_per_step; TF-Agents: "
+        "collect steps per train step): a lower replay ratio")
+
+
+def _more_items_ahead(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    if layout.kind != ASYNC_LAG or layout.max_items_ahead is None:
+        return None
+    value = _least(lambda n: _safe(lim, ds, dataclasses.replace(layout, max_items_ahead=n)),
+                   layout.max_items_ahead + 1, MAX_POLICY_LAG)
+    return None if value is None else Fix(
+        "max_items_ahead", value, layout.max_items_ahead,
+        f"actors may insert {value} items ahead of what the learner consumed: older data")
+
+
 def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     if layout.kind != ASYNC_LAG or layout.max_policy_lag is None:
         return None
-    value = _least(lambda v: _safe(lim, ds, Layout(ASYNC_LAG, v)), layout.max_policy_lag + 1,
-                   MAX_POLICY_LAG)
+    value = _least(lambda v: _safe(lim, ds, dataclasses.replace(layout, max_policy_lag=v)),
+                   layout.max_policy_lag + 1, MAX_POLICY_LAG)
     if value is None:
         return None
     return Fix("max_policy_lag", value, layout.max_policy_lag,
                f"actors may act up to {value} steps on a policy that old")
+
+
+_SEARCHES: tuple[Callable[[Limiter, Dataset, Layout], Fix | None], ...] = (
+    _fewer_workers, _more_readers, _fewer_samplers, _more_buffer, _smaller_batch,
+    _longer_lag, _more_items_ahead, _later_first_step, _more_inserts_per_step)
 
 
 def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:

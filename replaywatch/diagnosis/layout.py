@@ -16,18 +16,40 @@ Anything else is unknown: a max_diff at float max says inserts never block (Acme
 LocalLayout does that), but a hand-written synchronous loop may keep a finite one and an
 asynchronous job may disable blocking too, so the rules that need the layout give the
 readings side by side with what settles them.
+
+A synchronous loop's **gate** (when it calls next(), budget.py) is known the same way:
+
+    declared        TrainerProbe(gate=..., inserts_per_step=..., first_step_at=...), or a
+                    declared `sync-ratio` (the scheduled loop by its definition)
+    asked early     the loop is inside next() for a batch the limiter has not released (its
+                    releases, `inserts * spi - min_diff`, less the batches it consumed, are
+                    short of one): a loop that waits on can_sample never asks so, so it
+                    steps on a schedule, proven on one poll (its first step where the probe
+                    saw it)
+    learned         from the loop's inserts between next() calls (the probe's next_strides)
+                    over at least GATE_STRIDES calls: a schedule of K inserts a step moves
+                    in strides of floor(K) and ceil(K), so strides that never differ by more
+                    than one are a schedule, K their mean, its first step where it was seen;
+                    a next() with no insert before it beside strides of two or more is no
+                    schedule (a K >= 2 schedule never steps twice without inserting): the
+                    loop waits on can_sample or ready()
+    unknown         anything else: the budget model judges both readings and gives the worse
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 from replaywatch.diagnosis import budget
 from replaywatch.diagnosis.actors import Actor
-from replaywatch.diagnosis.ratelimiter import is_insert_blocking_disabled
-from replaywatch.model import ProbeSnapshot, TableSnapshot
+from replaywatch.model import NextStrides, ProbeSnapshot, TableSnapshot
 
 DECLARED, LOOP_WRITER, ACTOR_PROBES = "declared", "loop writer", "actor probes"
+LEARNED = "learned"
+# next() calls whose strides decide a gate: fewer could be a warm-up accident.
+GATE_STRIDES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +59,15 @@ class KnownLayout:
     kind: str | None
     basis: str | None
     max_policy_lag: int | None = None
+    max_items_ahead: int | None = None
+    gate: str | None = None  # a synchronous loop's, where known
+    gate_basis: str | None = None  # declared, or learned from N strides of ...
+    inserts_per_step: float | None = None
+    first_step_at: int | None = None
 
     @property
     def known(self) -> bool:
-        return self.kind is not None
+        return self.kind is not None and self.basis is not None
 
     @property
     def synchronous(self) -> bool:
@@ -48,14 +75,24 @@ class KnownLayout:
         return self.kind in (budget.SYNC, budget.SYNC_RATIO)
 
     def model(self) -> budget.Layout | None:
-        if self.kind is None:
+        if not self.known or self.kind is None:
             return None
-        return budget.Layout(self.kind, self.max_policy_lag if self.kind == budget.ASYNC_LAG
-                             else None)
+        lagged = self.kind == budget.ASYNC_LAG
+        return budget.Layout(self.kind, self.max_policy_lag if lagged else None,
+                             self.gate if self.synchronous else None,
+                             self.inserts_per_step, self.first_step_at,
+                             self.max_items_ahead if lagged else None)
 
     def evidence(self) -> dict[str, object]:
-        return {"layout": self.kind or "unknown", "layout_basis": self.basis,
-                "max_policy_lag": self.max_policy_lag}
+        doc: dict[str, object] = {"layout": self.kind or "unknown", "layout_basis": self.basis,
+                                  "max_policy_lag": self.max_policy_lag}
+        if self.max_items_ahead is not None:
+            doc["max_items_ahead"] = self.max_items_ahead
+        if self.synchronous:
+            doc.update(gate=self.gate or "unknown", gate_basis=self.gate_basis,
+                       inserts_per_step=self.inserts_per_step,
+                       first_step_at=self.first_step_at)
+        return doc
 
 
 UNKNOWN = KnownLayout(None, None)
@@ -64,22 +101,89 @@ UNKNOWN = KnownLayout(None, None)
 def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tuple[Actor, ...],
             declared: str | None = None) -> KnownLayout:
     """The table's layout from the newest snapshots (module docstring)."""
-    lags = sorted(a.history[-1].max_policy_lag for a in actors
-                  if a.history and a.history[-1].max_policy_lag is not None)
+    bound = _actor_bound(actors)
     for kind in [p.layout for p in probes if p.layout] + ([declared] if declared else []):
         if kind in budget.LAYOUTS:
-            lag = lags[0] if kind == budget.ASYNC_LAG and lags else None
-            return KnownLayout(kind, DECLARED, lag)
+            lag, ahead = bound if kind == budget.ASYNC_LAG else (None, None)
+            return _with_gate(KnownLayout(kind, DECLARED, lag, ahead), probes, table)
     if any((p.writers_wrapped or p.items_inserted) and p.inserts_on_next_thread is not False
            for p in probes):
-        return KnownLayout(budget.SYNC if is_insert_blocking_disabled(table)
-                           else budget.SYNC_RATIO,
-                           LOOP_WRITER)
-    if lags:
-        return KnownLayout(budget.ASYNC_LAG, ACTOR_PROBES, lags[0])
+        # The kind says only that the loop is the learner; its gate says when it asks.
+        return _with_gate(KnownLayout(budget.SYNC, LOOP_WRITER), probes, table)
+    if bound != (None, None):
+        return KnownLayout(budget.ASYNC_LAG, ACTOR_PROBES, *bound)
     if actors and not any(s.waits_total > 0 or s.waiting_on is not None
                           for a in actors for s in a.history[-1:]):
         return KnownLayout(budget.ASYNC, ACTOR_PROBES)
     return UNKNOWN
+
+
+def synchronous_reading(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...]) -> KnownLayout:
+    """The layout unknown, the reading of a synchronous loop, its gate as the probes know it
+    (the rules that judge a loop only where insert blocking is disabled use it)."""
+    return _with_gate(KnownLayout(budget.SYNC, None), probes, table)
+
+
+def _actor_bound(actors: tuple[Actor, ...]) -> tuple[int | None, int | None]:
+    """The tightest declared bound, (max_policy_lag, None) or (None, max_items_ahead): the
+    first kind declared decides which, the smallest value of it binds."""
+    newest = [a.history[-1] for a in actors if a.history]
+    lags = sorted(s.max_policy_lag for s in newest if s.max_policy_lag is not None)
+    if lags:
+        return lags[0], None
+    ahead = sorted(s.max_items_ahead for s in newest if s.max_items_ahead is not None)
+    return (None, ahead[0]) if ahead else (None, None)
+
+
+def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
+               table: TableSnapshot) -> KnownLayout:
+    """A synchronous loop's gate: declared, or learned from its strides (module docstring)."""
+    if not known.synchronous:
+        return known
+    for p in probes:
+        if p.gate is not None:
+            return dataclasses.replace(known, gate=p.gate, gate_basis=DECLARED,
+                                       inserts_per_step=p.inserts_per_step,
+                                       first_step_at=p.first_step_at)
+    if known.kind == budget.SYNC_RATIO:
+        return dataclasses.replace(known, gate=budget.SCHEDULE, gate_basis=DECLARED)
+    for p in probes:
+        learned = asked_early(table, p) or learned_gate(p.next_strides)
+        if learned is not None:
+            return dataclasses.replace(known, **learned)
+    return known
+
+
+def asked_early(t: TableSnapshot, p: ProbeSnapshot) -> dict[str, Any] | None:
+    """A loop inside next() for a batch its limiter has not released (module docstring)."""
+    if not p.blocked_in_next or not p.batch_size or p.next_strides is None:
+        return None
+    rl = t.rate_limiter
+    released = (math.floor(rl.inserts * rl.samples_per_insert - rl.min_diff)
+                if t.current_size >= rl.min_size_to_sample else 0)
+    short = released - p.batches_retrieved * p.batch_size
+    if short >= p.batch_size:
+        return None
+    return {"gate": budget.SCHEDULE, "first_step_at": p.next_strides.inserts_at_first,
+            "gate_basis": f"{LEARNED}: inside next() for batch {p.batches_retrieved + 1} of "
+                          f"{p.batch_size} with {max(0, short)} released and unconsumed, which "
+                          "a loop that waits on can_sample never does"}
+
+
+def learned_gate(s: NextStrides | None) -> dict[str, Any] | None:
+    """The gate the loop's strides prove, as KnownLayout fields; None: not yet, or neither."""
+    if s is None or s.count < GATE_STRIDES:
+        return None
+    if s.most - s.least <= 1:
+        k = (s.inserts_at_last - s.inserts_at_first) / s.count
+        return {"gate": budget.SCHEDULE, "inserts_per_step": k,
+                "first_step_at": s.inserts_at_first,
+                "gate_basis": f"{LEARNED} from {s.count} next() calls: {s.least} to {s.most} "
+                              f"inserts apart, the first at {s.inserts_at_first}"}
+    if s.least == 0:
+        return {"gate": budget.CAN_SAMPLE,
+                "gate_basis": f"{LEARNED} from {s.count} next() calls: some with no insert "
+                              f"between, others {s.most} apart"}
+    return None
 
 

@@ -111,7 +111,7 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
     the plain advice only when the probe does not declare the dataset."""
     ds = rules_config.dataset_of(probe[-1], case.latest)
     known = rules_config.known_layout(case)
-    model = known.model() or (budget.Layout(budget.SYNC) if synchronous else None)
+    model = known.model() or (rules_config.synchronous_model(case) if synchronous else None)
     if model is None:
         return ("Loosen the actors' policy-lag bound, widen the limiter (error_buffer) or "
                 "use fewer sampling workers; declare the bound (ActorProbe(max_policy_lag=...))"

@@ -18,6 +18,7 @@ snapshot proves them, so they are named on the first poll, before any next() blo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from replaywatch.diagnosis import budget, kinds
@@ -42,12 +43,20 @@ def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Datas
         return None
     item_bytes = p.item_bytes or (t.item_bytes if t is not None else None)
     return budget.Dataset(p.num_parallel_calls, p.batch_size, p.max_in_flight,
-                          p.prefetch_size or 0, p.iterators_per_worker or 1, item_bytes)
+                          p.prefetch_size or 0, p.iterators_per_worker or 1, item_bytes,
+                          budget.AFTER_INTERLEAVE if p.batch_after_interleave
+                          else budget.PER_WORKER, p.cycle_length, p.workers_per_iterator or 1)
 
 
 def known_layout(case: TableCase) -> lay.KnownLayout:
     return lay.resolve(case.latest, tuple(p[-1] for p in case.probes), case.actors,
                        case.declared_layout)
+
+
+def synchronous_model(case: TableCase) -> budget.Layout:
+    """A synchronous loop's model where the layout is unknown: the gate the probes know."""
+    reading = lay.synchronous_reading(case.latest, tuple(p[-1] for p in case.probes))
+    return dataclasses.replace(reading, basis="reading").model() or budget.Layout(budget.SYNC)
 
 
 def loop_is_synchronous(case: TableCase) -> bool:
@@ -67,7 +76,7 @@ def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayou
     known = known_layout(case)
     if not known.known and not lim.is_insert_blocking_disabled(case.latest):
         return None
-    model = known.model() or budget.Layout(budget.SYNC)
+    model = known.model() or synchronous_model(case)
     return budget.predict(limiter_of(case.latest), ds, model), known, model
 
 

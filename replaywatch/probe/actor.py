@@ -136,10 +136,16 @@ class ActorProbe(Served):
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         max_policy_lag: int | None = None,
+        max_items_ahead: int | None = None,
     ):
         if max_policy_lag is not None and (not isinstance(max_policy_lag, int)
                                            or max_policy_lag < 1):
             raise ValueError(f"max_policy_lag ({max_policy_lag!r}) must be an int >= 1")
+        if max_items_ahead is not None and (not isinstance(max_items_ahead, int)
+                                            or max_items_ahead < 0):
+            raise ValueError(f"max_items_ahead ({max_items_ahead!r}) must be an int >= 0")
+        if max_policy_lag is not None and max_items_ahead is not None:
+            raise ValueError("declare one bound: max_policy_lag or max_items_ahead")
         if table is not None and (not isinstance(table, str) or not table):
             raise ValueError(f"table ({table!r}) must be a non-empty string or None")
         if not isinstance(name, str) or not name:
@@ -151,9 +157,10 @@ class ActorProbe(Served):
         # poll, before any wait is seen. It counts inserts: the fewest items the actor
         # inserts after it sees the learner step and before it waits on it again (an n-step
         # adder inserts nothing on an episode's first n - 1 steps, so a bound of L steps is
-        # L - (n - 1) inserts).
+        # L - (n - 1) inserts). `max_items_ahead` is the other pacing: the actor waits while
+        # the items inserted past min_size exceed N + the samples the learner consumed / spi.
         self._static = {"role": "actor", "pid": os.getpid(), "name": name, "table": table,
-                        "max_policy_lag": max_policy_lag}
+                        "max_policy_lag": max_policy_lag, "max_items_ahead": max_items_ahead}
         self._started = monotonic()
         self._steps: tuple[int, float | None] = (0, None)  # (steps, last step at)
         self._call: tuple[str, float] | None = None  # (writer call, entered at)

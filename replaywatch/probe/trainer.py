@@ -37,6 +37,15 @@ class _ProbedIterator:
         # the learner's thread, and each Python call costs ~0.3 us here.
         probe = self._probe
         probe._next_thread = threading.get_ident()
+        # The loop's inserts between next() calls tell its gate (TrainerProbe.snapshot).
+        inserts, strides = probe._inserts[0], probe._strides
+        if strides is None:
+            probe._strides = (inserts, inserts, 0, 0, 0)
+        else:
+            first, last, n, lo, hi = strides
+            d = inserts - last
+            probe._strides = (first, inserts, n + 1, d if n == 0 or d < lo else lo,
+                              d if n == 0 or d > hi else hi)
         since = probe._blocked_since = probe._clock()
         try:
             item = next(self._inner)
@@ -86,6 +95,10 @@ class _LoopWriter:
 # What a trainer may declare about its loop (replaywatch predict's --layout): a job that
 # cannot wrap its writer says so here, or with the sidecar's --layout.
 LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
+# When a synchronous loop calls next() (predict's --gate): only while can_sample(batch) or
+# ready() (Acme's LocalLayout), or on a schedule (a step every K inserts, TF-Agents' collect
+# and train loops, Acme's older Agent).
+GATES = ("can_sample", "schedule")
 
 
 class TrainerProbe(Served):
@@ -104,6 +117,12 @@ class TrainerProbe(Served):
         iterators_per_worker: int | None = None,
         item_bytes: int | None = None,
         layout: str | None = None,
+        gate: str | None = None,
+        inserts_per_step: float | None = None,
+        first_step_at: int | None = None,
+        batch_after_interleave: bool = False,
+        cycle_length: int | None = None,
+        workers_per_iterator: int | None = None,
     ):
         for label, value in (
             ("batch_size", batch_size),
@@ -112,11 +131,19 @@ class TrainerProbe(Served):
             ("max_in_flight", max_in_flight),
             ("iterators_per_worker", iterators_per_worker),
             ("item_bytes", item_bytes),
+            ("first_step_at", first_step_at),
+            ("cycle_length", cycle_length),
+            ("workers_per_iterator", workers_per_iterator),
         ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{label} ({value!r}) must be a non-negative int")
         if layout is not None and layout not in LAYOUTS:
             raise ValueError(f"layout ({layout!r}) must be one of {', '.join(LAYOUTS)}")
+        if gate is not None and gate not in GATES:
+            raise ValueError(f"gate ({gate!r}) must be one of {', '.join(GATES)}")
+        if inserts_per_step is not None and (isinstance(inserts_per_step, bool) or not isinstance(
+                inserts_per_step, (int, float)) or not inserts_per_step > 0):
+            raise ValueError(f"inserts_per_step ({inserts_per_step!r}) must be a number > 0")
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
         self._static = {
@@ -133,6 +160,15 @@ class TrainerProbe(Served):
             "iterators_per_worker": iterators_per_worker,
             "item_bytes": item_bytes,
             "layout": layout,
+            # The loop's gate and schedule, where the job states them (else learned below),
+            # and a TF-Agents-shaped pipeline: one batch after an interleave of
+            # `cycle_length` Reverb datasets read by `num_parallel_calls` threads.
+            "gate": gate,
+            "inserts_per_step": inserts_per_step,
+            "first_step_at": first_step_at,
+            "batch_after_interleave": bool(batch_after_interleave),
+            "cycle_length": cycle_length,
+            "workers_per_iterator": workers_per_iterator,
         }
         self._started_at = clock()
         self._blocked_since: float | None = None
@@ -144,6 +180,9 @@ class TrainerProbe(Served):
         self._wrapped: str | None = None
         self._next_thread: int | None = None  # the thread last seen calling next()
         self._inserts: tuple[int, int | None] = (0, None)  # (items inserted, by which thread)
+        # The loop's items inserted at its first and latest next(), the strides counted
+        # between, and the least and most items inserted between two next() calls.
+        self._strides: tuple[int, int, int, int, int] | None = None
         self._writers = 0
 
     # -- the trainer's side -------------------------------------------------
@@ -222,6 +261,11 @@ class TrainerProbe(Served):
         (`wrap_writer`, `wrap_client`) and the items created through them;
         inserts_on_next_thread: the thread that inserted last is the one that called
         next() last (null until both happened): a synchronous loop.
+        next_strides: {"inserts_at_first", "inserts_at_last", "count", "least", "most"}:
+        the loop's items inserted when it first and last entered next(), and between two
+        next() calls the fewest and most (null before the first next()). A schedule moves
+        in strides of floor(K) and ceil(K); a loop that waits on can_sample takes a burst
+        with no insert between and later strides far apart.
         """
         now = self._clock()
         blocked_since = self._blocked_since
@@ -245,6 +289,9 @@ class TrainerProbe(Served):
             items_inserted=inserted,
             inserts_on_next_thread=(None if inserter is None or next_thread is None
                                     else inserter == next_thread),
+            next_strides=None if self._strides is None else dict(zip(
+                ("inserts_at_first", "inserts_at_last", "count", "least", "most"),
+                self._strides, strict=True)),
             started_at=self._started_at,
             now=now,
         )

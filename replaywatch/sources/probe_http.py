@@ -23,10 +23,12 @@ from typing import Any
 
 from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
 from replaywatch.model import (
+    GATES,
     LAYOUTS,
     NO_ANSWER,
     WRITER_CALLS,
     ActorSnapshot,
+    NextStrides,
     PollOutcome,
     ProbeSnapshot,
     SourceKind,
@@ -86,9 +88,31 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             writers_wrapped=int(doc.get("writers_wrapped", 0)),
             items_inserted=int(doc.get("items_inserted", 0)),
             inserts_on_next_thread=_opt_bool(doc, "inserts_on_next_thread"),
+            gate=_choice(doc, "gate", GATES),
+            inserts_per_step=_opt_float(doc, "inserts_per_step"),
+            first_step_at=_opt_int(doc, "first_step_at"),
+            batch_after_interleave=bool(doc.get("batch_after_interleave", False)),
+            cycle_length=_opt_int(doc, "cycle_length"),
+            workers_per_iterator=_opt_int(doc, "workers_per_iterator"),
+            next_strides=_strides(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
+
+
+def _choice(doc: dict[str, Any], key: str, allowed: tuple[str, ...]) -> str | None:
+    value = doc.get(key)
+    if value is not None and value not in allowed:
+        raise ValueError(f"{key} {str(value)[:50]!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _strides(doc: dict[str, Any]) -> NextStrides | None:
+    s = doc.get("next_strides")
+    if s is None:
+        return None
+    return NextStrides(int(s["inserts_at_first"]), int(s["inserts_at_last"]), int(s["count"]),
+                       int(s["least"]), int(s["most"]))
 
 
 def _opt_bool(doc: dict[str, Any], key: str) -> bool | None:
@@ -172,6 +196,7 @@ def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> Act
             last_error=error,
             last_error_at=error_at,
             max_policy_lag=_opt_int(doc, "max_policy_lag"),
+            max_items_ahead=_opt_int(doc, "max_items_ahead"),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(

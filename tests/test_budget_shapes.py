@@ -1,0 +1,149 @@
+"""The budget model on shapes outside Acme's LocalLayout: a loop that steps on a schedule, a
+gate nobody declared, one batch after the interleave (TF-Agents), actors paced by what the
+learner consumed. Each row is a configuration real runs of that shape hung or ran clean in
+(runs by hand of shapes the grid did not have, and bench/RESULTS.md's tables per shape
+family)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from replaywatch.diagnosis import budget
+from replaywatch.diagnosis.budget import (
+    AFTER_INTERLEAVE,
+    CAN_HANG,
+    CAN_SAMPLE,
+    SAFE,
+    SCHEDULE,
+    WILL_HANG,
+    Dataset,
+    Layout,
+    Limiter,
+)
+
+
+def blocking_off(spi: float, min_size: int, e: float) -> Limiter:
+    return Limiter.ratio(spi, min_size, e, insert_blocking=False)
+
+
+SCHEDULED = Layout("sync", gate=SCHEDULE)
+UNKNOWN = Layout("sync")
+
+# (name, limiter, dataset, layout, verdict): a scheduled loop with insert blocking disabled
+# holds e (plus spi per insert past min_size) at every step, dealt across the workers.
+ROWS = [
+    ("one_worker_asks_256_of_100_released", blocking_off(1, 1000, 100), Dataset(1, 256),
+     SCHEDULED, WILL_HANG),
+    ("four_workers_of_16_share_40", blocking_off(4, 1000, 40), Dataset(4, 16), SCHEDULED,
+     CAN_HANG),
+    ("two_workers_of_16_share_20", blocking_off(4, 1000, 20), Dataset(2, 16), SCHEDULED,
+     CAN_HANG),
+    ("twelve_workers_of_16_share_40", blocking_off(4, 1000, 40), Dataset(12, 16), SCHEDULED,
+     CAN_HANG),
+    ("twelve_workers_of_16_share_120", blocking_off(4, 1000, 120), Dataset(12, 16), SCHEDULED,
+     CAN_HANG),
+    ("four_workers_of_64_ask_more_than_50", blocking_off(1, 1000, 50), Dataset(4, 64),
+     SCHEDULED, WILL_HANG),
+    ("one_worker_of_16_holds_40", blocking_off(4, 200, 40), Dataset(1, 16), SCHEDULED, SAFE),
+    # The same numbers with the gate unknown: the worse reading, never the can_sample one.
+    ("unknown_gate_one_worker_asks_256_of_100", blocking_off(1, 1000, 100), Dataset(1, 256),
+     UNKNOWN, WILL_HANG),
+    ("unknown_gate_four_workers_of_16_share_40", blocking_off(4, 1000, 40), Dataset(4, 16),
+     UNKNOWN, CAN_HANG),
+    # Steps that take more than their inserts release: the credit runs out, every run.
+    ("one_collect_step_of_spi_8_for_batches_of_14", Limiter.ratio(8, 200, 40),
+     Dataset(1, 14), Layout("sync", gate=SCHEDULE, inserts_per_step=1), WILL_HANG),
+    # TF-Agents' pipeline, B = 64: 32 datasets of 6 in flight, one batch after the interleave.
+    ("tf_agents_32_threads_read_every_sampler", Limiter.ratio(16, 200, 256),
+     Dataset(32, 64, shape=AFTER_INTERLEAVE), Layout("sync", gate=SCHEDULE, inserts_per_step=4),
+     SAFE),
+    ("tf_agents_limiter_releases_40_of_64", Limiter.ratio(8, 200, 40),
+     Dataset(3, 64, shape=AFTER_INTERLEAVE), Layout("sync", gate=SCHEDULE, inserts_per_step=8),
+     WILL_HANG),
+    ("tf_agents_3_threads_read_3_of_32_samplers", Limiter.ratio(16, 200, 32),
+     Dataset(3, 64, shape=AFTER_INTERLEAVE),
+     Layout("sync", gate=SCHEDULE, inserts_per_step=4, first_step_at=202), CAN_HANG),
+    # Actors paced N items ahead of what the learner consumed: e + spi x N is held.
+    ("actors_8_ahead_hold_72_of_4_x_16", Limiter.ratio(4, 200, 40), Dataset(4, 16),
+     Layout("async-lag", max_items_ahead=8), SAFE),
+    ("actors_2_ahead_hold_48_of_4_x_16", Limiter.ratio(4, 200, 40), Dataset(4, 16),
+     Layout("async-lag", max_items_ahead=2), CAN_HANG),
+    ("actors_0_ahead_below_a_batch", Limiter.ratio(4, 200, 8), Dataset(1, 16),
+     Layout("async-lag", max_items_ahead=1), WILL_HANG),
+]
+
+
+@pytest.mark.parametrize("name,lim,ds,layout,verdict", ROWS, ids=[r[0] for r in ROWS])
+def test_shape_table(name: str, lim: Limiter, ds: Dataset, layout: Layout,
+                     verdict: str) -> None:
+    assert budget.predict(lim, ds, layout).verdict == verdict
+
+
+@pytest.mark.parametrize("name,lim,ds,layout,verdict", ROWS, ids=[r[0] for r in ROWS])
+def test_every_fix_of_every_shape_is_safe_by_the_model(name: str, lim: Limiter, ds: Dataset,
+                                                       layout: Layout, verdict: str) -> None:
+    from tests.test_budget import applied
+
+    fixes = budget.fixes(lim, ds, layout)
+    assert bool(fixes) == (verdict != SAFE)
+    for fix in fixes:
+        assert budget.predict(*applied((lim, ds, layout), fix)).verdict == SAFE, fix.text()
+
+
+def test_a_loop_whose_gate_is_unknown_is_never_safe_on_the_can_sample_reading() -> None:
+    # Acme's LocalLayout takes only ready batches here; a scheduled loop asks for 256 of 100.
+    lim, ds = blocking_off(1, 1000, 100), Dataset(1, 256, item_bytes=16)
+    assert budget.predict(lim, ds, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
+    b = budget.predict(lim, ds, UNKNOWN)
+    assert (b.verdict, b.gate, b.released) == (WILL_HANG, SCHEDULE, 100)
+    assert "gate is unknown" in b.reason and "can_sample" in b.reason and "safe" in b.reason
+    # Its fixes hold under both readings: starting later, or a larger error_buffer.
+    knobs = {f.knob: f.value for f in budget.fixes(lim, ds, UNKNOWN)}
+    assert knobs["error_buffer"] == 256 and knobs["first_step_at"] == 1156
+    assert "num_parallel_calls" not in knobs
+
+
+def test_the_seed_still_gets_one_worker_with_the_gate_unknown() -> None:
+    lim = blocking_off(128, 2000, 25_600)
+    frames = Dataset(12, 256, iterators_per_worker=3, item_bytes=84 * 84 * 9)
+    fixes = budget.fixes(lim, frames, UNKNOWN)
+    assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
+    assert budget.predict(lim, frames, UNKNOWN).verdict == CAN_HANG
+
+
+def test_a_schedule_that_outruns_its_inserts_hangs_after_the_credit_runs_out() -> None:
+    # 1 insert of spi 8 a step against batches of 14: 40, 34, 28, ... below 14 at step 5.
+    lim, ds = Limiter.ratio(8, 200, 40), Dataset(1, 14)
+    b = budget.predict(lim, ds, Layout("sync", gate=SCHEDULE, inserts_per_step=1))
+    assert b.verdict == WILL_HANG and "below a batch by step 5" in b.reason
+    knobs = {f.knob: f.value for f in budget.fixes(lim, ds, Layout("sync", gate=SCHEDULE,
+                                                                   inserts_per_step=1))}
+    assert knobs["inserts_per_step"] == 2 and "error_buffer" not in knobs
+    # A first step below min_size never gets a sample (TF-Agents' table trails its loop).
+    early = budget.predict(lim, ds, Layout("sync", gate=SCHEDULE, first_step_at=199))
+    assert (early.verdict, early.released) == (WILL_HANG, 0.0)
+
+
+def test_after_the_interleave_unread_samplers_strand_and_more_threads_fix_it() -> None:
+    ds = Dataset(3, 64, shape=AFTER_INTERLEAVE)
+    assert (ds.samplers, ds.in_flight) == (32, 6)
+    assert budget.strandable(ds) == 63 + 29 * 6
+    assert budget.strandable(replace(ds, workers=32)) == 63
+    lim = Limiter.ratio(16, 200, 128)
+    fixes = {f.knob: f.value for f in budget.fixes(lim, ds, Layout("sync", gate=SCHEDULE))}
+    # 63 + (32 - P) x 6 < 128 from P = 22; 10 datasets of 6 in flight (pinned) hold 105.
+    assert fixes["num_parallel_calls"] == 22 and fixes["cycle_length"] == 13
+    assert fixes["error_buffer"] == 238
+
+
+def test_bad_gate_and_pacing_are_refused_with_the_value() -> None:
+    with pytest.raises(ValueError, match="gate"):
+        Layout("sync", gate="sometimes")
+    with pytest.raises(ValueError, match=r"inserts_per_step \(0\)"):
+        Layout("sync", gate=SCHEDULE, inserts_per_step=0)
+    with pytest.raises(ValueError, match="one bound"):
+        Layout("async-lag", max_policy_lag=2, max_items_ahead=3)
+    with pytest.raises(ValueError, match="shape"):
+        Dataset(1, 16, shape="sideways")
