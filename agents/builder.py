@@ -61,6 +61,9 @@ def make_probe(config: ReplayConfig, listen: str) -> TrainerProbe:
         name="learner",
         prefetch_size=config.prefetch_size,
         table=config.table,
+        # The synchronous loop (local.LearningActor) steps while the iterator is ready() or
+        # the table can_sample: said, so the sidecar judges that gate, not both.
+        gate="can_sample",
     )
 
 

@@ -64,13 +64,27 @@ class Cell:
     shape: str = "per-worker"  # or "repeat" (Acme at the seed's commit)
     item: str = "small"  # or "frames" (84x84x9 uint8)
     loop: str = "plain"  # or "seed": the seed's own loop, run long (SEED_LOOP)
+    # Shapes not our own (bench/predict_shapes_cells.json): a sync loop's gate, the pipeline,
+    # the actors' bound by items ahead of what was consumed.
+    gate: str = "can-sample"  # sync only: or "schedule"
+    pipeline: str = "per-worker"  # or "after-interleave" (TF-Agents' as_dataset)
+    ahead: int | None = None  # async-lag: max_items_ahead instead of lag
+    inserts_per_step: float | None = None  # schedule: default batch / spi
+    first_step_at: int | None = None  # schedule: default min_size
+    cycle_length: int | None = None  # after-interleave: default min(batch, 32)
 
     @property
     def name(self) -> str:
-        lag = f" L{self.lag}" if self.lag else ""
+        lag = f" L{self.lag}" if self.lag else f" ahead{self.ahead}" if self.ahead else ""
         extra = "".join(f" {x}" for x in (self.shape, self.item)
                         if x not in ("per-worker", "small"))
         extra += " seed-loop" if self.loop == "seed" else ""
+        if self.layout == budget.SYNC and self.gate != "can-sample":
+            extra += f" {self.gate}"
+        extra += "" if self.inserts_per_step is None else f" K{self.inserts_per_step:g}"
+        extra += "" if self.first_step_at is None else f" first{self.first_step_at}"
+        extra += " tf-agents" if self.pipeline == "after-interleave" else ""
+        extra += "" if self.cycle_length is None else f" C{self.cycle_length}"
         return (f"{self.layout}{lag} P{self.workers} B{self.batch_size} spi{self.spi:g} "
                 f"e{self.error_buffer:g} min{self.min_size}{extra}")
 
@@ -79,10 +93,14 @@ class Cell:
                                    insert_blocking=self.layout != budget.SYNC)
         ds = budget.Dataset(self.workers, self.batch_size,
                             iterators_per_worker=3 if self.shape == "repeat" else 1,
-                            item_bytes=84 * 84 * 9 if self.item == "frames" else 16)
-        # The harness's `sync` loop steps while can_sample (Acme's LocalLayout).
-        gate = budget.CAN_SAMPLE if self.layout == budget.SYNC else None
-        return lim, ds, budget.Layout(self.layout, self.lag, gate)
+                            item_bytes=84 * 84 * 9 if self.item == "frames" else 16,
+                            shape=self.pipeline, cycle_length=self.cycle_length)
+        # The harness's `sync` loop steps while can_sample (Acme's LocalLayout) unless the
+        # cell says it steps on a schedule; either way the harness declares it.
+        gate = ({"can-sample": budget.CAN_SAMPLE, "schedule": budget.SCHEDULE}[self.gate]
+                if self.layout == budget.SYNC else None)
+        return lim, ds, budget.Layout(self.layout, self.lag, gate, self.inserts_per_step,
+                                      self.first_step_at, self.ahead)
 
     def predict(self) -> budget.Budget:
         return budget.predict(*self.model())
@@ -92,8 +110,8 @@ class Cell:
         changes: dict[str, Any] = {}
         part: budget.Fix | None = fix
         while part is not None:
-            key = {"num_parallel_calls": "workers", "max_policy_lag": "lag"}.get(part.knob,
-                                                                                 part.knob)
+            key = {"num_parallel_calls": "workers", "max_policy_lag": "lag",
+                   "max_items_ahead": "ahead"}.get(part.knob, part.knob)
             changes[key] = part.value
             part = part.together
         return dataclasses.replace(self, **changes)
@@ -103,7 +121,19 @@ class Cell:
                str(self.batch_size), "--samples-per-insert", f"{self.spi:g}",
                "--error-buffer", f"{self.error_buffer:g}", "--min-size", str(self.min_size),
                "--shape", self.shape, "--item", self.item]
-        return out + (["--max-policy-lag", str(self.lag)] if self.lag else [])
+        out += ["--max-policy-lag", str(self.lag)] if self.lag else []
+        out += ["--max-items-ahead", str(self.ahead)] if self.ahead is not None else []
+        if self.layout == budget.SYNC:
+            out += ["--gate", self.gate]
+        if self.pipeline != "per-worker":
+            out += ["--pipeline", self.pipeline]
+        if self.inserts_per_step is not None:
+            out += ["--inserts-per-step", f"{self.inserts_per_step:g}"]
+        if self.first_step_at is not None:
+            out += ["--first-step-at", str(self.first_step_at)]
+        if self.cycle_length is not None:
+            out += ["--cycle-length", str(self.cycle_length)]
+        return out
 
 
 # The seed's hang came "after 10K steps sometimes", in steady state, where a warm-up run of

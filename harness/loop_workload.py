@@ -9,14 +9,23 @@ interleaved), and a loop that inserts and steps a learner as the layout says:
                 each insert the loop steps the learner while its prefetching iterator is
                 ready() or the table can_sample(batch_size): `_has_data_for_training` at the
                 seed's commit (`--acme-bound`: can_sample(samples drawn per step so far),
-                its `_batch_size_upper_bounds`)
+                its `_batch_size_upper_bounds`). `--gate schedule`: the same table, but the
+                loop steps on sync-ratio's schedule whatever the table can sample (Acme's
+                older `Agent`, TF-Agents' "collect K steps, train one")
     sync-ratio  the table's own finite max_diff; the loop inserts and, from min_size on,
                 steps the learner once per batch_size / samples_per_insert inserts (Acme's
-                classic `agent.Agent` with `observations_per_step`)
+                classic `agent.Agent` with `observations_per_step`); `--first-step-at` and
+                `--inserts-per-step` move the schedule
     async       an actor thread inserts as fast as the limiter lets it; the learner thread
                 calls next() in a loop
     async-lag   as async, but the actor waits on the learner after `--max-policy-lag`
-                inserts without a learner step (after warm-up), as a parameter hand-off does
+                inserts without a learner step (after warm-up), as a parameter hand-off does,
+                or (`--max-items-ahead N`) while it is N items ahead of what the learner's
+                batches consumed (consumed samples / samples_per_insert, from min_size on)
+
+`--pipeline after-interleave` reads the table as TF-Agents' `make_reverb_dataset` does:
+`--cycle-length` unbatched TrajectoryDatasets interleaved by `--workers` threads, one batch
+after the interleave.
 
 The truth is taken here, in the workload's own process: the learner inside one next() for
 `--hang-after` seconds is a hang. Otherwise the run trains for `--train-s` seconds after its
@@ -65,20 +74,42 @@ def make_table(args: argparse.Namespace, shape: tuple[int, ...], dtype: Any) -> 
         signature={"x": tf.TensorSpec(shape, dtype)})
 
 
+def in_flight(args: argparse.Namespace) -> int:
+    """Samples one TrajectoryDataset may have requested and not yet yielded: Acme's default
+    is 2 x batch; TF-Agents' is 3 x the batch's share of one interleaved dataset."""
+    if args.max_in_flight:
+        return args.max_in_flight
+    if args.pipeline == "after-interleave":
+        # A cycle longer than the batch would make the share 0, which Reverb refuses.
+        return max(1, 3 * (args.batch_size // args.cycle_length))
+    return 2 * args.batch_size
+
+
 def make_dataset(address: str, args: argparse.Namespace) -> tf.data.Dataset:
-    """Acme's make_reverb_dataset: `per-worker` as today, `repeat` as at the seed's commit
-    (an infinite `from_tensors(0).repeat()` interleaved, before acme dea9307)."""
-    in_flight = args.max_in_flight or 2 * args.batch_size
+    """Acme's make_reverb_dataset (`--pipeline per-worker`): `--shape per-worker` as today,
+    `repeat` as at the seed's commit (an infinite `from_tensors(0).repeat()` interleaved,
+    before acme dea9307). TF-Agents' (`after-interleave`): its datasets yield single
+    samples, so a batch is gathered across them after the interleave."""
+    def trajectories(_: Any) -> tf.data.Dataset:
+        return reverb.TrajectoryDataset.from_table_signature(
+            server_address=address, table=TABLE, max_in_flight_samples_per_worker=in_flight(args),
+            num_workers_per_iterator=args.workers_per_iterator)
 
-    def one(_: Any) -> tf.data.Dataset:
-        ds = reverb.TrajectoryDataset.from_table_signature(
-            server_address=address, table=TABLE, max_in_flight_samples_per_worker=in_flight)
-        return ds.batch(args.batch_size, drop_remainder=True)
+    if args.pipeline == "after-interleave":
+        # --workers is the interleave's num_parallel_calls: fewer threads than datasets leave
+        # some datasets' samplers filled and unread while a batch waits on the others.
+        ds = tf.data.Dataset.range(args.cycle_length).interleave(
+            trajectories, cycle_length=args.cycle_length, num_parallel_calls=args.workers,
+            deterministic=False)
+        ds = ds.batch(args.batch_size, drop_remainder=True)
+    else:
+        def one(i: Any) -> tf.data.Dataset:
+            return trajectories(i).batch(args.batch_size, drop_remainder=True)
 
-    source = (tf.data.Dataset.range(args.workers) if args.shape == "per-worker"
-              else tf.data.Dataset.from_tensors(0).repeat())
-    ds = source.interleave(one, cycle_length=args.workers, num_parallel_calls=args.workers,
-                           deterministic=False)
+        source = (tf.data.Dataset.range(args.workers) if args.shape == "per-worker"
+                  else tf.data.Dataset.from_tensors(0).repeat())
+        ds = source.interleave(one, cycle_length=args.workers, num_parallel_calls=args.workers,
+                               deterministic=False)
     return ds.prefetch(args.prefetch) if args.prefetch else ds
 
 
@@ -155,23 +186,40 @@ class Loop:
                     drawn = self.table.info.rate_limiter_info.sample_stats.completed
                     bound = math.ceil(drawn / self.batches)
 
-    def run_sync_ratio(self) -> None:
-        owed, per_batch = 0.0, self.args.batch_size / self.args.samples_per_insert
+    def run_schedule(self) -> None:
+        """Steps on a schedule, not on what the table can sample: sync-ratio's loop, and
+        sync's with `--gate schedule` (the limiter then never blocks the loop's inserts)."""
+        first, per_step = self.args.first_step_at, self.args.inserts_per_step
+        owed = 0.0
         while not self.stop.is_set():
             self.insert()
-            if self.inserts < self.args.min_size:
+            if self.inserts < first:
                 continue
-            if self.inserts == self.args.min_size:
-                owed = per_batch  # Acme's Agent steps once min_observations are in
+            if self.inserts == first:
+                owed = per_step  # Acme's Agent steps once min_observations are in
             else:
                 owed += 1.0
-            while owed >= per_batch and not self.stop.is_set():
+            # Under one insert a step (per_step < 1), several steps follow one insert.
+            while owed >= per_step and not self.stop.is_set():
                 self.learn()
-                owed -= per_batch
+                owed -= per_step
+
+    def may_insert(self) -> bool:
+        """`--max-items-ahead N`: past min_size, the actor stays under N items ahead of the
+        items the learner's batches consumed (consumed samples / samples_per_insert)."""
+        ahead = self.inserts - self.args.min_size
+        consumed = self.batches * self.args.batch_size / self.args.samples_per_insert
+        return ahead < 0 or ahead < self.args.max_items_ahead + consumed
 
     def run_actor(self) -> None:
         lag, seen, since = self.args.max_policy_lag, self.learner_steps, 0
         while not self.stop.is_set():
+            if self.args.max_items_ahead is not None and not self.may_insert():
+                assert self.actor is not None
+                with self.actor.waiting("learner"):
+                    while not self.may_insert() and not self.stop.is_set():
+                        time.sleep(0.0005)
+                continue  # the stop flag is checked again before inserting
             self.insert()
             if self.actor is not None:
                 self.actor.step()
@@ -214,6 +262,40 @@ def watch(loop: Loop, args: argparse.Namespace, started: float) -> dict[str, Any
             return {"outcome": "timeout"}
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses options the chosen layout would ignore, and fills the defaults that depend on
+    other options."""
+    if args.layout == "async-lag" and bool(args.max_policy_lag) == (args.max_items_ahead
+                                                                     is not None):
+        p.error("--layout async-lag needs one of --max-policy-lag, --max-items-ahead")
+    if args.max_items_ahead is not None and (args.layout != "async-lag"
+                                             or args.max_items_ahead < 0):
+        p.error("--max-items-ahead is a number >= 0 for --layout async-lag")
+    if args.gate == "schedule" and args.layout != "sync":
+        p.error("--gate is for --layout sync (sync-ratio steps on its schedule already)")
+    scheduled = args.layout == "sync-ratio" or args.gate == "schedule"
+    if not scheduled and (args.first_step_at is not None or args.inserts_per_step is not None):
+        p.error("--first-step-at and --inserts-per-step are for a loop on a schedule "
+                "(--layout sync-ratio, or sync with --gate schedule)")
+    if args.acme_bound and scheduled:
+        p.error("--acme-bound is the can-sample gate's")
+    if args.first_step_at is None:
+        args.first_step_at = args.min_size
+    if args.inserts_per_step is None:
+        args.inserts_per_step = args.batch_size / args.samples_per_insert
+    if scheduled and (args.first_step_at < 1 or not args.inserts_per_step > 0):
+        p.error("--first-step-at must be >= 1 and --inserts-per-step > 0")
+    if args.pipeline == "after-interleave":
+        if args.shape != "per-worker":
+            p.error("--shape repeat is Acme's pipeline (--pipeline per-worker)")
+        if args.cycle_length is None:
+            args.cycle_length = min(args.batch_size, 32)
+        if args.cycle_length < 1:
+            p.error("--cycle-length must be >= 1")
+    elif args.cycle_length is not None:
+        p.error("--cycle-length is for --pipeline after-interleave")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layout", choices=("sync", "sync-ratio", "async", "async-lag"),
@@ -224,9 +306,31 @@ def main() -> None:
     p.add_argument("--min-size", type=int, default=1000)
     p.add_argument("--error-buffer", type=float, required=True)
     p.add_argument("--max-size", type=int, default=100_000)
-    p.add_argument("--max-in-flight", type=int, default=None, help="default 2 x batch")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="default 2 x batch; after-interleave: 3 x (batch // cycle length)")
     p.add_argument("--prefetch", type=int, default=0, help="tf.data prefetch after interleave")
     p.add_argument("--max-policy-lag", type=int, default=None)
+    p.add_argument("--max-items-ahead", type=int, default=None,
+                   help="async-lag: the actor's bound in items ahead of the consumed samples "
+                        "/ samples_per_insert (instead of --max-policy-lag)")
+    p.add_argument("--gate", choices=("can-sample", "schedule"), default="can-sample",
+                   help="sync: step while the table can sample (Acme's LocalLayout), or on "
+                        "sync-ratio's schedule whatever it can")
+    p.add_argument("--undeclared-gate", action="store_true",
+                   help="the probe is not told the loop's gate: the sidecar learns it")
+    p.add_argument("--first-step-at", type=int, default=None,
+                   help="schedule: inserts before the first next() (default --min-size)")
+    p.add_argument("--inserts-per-step", type=float, default=None,
+                   help="schedule: inserts between next() calls, under 1 for several steps an "
+                        "insert (default batch / samples_per_insert)")
+    p.add_argument("--pipeline", choices=("per-worker", "after-interleave"),
+                   default="per-worker",
+                   help="each interleaved dataset batches (Acme), or one batch after the "
+                        "interleave (TF-Agents; --workers is its num_parallel_calls)")
+    p.add_argument("--cycle-length", type=int, default=None,
+                   help="after-interleave: datasets interleaved (default min(batch, 32))")
+    p.add_argument("--workers-per-iterator", type=int, default=-1,
+                   help="each TrajectoryDataset's num_workers_per_iterator (-1: Reverb's)")
     p.add_argument("--shape", choices=("per-worker", "repeat"), default="per-worker")
     p.add_argument("--item", choices=("small", "frames"), default="small")
     p.add_argument("--item-size-from-signature", action="store_true",
@@ -244,8 +348,7 @@ def main() -> None:
                    help="seconds between the start line and the first insert (a sidecar "
                         "attached from the start sees the configuration first)")
     args = p.parse_args()
-    if args.layout == "async-lag" and not args.max_policy_lag:
-        p.error("--layout async-lag needs --max-policy-lag")
+    check_args(p, args)
 
     item = (FRAME_SHAPE, tf.uint8) if args.item == "frames" else (SMALL_SHAPE, tf.float32)
     table = make_table(args, *item)
@@ -253,29 +356,44 @@ def main() -> None:
     address = f"localhost:{server.port}"
     client = reverb.Client(address)
     item_bytes = int(np.prod(item[0])) * (1 if args.item == "frames" else 4)
+    # The probes' newer declarations go in where this checkout's probes take them.
+    scheduled = args.layout == "sync-ratio" or args.gate == "schedule"
+    # The loop says when it calls next(), as a job that knows its loop does; with
+    # --undeclared-gate the sidecar has only the loop's calls to learn it from.
+    gate: dict[str, Any] = {}
+    if args.layout.startswith("sync") and not args.undeclared_gate:
+        gate = ({"gate": "schedule", "inserts_per_step": args.inserts_per_step,
+                 "first_step_at": args.first_step_at} if scheduled else {"gate": "can_sample"})
+    after = args.pipeline == "after-interleave"
     trainer = TrainerProbe(
         batch_size=args.batch_size, num_parallel_calls=args.workers,
         prefetch_size=args.prefetch or None, table=TABLE, name="learner",
-        max_in_flight=args.max_in_flight or 2 * args.batch_size,
+        max_in_flight=in_flight(args),
         iterators_per_worker=3 if args.shape == "repeat" else 1,
-        item_bytes=None if args.item_size_from_signature else item_bytes)
-    actor = (ActorProbe(table=TABLE, name="actor", max_policy_lag=args.max_policy_lag)
+        item_bytes=None if args.item_size_from_signature else item_bytes,
+        batch_after_interleave=after, cycle_length=args.cycle_length if after else None,
+        **gate)
+    bound = {"max_policy_lag": args.max_policy_lag, "max_items_ahead": args.max_items_ahead}
+    actor = (ActorProbe(table=TABLE, name="actor", **bound)
              if args.layout.startswith("async") else None)
     iterator = make_dataset(address, args).as_numpy_iterator()
-    if args.layout == "sync":
-        iterator = Prefetching(iterator)
+    if args.layout == "sync" and not scheduled:
+        iterator = Prefetching(iterator)  # the can-sample gate asks it whether it is ready()
     loop = Loop(args, table, client, trainer.wrap(iterator), trainer, actor)
     probe_port = trainer.start()
     actor_port = actor.start() if actor else None
-    print(json.dumps({"reverb": address, "pid": os.getpid(),
-                      "probe": f"http://127.0.0.1:{probe_port}",
-                      "actor_probe": f"http://127.0.0.1:{actor_port}" if actor_port else None}),
-          flush=True)
+    start = {"reverb": address, "pid": os.getpid(),
+             "probe": f"http://127.0.0.1:{probe_port}",
+             "actor_probe": f"http://127.0.0.1:{actor_port}" if actor_port else None}
+    if args.pipeline == "after-interleave":
+        start.update(pipeline=args.pipeline, cycle_length=args.cycle_length,
+                     in_flight=in_flight(args), workers_per_iterator=args.workers_per_iterator)
+    print(json.dumps(start), flush=True)
     time.sleep(args.start_delay)
     started = time.time()
-    targets = {"sync": [loop.run_sync], "sync-ratio": [loop.run_sync_ratio],
-               "async": [loop.run_actor, loop.run_learner],
-               "async-lag": [loop.run_actor, loop.run_learner]}[args.layout]
+    targets = ([loop.run_schedule] if scheduled
+               else [loop.run_sync] if args.layout == "sync"
+               else [loop.run_actor, loop.run_learner])
     for target in targets:
         threading.Thread(target=target, daemon=True).start()
     result = watch(loop, args, started)

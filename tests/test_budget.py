@@ -27,6 +27,7 @@ from replaywatch.diagnosis.budget import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCAL = Layout("sync", gate=CAN_SAMPLE)  # Acme's LocalLayout: it steps while can_sample
 
 
 def cell(layout: str, workers: int, batch: int, spi: float, e: float, min_size: int = 1000,
@@ -276,8 +277,8 @@ def test_large_items_answer_fewer_samples_a_request_so_the_burst_strands_more() 
     assert budget.burst_strandable(small) == 11 * 240 + 255
     assert budget.burst_strandable(frames) == 11 * 254 + 255
     lim = Limiter.ratio(128, 2000, 2950, insert_blocking=False)
-    assert budget.predict(lim, small, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
-    assert budget.predict(lim, frames, Layout("sync", gate=CAN_SAMPLE)).verdict == CAN_HANG
+    assert budget.predict(lim, small, LOCAL).verdict == SAFE
+    assert budget.predict(lim, frames, LOCAL).verdict == CAN_HANG
 
 
 def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker() -> None:
@@ -286,13 +287,13 @@ def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker
     # (the seed's numbers hung so after 10,958 batches; a batch of 164 hung too).
     frames = Dataset(12, 256, iterators_per_worker=3, item_bytes=84 * 84 * 9)
     lim = Limiter.ratio(128, 2000, 50_000, insert_blocking=False)  # above 39,900 strandable
-    b = budget.predict(lim, frames, Layout("sync", gate=CAN_SAMPLE))
+    b = budget.predict(lim, frames, LOCAL)
     assert b.verdict == CAN_HANG and "17 samples an answer" in b.reason
-    fixes = budget.fixes(lim, frames, Layout("sync", gate=CAN_SAMPLE))
+    fixes = budget.fixes(lim, frames, LOCAL)
     assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
     # Small items: one answer carries a batch, so the warm-up arithmetic decides.
     small = Dataset(12, 256, iterators_per_worker=3, item_bytes=16)
-    assert budget.predict(lim, small, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
+    assert budget.predict(lim, small, LOCAL).verdict == SAFE
     # A loop that steps by count keeps error_buffer held, so frames change nothing there.
     ratio = Limiter.ratio(128, 2000, 50_000)
     assert budget.predict(ratio, frames, Layout("sync-ratio")).verdict == SAFE
@@ -324,16 +325,16 @@ def test_where_one_worker_alone_still_strands_the_fix_is_a_pair() -> None:
     # one worker together with the least error_buffer that is safe for it.
     lim = Limiter.ratio(4, 1000, 100, insert_blocking=False)
     frames = Dataset(2, 64, iterators_per_worker=3, item_bytes=84 * 84 * 9)
-    (fix,) = budget.fixes(lim, frames, Layout("sync", gate=CAN_SAMPLE))
+    (fix,) = budget.fixes(lim, frames, LOCAL)
     assert (fix.knob, fix.value) == ("num_parallel_calls", 1)
     assert fix.together is not None and fix.together.knob == "error_buffer"
     one = replace(frames, workers=1)
     value = fix.together.value
-    assert budget.predict(lim.with_error_buffer(value), one, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
-    assert budget.predict(lim.with_error_buffer(value - 1), one, Layout("sync", gate=CAN_SAMPLE)).verdict != SAFE
+    assert budget.predict(lim.with_error_buffer(value), one, LOCAL).verdict == SAFE
+    assert budget.predict(lim.with_error_buffer(value - 1), one, LOCAL).verdict != SAFE
     # Neither knob alone is safe.
-    assert budget.predict(lim, one, Layout("sync", gate=CAN_SAMPLE)).verdict != SAFE
-    assert budget.predict(lim.with_error_buffer(value), frames, Layout("sync", gate=CAN_SAMPLE)).verdict != SAFE
+    assert budget.predict(lim, one, LOCAL).verdict != SAFE
+    assert budget.predict(lim.with_error_buffer(value), frames, LOCAL).verdict != SAFE
     assert "together with error_buffer=" in fix.text()
     assert fix.document()["together_with"]["value"] == value  # type: ignore[index]
 
@@ -344,6 +345,6 @@ def test_a_loop_that_only_takes_ready_batches_at_warm_up_still_races_once_traine
     # is released (the rules print it).
     lim = Limiter.ratio(1, 10, 30, insert_blocking=False)
     for item_bytes in (None, 84 * 84 * 9):
-        b = budget.predict(lim, Dataset(4, 64, item_bytes=item_bytes), Layout("sync", gate=CAN_SAMPLE))
+        b = budget.predict(lim, Dataset(4, 64, item_bytes=item_bytes), LOCAL)
         assert (b.verdict, b.released) == (CAN_HANG, 64)
-    assert budget.predict(lim, Dataset(4, 64, item_bytes=16), Layout("sync", gate=CAN_SAMPLE)).released is None
+    assert budget.predict(lim, Dataset(4, 64, item_bytes=16), LOCAL).released is None

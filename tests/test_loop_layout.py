@@ -136,11 +136,13 @@ def test_a_hand_written_loop_with_a_finite_max_diff_is_named_worker_starvation(
                 ["--stall-window-s", "3", "--min-history-s", "2"])
     found = {f["kind"]: f for f in doc["findings"]}
     starved = found["worker_starvation"]
-    assert starved["evidence"]["layout"] == "sync-ratio"
+    assert starved["evidence"]["layout"] == "sync"
     assert starved["evidence"]["layout_basis"] == "loop writer"
+    assert starved["evidence"]["gate"] == "schedule"
     assert "most likely" not in starved["fix"].lower()
+    # A first step 2 inserts past min_size has released 20 + 2 x 4 = 28 > 2 x 12.
     assert {f["knob"]: f["value"] for f in starved["evidence"]["fixes"]} == {
-        "num_parallel_calls": 1, "error_buffer": 30, "batch_size": 12}
+        "num_parallel_calls": 1, "error_buffer": 30, "batch_size": 12, "first_step_at": 1002}
     assert "sample_blocked" not in found
 
 
@@ -160,7 +162,29 @@ def test_one_worker_below_a_batch_is_named_before_the_first_next(tmp_path: Path)
     assert certain["evidence"]["released_samples"] == 100
     assert certain["evidence"]["layout_basis"] == "loop writer"
     assert {f["knob"]: f["value"] for f in certain["evidence"]["fixes"]} == {
-        "error_buffer": 256, "batch_size": 100}
+        "error_buffer": 256, "batch_size": 100, "first_step_at": 1002}
+
+
+def test_a_scheduled_loop_that_declares_nothing_is_a_risk_then_proven_when_it_asks(
+        tmp_path: Path) -> None:
+    # The same loop with only its iterator and writer wrapped (no gate said): before its first
+    # next() a loop that waits on can_sample could not hang here, one on a schedule will, so
+    # it is a risk (warning) with verdict will_hang. Once it sits in next() for a batch the
+    # limiter never released, it steps on a schedule: certain, critical.
+    cell = ["--layout", "sync-ratio", "--workers", "1", "--batch-size", "256",
+            "--samples-per-insert", "128", "--min-size", "1000", "--error-buffer", "100",
+            "--undeclared-gate"]
+    doc = check(tmp_path, [*cell, "--start-delay", "4"], 1.5, "undeclared-before")
+    (risk,) = [f for f in doc["findings"] if f["kind"] == "deadlock_risk"]
+    assert (risk["severity"], risk["evidence"]["verdict"]) == ("warning", "will_hang")
+    assert risk["evidence"]["gate"] == "unknown" and "gate is unknown" in risk["summary"]
+    assert not [f for f in doc["findings"] if f["severity"] == "critical"]
+    doc = check(tmp_path, cell, 8.0, "undeclared-asked")
+    (probe,) = [p["snapshot"] for p in doc["probes"]]
+    assert probe["blocked_in_next"] and probe["batches_retrieved"] == 0
+    (certain,) = [f for f in doc["findings"] if f["kind"] == "batch_exceeds_headroom"]
+    assert certain["evidence"]["gate"] == "schedule"
+    assert "which a loop that waits on can_sample never does" in certain["evidence"]["gate_basis"]
 
 
 def test_the_item_size_comes_from_the_table_signature_when_the_probe_does_not_say(

@@ -174,8 +174,6 @@ def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None
     argv += ["--item-bytes", str(cell.model()[1].item_bytes)]
     if cell.shape == "repeat":
         argv += ["--iterators-per-worker", "3"]
-    if cell.layout == "sync":
-        argv += ["--gate", "can-sample"]
     out = io.StringIO()
     from replaywatch.cli import build_parser
     from replaywatch.predict import run_predict

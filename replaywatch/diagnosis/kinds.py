@@ -120,9 +120,11 @@ WRITER_STALLED = Kind(
 BATCH_EXCEEDS_HEADROOM = Kind(
     Name.BATCH_EXCEEDS_HEADROOM, Severity.CRITICAL, needs_probe=True,
     meaning="The budget model's `will_hang`, with the layout known (probe, loop writer or "
-            "`--layout`): once inserting stops the limiter releases fewer samples than one "
-            "batch (or a lag bound frees less than a batch a step), so the learner will block "
-            "in `next()` for good. Judged on the first poll, before the first `next()`.",
+            "`--layout`) and a synchronous loop's gate known (declared, learned from its "
+            "`next()` calls) or hanging under either: when the learner asks, the limiter has "
+            "released fewer samples than one batch (or a bound frees less than a batch a "
+            "step), so the learner will block in `next()` for good. Judged on the first poll, "
+            "before the first `next()`.",
     fix="Apply one of the fixes the finding lists (each proven by the model).",
     # A batch that never fits is the certain form of the predicted risk.
     supersedes=(Name.DEADLOCK_RISK,))
@@ -149,7 +151,9 @@ DEADLOCK_RISK = Kind(
     meaning="The budget model's `can_hang`, predicted from the configuration before any hang: "
             "the samples the limiter releases once inserting stops fit in what the batching "
             "workers can hold without completing a batch. With the layout unknown (only where "
-            "insert blocking is disabled), its synchronous reading, beside the asynchronous one.",
+            "insert blocking is disabled), its synchronous reading, beside the asynchronous one; "
+            "with a loop's gate unknown, the worse of its can_sample and scheduled readings "
+            "(a `will_hang` only on a schedule is a risk until the loop's calls settle it).",
     fix="Apply one of the fixes the finding lists (each proven by the model), before it "
         "hangs; `replaywatch predict` gives the same before the job starts.")
 SPI_DRIFT = Kind(

@@ -50,6 +50,10 @@ DECLARED, LOOP_WRITER, ACTOR_PROBES = "declared", "loop writer", "actor probes"
 LEARNED = "learned"
 # next() calls whose strides decide a gate: fewer could be a warm-up accident.
 GATE_STRIDES = 8
+# A loop this long inside next() inserts nothing meanwhile, so the table's newest counters
+# (polled after the wait began) are what it asked against; a shorter wait may be compared
+# with counters from before its last inserts.
+ASKED_EARLY_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +151,8 @@ def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
                                        first_step_at=p.first_step_at)
     if known.kind == budget.SYNC_RATIO:
         return dataclasses.replace(known, gate=budget.SCHEDULE, gate_basis=DECLARED)
-    for p in probes:
+    # Strides count the loop's own inserts: only a probe that wraps its writer has them.
+    for p in (p for p in probes if p.writers_wrapped or p.items_inserted):
         learned = asked_early(table, p) or learned_gate(p.next_strides)
         if learned is not None:
             return dataclasses.replace(known, **learned)
@@ -156,7 +161,8 @@ def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
 
 def asked_early(t: TableSnapshot, p: ProbeSnapshot) -> dict[str, Any] | None:
     """A loop inside next() for a batch its limiter has not released (module docstring)."""
-    if not p.blocked_in_next or not p.batch_size or p.next_strides is None:
+    if (not p.blocked_in_next or p.blocked_for_s < ASKED_EARLY_S or not p.batch_size
+            or p.next_strides is None):
         return None
     rl = t.rate_limiter
     released = (math.floor(rl.inserts * rl.samples_per_insert - rl.min_diff)

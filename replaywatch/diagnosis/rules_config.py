@@ -7,6 +7,9 @@ snapshot proves them, so they are named on the first poll, before any next() blo
     will_hang, layout known      batch_exceeds_headroom (critical): no batch will complete
     can_hang, layout known       deadlock_risk (warning), with the released and strandable
                                  samples and the fixes the model proves
+    will_hang, a loop's gate     deadlock_risk (warning) when only the scheduled reading
+    unknown                      hangs: the loop's own next() calls settle the gate, and a
+                                 loop that waits on can_sample is not paged meanwhile
     layout unknown, insert       deadlock_risk when the synchronous reading is not safe, with
     blocking disabled            the asynchronous reading beside it and what settles it:
                                  inserts that never block are what Acme's LocalLayout sets
@@ -80,10 +83,26 @@ def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayou
     return budget.predict(limiter_of(case.latest), ds, model), known, model
 
 
+def _certain(case: TableCase, probe: Probe,
+             got: tuple[budget.Budget, lay.KnownLayout, budget.Layout]) -> bool:
+    """will_hang under the known layout, and, a loop's gate unknown, under either gate: a
+    loop that may wait on can_sample is not paged for what only a schedule would do."""
+    b, known, model = got
+    if b.verdict != budget.WILL_HANG or not known.known:
+        return False
+    if not model.synchronous or model.loop_gate is not None:
+        return True
+    ds = dataset_of(probe[-1], case.latest)
+    assert ds is not None
+    return budget.predict(limiter_of(case.latest), ds,
+                          model.gated(budget.CAN_SAMPLE)).verdict == budget.WILL_HANG
+
+
 def is_batch_exceeds_headroom(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
-    """The layout is known and the model says no batch will complete once inserting stops."""
+    """The layout (and a loop's gate) known, the model says no batch will complete once
+    inserting stops."""
     got = judged(case, probe)
-    if got is None or got[0].verdict != budget.WILL_HANG or not got[1].known:
+    if got is None or not _certain(case, probe, got):
         return None
     return _finding(kinds.BATCH_EXCEEDS_HEADROOM, case, probe, *got)
 
@@ -94,7 +113,7 @@ def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding |
     got = judged(case, probe)
     if got is None or got[0].verdict == budget.SAFE:
         return None
-    if got[0].verdict == budget.WILL_HANG and got[1].known:
+    if _certain(case, probe, got):
         return None  # batch_exceeds_headroom names it
     return _finding(kinds.DEADLOCK_RISK, case, probe, *got)
 

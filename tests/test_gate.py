@@ -1,0 +1,67 @@
+"""A synchronous loop's gate, learned from its own next() calls (diagnosis/layout.py): the
+strides of a schedule, the bursts of a loop that waits on can_sample, and a loop inside next()
+for a batch its limiter never released."""
+
+from __future__ import annotations
+
+import pytest
+
+from replaywatch.diagnosis import layout as lay
+from replaywatch.diagnosis.budget import CAN_SAMPLE, SCHEDULE
+from replaywatch.model import FLOAT_MAX, NextStrides
+from tests.builders import probe_snapshot, table_history
+
+# (name, strides, gate learned, inserts_per_step)
+STRIDES = [
+    ("too_few_calls_say_nothing", NextStrides(1000, 1028, 7, 4, 4), None, None),
+    ("a_schedule_of_4_moves_in_4s", NextStrides(1000, 1032, 8, 4, 4), SCHEDULE, 4.0),
+    ("a_schedule_of_2_5_moves_in_2s_and_3s", NextStrides(200, 225, 10, 2, 3), SCHEDULE, 2.5),
+    ("several_steps_an_insert_move_in_0s_and_1s", NextStrides(200, 204, 12, 0, 1), SCHEDULE,
+     1 / 3),
+    ("a_burst_and_wide_strides_wait_on_can_sample", NextStrides(1000, 1600, 20, 0, 256),
+     CAN_SAMPLE, None),
+    ("wide_strides_never_zero_are_neither", NextStrides(1000, 1100, 20, 2, 9), None, None),
+]
+
+
+@pytest.mark.parametrize("name,strides,gate,k", STRIDES, ids=[s[0] for s in STRIDES])
+def test_learned_gate(name: str, strides: NextStrides, gate: str | None, k: float | None
+                      ) -> None:
+    learned = lay.learned_gate(strides)
+    assert (learned or {}).get("gate") == gate
+    if k is not None:
+        assert learned is not None and learned["inserts_per_step"] == pytest.approx(k)
+        assert learned["first_step_at"] == strides.inserts_at_first
+
+
+def sync_table(inserts: int, e: float = 100.0):
+    # spi 1, min_size 1000, insert blocking disabled: released = inserts - 1000 + e.
+    return table_history([1000.0], inserts, 0, size=min(inserts, 5000), spi=1.0,
+                         min_size=1000, min_diff=1000.0 - e, max_diff=FLOAT_MAX)[-1]
+
+
+def loop_probe(blocked_for: float, batches: int = 0, **declared):
+    return probe_snapshot(1000.0, batches, blocked_for=blocked_for, batch_size=256,
+                          writers_wrapped=1, items_inserted=1000,
+                          next_strides=NextStrides(1000, 1000, 0, 0, 0), **declared)
+
+
+def test_a_loop_inside_next_for_a_batch_never_released_steps_on_a_schedule() -> None:
+    # 100 released and none consumed, the loop asks for 256: no can_sample loop does that.
+    known = lay.resolve(sync_table(1000), (loop_probe(3.0),), ())
+    assert (known.kind, known.gate, known.first_step_at) == ("sync", SCHEDULE, 1000)
+    assert "100 released and unconsumed" in str(known.gate_basis)
+    # A moment inside next() may be compared with counters from before its last inserts.
+    assert lay.resolve(sync_table(1000), (loop_probe(0.5),), ()).gate is None
+    # A batch's worth released: a loop that waits on can_sample may be inside next() too.
+    assert lay.resolve(sync_table(1156), (loop_probe(3.0),), ()).gate is None
+
+
+def test_a_declared_gate_wins_and_a_probe_without_the_loop_writer_learns_nothing() -> None:
+    declared = loop_probe(3.0, gate=CAN_SAMPLE)
+    known = lay.resolve(sync_table(1000), (declared,), ())
+    assert (known.gate, known.gate_basis) == (CAN_SAMPLE, "declared")
+    # Its inserts not counted, the probe's strides say nothing of the loop's gate.
+    unwrapped = probe_snapshot(1000.0, 0, blocked_for=3.0, batch_size=256,
+                               next_strides=NextStrides(0, 0, 20, 0, 0))
+    assert lay.synchronous_reading(sync_table(1000), (unwrapped,)).gate is None
