@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-fixes bench-long bench-bundles system-deps venv launchpad-venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -108,6 +108,12 @@ bench:
 # an hour more for the seed's cell (its own loop, 8 minutes a run), so apart from make bench. Its table replaces the "Prediction grid" section of bench/RESULTS.md.
 bench-grid: $(STAMP)
 	$(PY) -m bench.predict_grid --runs 2 --results bench/RESULTS.md
+
+# Shapes not our own (bench/predict_shapes_cells.json): loops that step on a schedule,
+# TF-Agents' batch after the interleave, actors paced ahead of what was consumed; a table per
+# family in bench/RESULTS.md (about 20 minutes).
+bench-grid-shapes: $(STAMP)
+	$(PY) -m bench.predict_grid --shapes --runs 2 --results bench/RESULTS.md
 
 # What the fixes say beyond their value (about 25 minutes): each error_buffer fix at its value,
 # the one above and the next hundred, and the pair fixes (one pair on the seed's own loop for

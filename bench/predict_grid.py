@@ -44,10 +44,13 @@ from typing import Any
 from bench.results_md import replace_sections
 from harness.procs import PYTHON, ROOT, Proc
 from replaywatch import config as cfg
-from replaywatch.diagnosis import budget
+from replaywatch.diagnosis import budget, budget_fixes
 from replaywatch.wiring import build_sidecar
 
 HEADING = "## Prediction grid"
+# Not "## Prediction grid..." : replace_sections matches a heading by its start.
+SHAPES_HEADING = "## Shapes not our own: the prediction grid"
+SHAPES_JSON = Path(__file__).resolve().parent / "predict_shapes_cells.json"
 CAN_HANG_RUNS = 8  # a race may need several runs to be seen
 CELLS_JSON = ROOT / "bench" / "predict_grid_cells.json"
 
@@ -105,10 +108,10 @@ class Cell:
     def predict(self) -> budget.Budget:
         return budget.predict(*self.model())
 
-    def fixed(self, fix: budget.Fix) -> Cell:
+    def fixed(self, fix: budget_fixes.Fix) -> Cell:
         """The cell with the fix applied, both knobs of a pair."""
         changes: dict[str, Any] = {}
-        part: budget.Fix | None = fix
+        part: budget_fixes.Fix | None = fix
         while part is not None:
             key = {"num_parallel_calls": "workers", "max_policy_lag": "lag",
                    "max_items_ahead": "ahead"}.get(part.knob, part.knob)
@@ -150,6 +153,12 @@ def default_cells() -> list[Cell]:
     """Around each configuration's boundaries: below a batch, inside the band, above what
     the iterators can strand (bench/predict_grid_cells.json is this list, for the tests)."""
     return [Cell(**c) for c in json.loads(CELLS_JSON.read_text())]
+
+
+def shape_cells() -> list[Cell]:
+    """Shapes not our own: scheduled loops, TF-Agents' pipeline, actors paced ahead of what
+    was consumed, each around its boundaries."""
+    return [Cell(**c) for c in json.loads(SHAPES_JSON.read_text())]
 
 
 def one_cpu_prefix() -> list[str]:
@@ -233,7 +242,7 @@ def run_cell(cell: Cell, runs: int, workdir: Path, fixes: bool = True) -> dict[s
         for r in results)
     row["fixes"] = []
     if fixes:
-        for fix in budget.fixes(*cell.model()):
+        for fix in budget_fixes.fixes(*cell.model()):
             fixed = cell.fixed(fix)
             run = run_once(fixed, workdir, one_cpu=True)
             row["fixes"].append({"fix": fix.text(), "cell": fixed.name,
@@ -263,7 +272,7 @@ PAIR_CELLS = (
 )
 
 
-def _buffer_fix(fix: budget.Fix, value: int) -> budget.Fix:
+def _buffer_fix(fix: budget_fixes.Fix, value: int) -> budget_fixes.Fix:
     """`fix` with its error_buffer (itself, or the second knob of a pair) at `value`."""
     if fix.together is not None:
         return dataclasses.replace(fix, together=dataclasses.replace(fix.together, value=value))
@@ -278,7 +287,7 @@ def run_buffer_fixes(cells: list[Cell], runs: int, workdir: Path) -> list[dict[s
     seen: set[str] = set()
     for cell in cells:
         seed = cell.loop == "seed"
-        for fix in budget.fixes(*cell.model()):
+        for fix in budget_fixes.fixes(*cell.model()):
             buffer = fix.together if fix.together is not None else fix
             if buffer.knob != "error_buffer":
                 continue
@@ -296,7 +305,7 @@ def run_buffer_fixes(cells: list[Cell], runs: int, workdir: Path) -> list[dict[s
     return rows
 
 
-def _fix_values(fix: budget.Fix) -> str:
+def _fix_values(fix: budget_fixes.Fix) -> str:
     """error_buffer=30, or num_parallel_calls=1 + error_buffer=3326 for a pair."""
     parts = [f"{fix.knob}={fix.value}"]
     if fix.together is not None:
@@ -349,11 +358,11 @@ def run_batch_warnings(cells: list[Cell], runs: int, workdir: Path) -> list[dict
     for cell in cells:
         if cell.loop == "seed":
             continue
-        for fix in budget.fixes(*cell.model()):
+        for fix in budget_fixes.fixes(*cell.model()):
             if fix.knob != "batch_size" or "not always safer" not in fix.cost:
                 continue
             lim, ds, layout = cell.model()
-            warned = budget.unsafe_batches_below(lim, ds, layout, fix.value)[0]
+            warned = budget_fixes.unsafe_batches_below(lim, ds, layout, fix.value)[0]
             row = run_cell(dataclasses.replace(cell, batch_size=warned), runs, workdir,
                            fixes=False)
             rows.append({"cell": cell.name, "fix": f"batch_size={fix.value}",
@@ -409,7 +418,38 @@ def predict_seconds(runs: int = 5) -> float:
     return sorted(took)[len(took) // 2]
 
 
-def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = None) -> str:
+def family(spec: dict[str, Any]) -> str:
+    """The shape family a cell belongs to, for a table of its own."""
+    if spec.get("pipeline") == "after-interleave":
+        return "One batch after the interleave (TF-Agents' as_dataset), a scheduled loop"
+    if spec.get("gate") == "schedule":
+        return "A loop that steps on a schedule, insert blocking disabled, per-worker batching"
+    if spec.get("ahead") is not None:
+        return "Actors paced by items ahead of what the learner consumed, and by the limiter"
+    return "Acme's shapes and our harness"
+
+
+def render_shapes(rows: list[dict[str, Any]], took_s: float) -> str:
+    """The shapes grid: one summary and one table per family (`make bench-grid-shapes`)."""
+    families: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        families.setdefault(family(r["spec"]), []).append(r)
+    runs = sum(len(r["runs"]) for r in rows)
+    fixes = sum(len(r["fixes"]) for r in rows)
+    head = [f"{SHAPES_HEADING} ({len(rows)} cells, {runs} runs + {fixes} fix runs, "
+            f"{took_s / 60:.1f} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+            "",
+            "`make bench-grid-shapes` (bench/predict_shapes_cells.json): shapes the first grid "
+            "did not have, each family judged on its own. Method as in the grid above; the "
+            "harness's loop declares its gate to the probe (a test runs the undeclared one).",
+            ""]
+    parts = [render(rs, took_s, title=f"### {name}", intro=False)
+             for name, rs in families.items()]
+    return "\n".join(head) + "\n" + "\n".join(parts)
+
+
+def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = None,
+           title: str | None = None, intro: bool = True) -> str:
     n = len(rows)
     agree = sum(r["agrees"] for r in rows)
     safe_hung = sum(1 for r in rows if r["predicted"] == budget.SAFE and r["hangs"])
@@ -425,10 +465,11 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
     sure = [r for r in rows if r["predicted"] != budget.CAN_HANG]
     races = [r for r in rows if r["predicted"] == budget.CAN_HANG]
     lines = [
-        f"{HEADING} ({n} cells, {sum(len(r['runs']) for r in rows)} runs + {len(fixes)} fix "
-        f"runs, {took_s / 60:.1f} min, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        title or f"{HEADING} ({n} cells, {sum(len(r['runs']) for r in rows)} runs + "
+        f"{len(fixes)} fix runs, {took_s / 60:.1f} min, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
-        "`make bench-grid` (bench/predict_grid.py). Truth in the workload's own process "
+        *(["`make bench-grid` (bench/predict_grid.py). Truth in the workload's own process "
         "(harness/loop_workload.py): the learner inside one next() for 8 s. A sidecar polls "
         "every 0.5 s from the start line, 1.5 s before the first insert. Runs alternate "
         "between all the machine's CPUs and the workload pinned to one (`taskset -c 0`); "
@@ -437,8 +478,7 @@ def render(rows: list[dict[str, Any]], took_s: float, predict_s: float | None = 
         "when all do. Each fix the model proves is applied and run once. A `can_hang` cell is "
         "a race: whether a run hangs depends on how the released samples split across the "
         "iterators' requests and, for `sync`, on whether the loop's `can_sample(batch)` "
-        "check runs while the warm-up burst is still undrawn.",
-        "",
+        "check runs while the warm-up burst is still undrawn.", ""] if intro else []),
         f"- agreement: **{agree}/{n}** cells ({100 * agree / max(n, 1):.0f}%): the `safe` and "
         f"`will_hang` cells {sum(r['agrees'] for r in sure)}/{len(sure)}, the `can_hang` cells "
         f"(races) seen to hang {sum(r['agrees'] for r in races)}/{len(races)}",
@@ -505,19 +545,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only the error_buffer fixes, at their value and above it")
     p.add_argument("--batch-warnings", action="store_true",
                    help="run only the smaller batches the batch_size fixes warn of")
+    p.add_argument("--shapes", action="store_true",
+                   help="the cells of bench/predict_shapes_cells.json, a table per family")
     args = p.parse_args(argv)
     if args.buffer_fixes:
         return _buffer_fixes_main(args)
     if args.batch_warnings:
         return _batch_warnings_main(args)
     if args.from_json:
-        text = render(json.loads(args.from_json.read_text()), 60 * (args.took_min or 0),
-                      predict_seconds())
+        rows = json.loads(args.from_json.read_text())
+        text = (render_shapes(rows, 60 * (args.took_min or 0)) if args.shapes
+                else render(rows, 60 * (args.took_min or 0), predict_seconds()))
         print(text)
         if args.results:
             args.results.write_text(replace_sections(args.results.read_text(), [text]))
         return 0
-    cells = default_cells()
+    cells = (shape_cells() if args.shapes else default_cells())
     if args.only:
         cells = [c for c in cells if args.only in c.name]
     cells = cells[: args.cells] if args.cells else cells
@@ -537,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
-    text = render(rows, time.time() - started, predict_seconds())
+    text = (render_shapes(rows, time.time() - started) if args.shapes
+            else render(rows, time.time() - started, predict_seconds()))
     print(text)
     if args.results:
         args.results.write_text(replace_sections(args.results.read_text(), [text]))

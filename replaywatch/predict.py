@@ -19,7 +19,7 @@ import time
 from typing import IO, Any
 
 from replaywatch.config import parse_address, read_toml
-from replaywatch.diagnosis import budget
+from replaywatch.diagnosis import budget, budget_fixes
 from replaywatch.diagnosis.rules_config import limiter_of
 from replaywatch.errors import ConfigError, SourceError
 from replaywatch.model import LAYOUTS
@@ -221,7 +221,7 @@ def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
     b = budget.predict(lim, ds, layout)
     return {"verdict": b.verdict, "budget": b.released, "strandable": b.strandable,
             "safe_from": b.needed, "reason": b.reason,
-            "fixes": [f.document() for f in budget.fixes(lim, ds, layout)],
+            "fixes": [f.document() for f in budget_fixes.fixes(lim, ds, layout)],
             "limiter": {"samples_per_insert": lim.samples_per_insert,
                         "min_size_to_sample": lim.min_size_to_sample,
                         "min_diff": lim.min_diff,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from replaywatch.diagnosis import budget
+from replaywatch.diagnosis import budget, budget_fixes
 from replaywatch.diagnosis.budget import (
     CAN_HANG,
     CAN_SAMPLE,
@@ -159,21 +159,20 @@ def test_every_fix_is_proven_safe_and_changes_the_value(
         name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
         released: float | None, strand: float) -> None:
     lim, ds, layout = config
-    fixes = budget.fixes(lim, ds, layout)
+    fixes = budget_fixes.fixes(lim, ds, layout)
     assert bool(fixes) == (verdict != SAFE)
     for fix in fixes:
         assert fix.value != fix.was
         assert budget.predict(*applied(config, fix)).verdict == SAFE, fix.text()
 
 
-def applied(config: tuple[Limiter, Dataset, Layout], fix: budget.Fix
+def applied(config: tuple[Limiter, Dataset, Layout], fix: budget_fixes.Fix
             ) -> tuple[Limiter, Dataset, Layout]:
     """The configuration with one fix's knob set to its value."""
     lim, ds, layout = config
     v = fix.value
     return {"num_parallel_calls": lambda: (lim, replace(ds, workers=v), layout),
-            "cycle_length": lambda: (lim, replace(ds, cycle_length=v,
-                                                   max_in_flight=ds.in_flight), layout),
+            "cycle_length": lambda: (lim, replace(ds, cycle_length=v), layout),
             "error_buffer": lambda: (lim.with_error_buffer(v), ds, layout),
             "batch_size": lambda: (lim, replace(ds, batch_size=v), layout),
             "max_policy_lag": lambda: (lim, ds, replace(layout, max_policy_lag=v)),
@@ -185,7 +184,7 @@ def applied(config: tuple[Limiter, Dataset, Layout], fix: budget.Fix
 
 def test_fixes_are_the_smallest_change_the_model_calls_safe() -> None:
     lim, ds, layout = cell("sync-ratio", 12, 64, 8, 300)
-    by_knob = {f.knob: f.value for f in budget.fixes(lim, ds, layout)}
+    by_knob = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, layout)}
     # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300;
     # a first step 58 inserts past min_size has released 300 + 8 x 58 = 764 > 756.
     assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25,
@@ -224,7 +223,7 @@ def test_a_batch_fix_warns_where_a_smaller_batch_can_hang_again() -> None:
     # the release is error_buffer alone (40) against 2 x (b - 1): a user who rounds 56 down
     # to 32 would hang.
     lim, ds, layout = sized(cell("sync", 2, 64, 64, 40), 16)
-    (fix,) = [f for f in budget.fixes(lim, ds, layout) if f.knob == "batch_size"]
+    (fix,) = [f for f in budget_fixes.fixes(lim, ds, layout) if f.knob == "batch_size"]
     assert fix.value == 56
     assert fix.text().endswith("a smaller one is not always safer: 53-55, 25-40 can hang)")
     for b in (*range(53, 56), *range(25, 41)):
@@ -232,13 +231,13 @@ def test_a_batch_fix_warns_where_a_smaller_batch_can_hang_again() -> None:
     assert budget.predict(lim, replace(ds, batch_size=48), layout).verdict == SAFE
     # Where every smaller batch is safe, nothing is added (the seed's cell: 164).
     seed = sized(cell("sync", 12, 256, 128, 25600, 2000, iterators=3), 16)
-    (seed_fix,) = [f for f in budget.fixes(*seed) if f.knob == "batch_size"]
+    (seed_fix,) = [f for f in budget_fixes.fixes(*seed) if f.knob == "batch_size"]
     assert seed_fix.value == 164 and "not always safer" not in seed_fix.text()
-    assert budget._spans([55, 54, 53, 40, 39, 30, 20, 19, 10]) == "53-55, 39-40, 30, ..."
+    assert budget_fixes._spans([55, 54, 53, 40, 39, 30, 20, 19, 10]) == "53-55, 39-40, 30, ..."
 
 
 def _buffer_fix(config: tuple[Limiter, Dataset, Layout]) -> int | None:
-    return next((f.value for f in budget.fixes(*config) if f.knob == "error_buffer"), None)
+    return next((f.value for f in budget_fixes.fixes(*config) if f.knob == "error_buffer"), None)
 
 
 def test_a_lag_bound_below_a_batch_per_step_is_fixed_by_the_lag_not_the_buffer() -> None:
@@ -246,7 +245,7 @@ def test_a_lag_bound_below_a_batch_per_step_is_fixed_by_the_lag_not_the_buffer()
     # (the old fix suggested 32, which still hung), nor does a lag of 8 (grid: it hung);
     # a lag of 16 frees 64 > 4 x 15 after every step.
     lim, ds, layout = cell("async-lag", 4, 16, 4, 32, lag=3)
-    by_knob = {f.knob: f.value for f in budget.fixes(lim, ds, layout)}
+    by_knob = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, layout)}
     assert "error_buffer" not in by_knob and "num_parallel_calls" not in by_knob
     assert by_knob["max_policy_lag"] == 16
 
@@ -258,7 +257,7 @@ def test_every_unsafe_grid_cell_has_a_single_knob_fix() -> None:
                             3 if c["shape"] == "repeat" else 1),
                        84 * 84 * 9 if c["item"] == "frames" else 16)
         if budget.predict(*config).verdict != SAFE:
-            assert budget.fixes(*config), c
+            assert budget_fixes.fixes(*config), c
 
 
 def test_bad_model_input_is_refused_with_the_value() -> None:
@@ -289,7 +288,7 @@ def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker
     lim = Limiter.ratio(128, 2000, 50_000, insert_blocking=False)  # above 39,900 strandable
     b = budget.predict(lim, frames, LOCAL)
     assert b.verdict == CAN_HANG and "17 samples an answer" in b.reason
-    fixes = budget.fixes(lim, frames, LOCAL)
+    fixes = budget_fixes.fixes(lim, frames, LOCAL)
     assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
     # Small items: one answer carries a batch, so the warm-up arithmetic decides.
     small = Dataset(12, 256, iterators_per_worker=3, item_bytes=16)
@@ -308,8 +307,8 @@ def test_an_unknown_item_size_is_not_safe_for_a_sync_loop() -> None:
     assert b.verdict == CAN_HANG
     assert "from 4,113 bytes an item" in b.reason and "smaller items: the warm-up reading, safe" \
         in b.reason
-    assert [(f.knob, f.value) for f in budget.fixes(lim, ds, layout)] == [("num_parallel_calls",
-                                                                          1)]
+    assert [(f.knob, f.value) for f in budget_fixes.fixes(lim, ds, layout)] == [
+        ("num_parallel_calls", 1)]
     assert budget.thin_item_bytes(256) == 4113
     assert budget.response_cap(replace(ds, item_bytes=4113)) < 256
     assert budget.response_cap(replace(ds, item_bytes=4112)) >= 256
@@ -325,7 +324,7 @@ def test_where_one_worker_alone_still_strands_the_fix_is_a_pair() -> None:
     # one worker together with the least error_buffer that is safe for it.
     lim = Limiter.ratio(4, 1000, 100, insert_blocking=False)
     frames = Dataset(2, 64, iterators_per_worker=3, item_bytes=84 * 84 * 9)
-    (fix,) = budget.fixes(lim, frames, LOCAL)
+    (fix,) = budget_fixes.fixes(lim, frames, LOCAL)
     assert (fix.knob, fix.value) == ("num_parallel_calls", 1)
     assert fix.together is not None and fix.together.knob == "error_buffer"
     one = replace(frames, workers=1)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from replaywatch.diagnosis import budget
+from replaywatch.diagnosis import budget, budget_fixes
 from replaywatch.diagnosis.budget import (
     AFTER_INTERLEAVE,
     CAN_HANG,
@@ -86,7 +86,7 @@ def test_every_fix_of_every_shape_is_safe_by_the_model(name: str, lim: Limiter, 
                                                        layout: Layout, verdict: str) -> None:
     from tests.test_budget import applied
 
-    fixes = budget.fixes(lim, ds, layout)
+    fixes = budget_fixes.fixes(lim, ds, layout)
     assert bool(fixes) == (verdict != SAFE)
     for fix in fixes:
         assert budget.predict(*applied((lim, ds, layout), fix)).verdict == SAFE, fix.text()
@@ -100,7 +100,7 @@ def test_a_loop_whose_gate_is_unknown_is_never_safe_on_the_can_sample_reading() 
     assert (b.verdict, b.gate, b.released) == (WILL_HANG, SCHEDULE, 100)
     assert "gate is unknown" in b.reason and "can_sample" in b.reason and "safe" in b.reason
     # Its fixes hold under both readings: starting later, or a larger error_buffer.
-    knobs = {f.knob: f.value for f in budget.fixes(lim, ds, UNKNOWN)}
+    knobs = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, UNKNOWN)}
     assert knobs["error_buffer"] == 256 and knobs["first_step_at"] == 1156
     assert "num_parallel_calls" not in knobs
 
@@ -108,7 +108,7 @@ def test_a_loop_whose_gate_is_unknown_is_never_safe_on_the_can_sample_reading() 
 def test_the_seed_still_gets_one_worker_with_the_gate_unknown() -> None:
     lim = blocking_off(128, 2000, 25_600)
     frames = Dataset(12, 256, iterators_per_worker=3, item_bytes=84 * 84 * 9)
-    fixes = budget.fixes(lim, frames, UNKNOWN)
+    fixes = budget_fixes.fixes(lim, frames, UNKNOWN)
     assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
     assert budget.predict(lim, frames, UNKNOWN).verdict == CAN_HANG
 
@@ -118,7 +118,7 @@ def test_a_schedule_that_outruns_its_inserts_hangs_after_the_credit_runs_out() -
     lim, ds = Limiter.ratio(8, 200, 40), Dataset(1, 14)
     b = budget.predict(lim, ds, Layout("sync", gate=SCHEDULE, inserts_per_step=1))
     assert b.verdict == WILL_HANG and "below a batch by step 5" in b.reason
-    knobs = {f.knob: f.value for f in budget.fixes(lim, ds, Layout("sync", gate=SCHEDULE,
+    knobs = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, Layout("sync", gate=SCHEDULE,
                                                                    inserts_per_step=1))}
     assert knobs["inserts_per_step"] == 2 and "error_buffer" not in knobs
     # A first step below min_size never gets a sample (TF-Agents' table trails its loop).
@@ -132,9 +132,10 @@ def test_after_the_interleave_unread_samplers_strand_and_more_threads_fix_it() -
     assert budget.strandable(ds) == 63 + 29 * 6
     assert budget.strandable(replace(ds, workers=32)) == 63
     lim = Limiter.ratio(16, 200, 128)
-    fixes = {f.knob: f.value for f in budget.fixes(lim, ds, Layout("sync", gate=SCHEDULE))}
-    # 63 + (32 - P) x 6 < 128 from P = 22; 10 datasets of 6 in flight (pinned) hold 105.
-    assert fixes["num_parallel_calls"] == 22 and fixes["cycle_length"] == 13
+    fixes = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, Layout("sync", gate=SCHEDULE))}
+    # 63 + (32 - P) x 6 < 128 from P = 22; 4 datasets of 3 x 16 in flight, one unread, hold
+    # 63 + 48 = 111 (5 of 36 hold 135).
+    assert fixes["num_parallel_calls"] == 22 and fixes["cycle_length"] == 4
     assert fixes["error_buffer"] == 238
 
 

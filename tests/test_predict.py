@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.predict_grid import Cell, default_cells, live_verdict
+from bench.predict_grid import Cell, default_cells, live_verdict, shape_cells
 from replaywatch.cli import main
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.engine import diagnose
@@ -154,9 +154,14 @@ def live_view(cell: Cell) -> Any:
     probe = probe_history(times, 0, workers=cell.workers, batch_size=cell.batch_size,
                           iterators_per_worker=ds.iterators_per_worker, prefetch=None,
                           item_bytes=ds.item_bytes, items_inserted=5 if synchronous else 0,
-                          gate=layout.loop_gate if synchronous else None)
+                          gate=layout.loop_gate if synchronous else None,
+                          inserts_per_step=layout.inserts_per_step,
+                          first_step_at=layout.first_step_at,
+                          batch_after_interleave=ds.after_interleave,
+                          cycle_length=cell.cycle_length)
     actors = () if synchronous else (Actor(ACTOR, tuple(
-        dataclasses.replace(actor_snapshot(t, 5), max_policy_lag=cell.lag) for t in times),
+        dataclasses.replace(actor_snapshot(t, 5), max_policy_lag=cell.lag,
+                            max_items_ahead=cell.ahead) for t in times),
         polls(times)),)
     view = target_view([table], [probe])
     if not actors:
@@ -165,11 +170,12 @@ def live_view(cell: Cell) -> Any:
                                probe_polls={**view.probe_polls, ACTOR: actors[0].polls})
 
 
-@pytest.mark.parametrize("cell", default_cells(), ids=lambda c: c.name)
+@pytest.mark.parametrize("cell", [*default_cells(), *shape_cells()], ids=lambda c: c.name)
 def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None:
     findings = diagnose(live_view(cell), DEFAULT, 1004.0).findings
     argv = [a for a in cell.args() if a not in ("--shape", "--item", cell.shape, cell.item)]
-    flags = {"--workers": "--num-parallel-calls", "--min-size": "--min-size-to-sample"}
+    flags = {"--workers": "--num-parallel-calls", "--min-size": "--min-size-to-sample",
+             "after-interleave": "tf-agents"}
     argv = [flags.get(a, a) for a in argv]
     argv += ["--item-bytes", str(cell.model()[1].item_bytes)]
     if cell.shape == "repeat":

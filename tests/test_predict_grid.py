@@ -15,7 +15,7 @@ from bench.predict_grid import (
     render_batch_warnings,
     render_buffer_fixes,
 )
-from replaywatch.diagnosis import budget
+from replaywatch.diagnosis import budget, budget_fixes
 
 
 def test_agreement_is_strict_for_safe_and_will_hang_and_needs_a_hang_for_can_hang() -> None:
@@ -26,11 +26,11 @@ def test_agreement_is_strict_for_safe_and_will_hang_and_needs_a_hang_for_can_han
 
 def test_a_fix_becomes_the_cell_it_names_and_the_workload_flags_follow() -> None:
     cell = Cell("async-lag", 4, 16, 4.0, 32.0, lag=3)
-    fixed = cell.fixed(budget.Fix("max_policy_lag", 16, 3, "older policies"))
+    fixed = cell.fixed(budget_fixes.Fix("max_policy_lag", 16, 3, "older policies"))
     assert fixed.lag == 16 and fixed.predict().verdict == budget.SAFE
     assert fixed.args()[-2:] == ["--max-policy-lag", "16"]
     fewer = Cell("sync-ratio", 12, 64, 8.0, 300.0).fixed(
-        budget.Fix("num_parallel_calls", 4, 12, "fewer"))
+        budget_fixes.Fix("num_parallel_calls", 4, 12, "fewer"))
     assert fewer.workers == 4 and "--workers" in fewer.args()
 
 
@@ -76,7 +76,7 @@ def test_an_error_buffer_fix_is_run_at_its_value_the_next_and_a_round_one() -> N
 
 def test_a_pair_fix_is_run_with_its_error_buffer_moved_and_its_worker_kept() -> None:
     (cell,) = [c for c in PAIR_CELLS if c.workers == 4 and c.batch_size == 32]
-    (fix,) = budget.fixes(*cell.model())
+    (fix,) = budget_fixes.fixes(*cell.model())
     assert _fix_values(fix) == "num_parallel_calls=1 + error_buffer=414"
     fixed = cell.fixed(_buffer_fix(fix, 500))
     assert (fixed.workers, fixed.error_buffer) == (1, 500)

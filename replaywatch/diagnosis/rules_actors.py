@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from replaywatch.diagnosis import actors as act
-from replaywatch.diagnosis import budget, kinds, rules_config
+from replaywatch.diagnosis import budget_fixes, kinds, rules_config
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence, worker_waited
@@ -121,12 +121,12 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
                 "slack (declare batch_size and num_parallel_calls to the trainer probe for "
                 "the numbers)."), []
     limiter = rules_config.limiter_of(case.latest)
-    found, note = budget.fixes(limiter, ds, model), ""
+    found, note = budget_fixes.fixes(limiter, ds, model), ""
     if not found and ds.iterators_per_worker < lim.ITERATORS_PER_WORKER_UP_TO:
         # It starved although the declared dataset cannot strand this much: more sampling
         # iterators read the table than declared, as Acme's repeat-interleave makes.
         ds = dataclasses.replace(ds, iterators_per_worker=lim.ITERATORS_PER_WORKER_UP_TO)
-        found = budget.fixes(limiter, ds, model)
+        found = budget_fixes.fixes(limiter, ds, model)
         note = (f" (judged with {ds.iterators_per_worker} sampling iterators per worker, as "
                 "Acme's make_reverb_dataset before acme dea9307 runs: the declared dataset "
                 "could not have starved)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replaywatch.diagnosis import budget, kinds
+from replaywatch.diagnosis import budget, budget_fixes, kinds
 from replaywatch.diagnosis import layout as lay
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
@@ -123,7 +123,7 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
     t, p = case.latest, probe[-1]
     ds = dataset_of(p, t)
     assert ds is not None
-    fixes = budget.fixes(limiter_of(t), ds, model)
+    fixes = budget_fixes.fixes(limiter_of(t), ds, model)
     evidence: dict[str, Any] = {
         **limiter_evidence(t), **b.evidence(), **known.evidence(), "judged_as": model.kind,
         "error_buffer": limiter_of(t).error_buffer, "workers": ds.workers,

@@ -1,0 +1,274 @@
+"""The fixes the budget model proves: for each knob, the smallest change it calls `safe`.
+
+Every search asks `budget.predict` (the model's docstring has the arithmetic), so a fix is
+safe under the same readings the verdict was: a loop whose gate is unknown gets only fixes
+that hold whether it waits on can_sample or steps on a schedule. The rules ask again on
+every poll while a finding stays open, so the answer is kept (the arguments are frozen).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+from replaywatch.diagnosis.budget import (
+    ASYNC_LAG,
+    FIRST_REQUEST,
+    SAFE,
+    SCHEDULE,
+    Dataset,
+    Layout,
+    Limiter,
+    predict,
+    steady_race,
+)
+
+# Fixes are searched up to these values; past them a knob is no fix worth printing.
+MAX_ERROR_BUFFER = 10**9
+MAX_POLICY_LAG = 10**6
+
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One change the model calls safe, and what it costs."""
+
+    knob: str  # num_parallel_calls, cycle_length, error_buffer, batch_size, max_policy_lag,
+    # max_items_ahead, first_step_at, inserts_per_step
+    value: int
+    was: float | int | None
+    cost: str
+    # A second knob that must change with this one: no single knob suffices.
+    together: Fix | None = None
+
+    def document(self) -> dict[str, object]:
+        doc: dict[str, object] = {"knob": self.knob, "value": self.value, "was": self.was,
+                                  "cost": self.cost}
+        if self.together is not None:
+            doc["together_with"] = self.together.document()
+        return doc
+
+    def text(self) -> str:
+        alone = f"{self.knob}={self.value} (now {_num(self.was)}; {self.cost})"
+        return alone if self.together is None else f"{alone} together with {self.together.text()}"
+
+
+# The rules ask again on every poll while a finding stays open, and a search tries up to a
+# batch size of configurations; the arguments are frozen, so the answer is kept.
+@functools.lru_cache(maxsize=1024)
+def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
+    """For each knob, the smallest change the model calls safe (never the current value).
+    Empty when the configuration is safe already.
+
+    One knob suffices but in one case: error_buffer raises what is released without bound
+    in the synchronous layouts, and a longer lag under a lag bound (where error_buffer never
+    helps). The case is a race of thin answers, which only one worker removes, where one
+    worker still has unread iterators (Acme's repeat-interleave) that warm-up can strand:
+    then the pair, one worker together with the least error_buffer safe for it.
+    """
+    if predict(lim, ds, layout).verdict == SAFE:
+        return ()
+    if steady_race(ds, layout):
+        # No error_buffer or batch size removes a race of thin answers that the grid has
+        # run; one read iterator takes every answer.
+        one = _fewer_workers(lim, ds, layout)
+        if one is not None:
+            return (one,)
+        single = dataclasses.replace(ds, workers=1)
+        more = _more_buffer(lim, single, layout)
+        if more is None:
+            return ()
+        return (Fix("num_parallel_calls", 1, ds.workers,
+                    f"1 sampling worker instead of {ds.workers}: less sampling throughput",
+                    together=more),)
+    return tuple(f for f in (search(lim, ds, layout) for search in _SEARCHES) if f is not None)
+
+
+def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
+    return predict(lim, ds, layout).verdict == SAFE
+
+
+def _fewer_workers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    if ds.after_interleave:
+        return None  # fewer threads read fewer of the samplers: never safer
+    return _largest_smaller(lim, ds, layout, "workers", "num_parallel_calls",
+                            lambda w: f"{w} sampling worker(s) instead of {ds.workers}: less "
+                                      "sampling throughput")
+
+
+def _largest_smaller(lim: Limiter, ds: Dataset, layout: Layout, field: str, knob: str,
+                     cost: Callable[[int], str]) -> Fix | None:
+    """The largest value of a dataset field below its current one that the model calls safe."""
+    current = getattr(ds, field)
+    for value in range(current - 1, 0, -1):
+        changed: dict[str, Any] = {field: value}
+        if _safe(lim, dataclasses.replace(ds, **changed), layout):
+            return Fix(knob, value, current, cost(value))
+    return None
+
+
+def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    e = lim.error_buffer
+    value = _least(lambda v: _safe_from(lim, ds, layout, v), math.floor(e) + 1,
+                   MAX_ERROR_BUFFER)
+    if value is None:
+        return None
+    offset = lim.samples_per_insert * lim.min_size_to_sample
+    rate = f", Acme's tolerance rate {value / offset:.3g}" if offset > 0 else ""
+    return Fix("error_buffer", value, e,
+               f"samples and inserts may drift {value} samples apart{rate}; any larger "
+               "error_buffer holds too")
+
+
+def _safe_from(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> bool:
+    """Every error_buffer from `value` on is safe, not `value` alone.
+
+    A user rounds the number we print up, so that must hold too. Safety is not monotone in
+    error_buffer in two places only. The granularity is a gcd with it: 28 may be safe (g 4)
+    and 29 not (g 1); but every other factor of g divides FIRST_REQUEST, so g repeats every
+    FIRST_REQUEST values, while what is released only grows with error_buffer. And a `sync`
+    loop's release steps down at a batch (e + spi below it, e from it). So FIRST_REQUEST
+    values from `value`, and as many from the batch size when that lies above, decide it.
+    """
+    starts = [value] + ([ds.batch_size] if ds.batch_size > value else [])
+    return all(_safe(lim.with_error_buffer(v), ds, layout)
+               for start in starts for v in range(start, start + FIRST_REQUEST))
+
+
+def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    fix = _largest_smaller(lim, ds, layout, "batch_size", "batch_size",
+                           lambda b: f"batches of {b}: a different learning step (rescale "
+                                     "the learning rate)")
+    if fix is None:
+        return None
+    below = unsafe_batches_below(lim, ds, layout, fix.value)
+    if not below:
+        return fix
+    # Users round a batch down to a power of two, and smaller is not always safer: the
+    # branch a sync loop's release takes turns on error_buffer and spi against the batch,
+    # and the granularity on its gcd. Only the warning is said, not the sizes that hold:
+    # the grid ran the printed value.
+    return dataclasses.replace(fix, cost=f"{fix.cost}; a smaller one is not always safer: "
+                                         f"{_spans(below)} can hang")
+
+
+def unsafe_batches_below(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> list[int]:
+    """The batch sizes below `value` that the model does not call safe, largest first."""
+    return [b for b in range(value - 1, 0, -1)
+            if not _safe(lim, dataclasses.replace(ds, batch_size=b), layout)]
+
+
+def _spans(values: list[int], most: int = 3) -> str:
+    """Descending integers as runs, the first `most` of them: [55, 54, 53, 40, 39] ->
+    '53-55, 39-40'."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and runs[-1][0] == v + 1:
+            runs[-1][0] = v
+        else:
+            runs.append([v, v])
+    text = ", ".join(f"{lo}-{hi}" if lo < hi else f"{lo}" for lo, hi in runs[:most])
+    return text + (", ..." if len(runs) > most else "")
+
+
+def _more_readers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """After the interleave: as many threads as samplers leave none unread."""
+    if not ds.after_interleave or ds.workers >= ds.samplers:
+        return None
+    value = next((p for p in range(ds.workers + 1, ds.samplers + 1)
+                  if _safe(lim, dataclasses.replace(ds, workers=p), layout)), None)
+    return None if value is None else Fix(
+        "num_parallel_calls", value, ds.workers,
+        f"{value} interleave threads instead of {ds.workers}: more threads in the trainer")
+
+
+def _fewer_samplers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """After the interleave: fewer Reverb datasets leave fewer unread (TF-Agents'
+    max_cycle_length)."""
+    if not ds.after_interleave:
+        return None
+    current = ds.samplers
+    # An in-flight the job did not set follows the cycle, as TF-Agents' 3 x B / cycle does.
+    for value in range(current - 1, 0, -1):
+        if _safe(lim, dataclasses.replace(ds, cycle_length=value), layout):
+            return Fix("cycle_length", value, current,
+                       f"{value} Reverb datasets interleaved instead of {current} "
+                       "(TF-Agents: max_cycle_length): fewer sampling streams")
+    return None
+
+
+def _schedule_reading(layout: Layout) -> bool:
+    return layout.synchronous and layout.loop_gate in (SCHEDULE, None)
+
+
+def _later_first_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """A scheduled loop that starts later has released more when it first asks."""
+    if not _schedule_reading(layout):
+        return None
+    current = (lim.min_size_to_sample if layout.first_step_at is None
+               else layout.first_step_at)
+    value = _least(lambda m: _safe(lim, ds, dataclasses.replace(layout, first_step_at=m)),
+                   current + 1, current + MAX_POLICY_LAG)
+    return None if value is None else Fix(
+        "first_step_at", value, current,
+        f"the loop's first learner step once the table holds {value} items (Acme: "
+        "min_observations; TF-Agents: the initial collect): training starts later")
+
+
+def _more_inserts_per_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """A scheduled loop whose steps take more than its inserts release (module docstring)."""
+    if not _schedule_reading(layout):
+        return None
+    current = layout.inserts_per_step or ds.batch_size / lim.samples_per_insert
+    value = _least(lambda k: _safe(lim, ds, dataclasses.replace(layout, inserts_per_step=k)),
+                   math.floor(current) + 1, MAX_POLICY_LAG)
+    return None if value is None else Fix(
+        "inserts_per_step", value, current,
+        f"one learner step every {value} inserts (Acme: observations_per_step; TF-Agents: "
+        "collect steps per train step): a lower replay ratio")
+
+
+def _more_items_ahead(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    if layout.kind != ASYNC_LAG or layout.max_items_ahead is None:
+        return None
+    value = _least(lambda n: _safe(lim, ds, dataclasses.replace(layout, max_items_ahead=n)),
+                   layout.max_items_ahead + 1, MAX_POLICY_LAG)
+    return None if value is None else Fix(
+        "max_items_ahead", value, layout.max_items_ahead,
+        f"actors may insert {value} items ahead of what the learner consumed: older data")
+
+
+def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    if layout.kind != ASYNC_LAG or layout.max_policy_lag is None:
+        return None
+    value = _least(lambda v: _safe(lim, ds, dataclasses.replace(layout, max_policy_lag=v)),
+                   layout.max_policy_lag + 1, MAX_POLICY_LAG)
+    if value is None:
+        return None
+    return Fix("max_policy_lag", value, layout.max_policy_lag,
+               f"actors may act up to {value} steps on a policy that old")
+
+
+_SEARCHES: tuple[Callable[[Limiter, Dataset, Layout], Fix | None], ...] = (
+    _fewer_workers, _more_readers, _fewer_samplers, _more_buffer, _smaller_batch,
+    _longer_lag, _more_items_ahead, _later_first_step, _more_inserts_per_step)
+
+
+def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:
+    """The least integer in [low, high] for which `ok` holds, `ok` being monotone there."""
+    if low > high or not ok(high):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _num(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
