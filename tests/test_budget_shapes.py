@@ -115,12 +115,19 @@ def test_the_seed_still_gets_one_worker_with_the_gate_unknown() -> None:
 
 def test_a_schedule_that_outruns_its_inserts_hangs_after_the_credit_runs_out() -> None:
     # 1 insert of spi 8 a step against batches of 14: 40, 34, 28, ... below 14 at step 5.
-    lim, ds = Limiter.ratio(8, 200, 40), Dataset(1, 14)
-    b = budget.predict(lim, ds, Layout("sync", gate=SCHEDULE, inserts_per_step=1))
+    one = Layout("sync", gate=SCHEDULE, inserts_per_step=1)
+    lim, ds = blocking_off(8, 200, 40), Dataset(1, 14)
+    b = budget.predict(lim, ds, one)
     assert b.verdict == WILL_HANG and "below a batch by step 5" in b.reason
-    knobs = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, Layout("sync", gate=SCHEDULE,
-                                                                   inserts_per_step=1))}
+    knobs = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, one)}
     assert knobs["inserts_per_step"] == 2 and "error_buffer" not in knobs
+    # With a finite max_diff two inserts a step pile up 2 a step until the loop's own insert
+    # blocks: only a batch its one insert pays for (8) runs for good.
+    finite = Limiter.ratio(8, 200, 40)
+    two = budget.predict(finite, ds, replace(one, inserts_per_step=2))
+    assert two.verdict == WILL_HANG and "blocks the loop's own insert" in two.reason
+    knobs = {f.knob: f.value for f in budget_fixes.fixes(finite, ds, one)}
+    assert knobs == {"batch_size": 8}
     # A first step below min_size never gets a sample (TF-Agents' table trails its loop).
     early = budget.predict(lim, ds, Layout("sync", gate=SCHEDULE, first_step_at=199))
     assert (early.verdict, early.released) == (WILL_HANG, 0.0)

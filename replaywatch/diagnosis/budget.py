@@ -65,7 +65,12 @@ next():
         H_j = e + spi * (m - min_size) + j * (K * spi - B)
                 constant when K * spi = B, growing when larger (the first step decides),
                 and falling by B - K * spi a step when smaller: then some step finds less
-                than a batch, every run (m below min_size: the first one already).
+                than a batch, every run (m below min_size: the first one already). With a
+                finite max_diff a growing surplus is no better: the pipeline holds only so
+                many samples, the rest piles up in the limiter until max_diff blocks the
+                loop's own insert (reverb/cc/rate_limiter.cc), and a loop blocked inserting
+                never asks for a batch (Acme's run_experiment disables insert blocking for
+                this reason): only K * spi = B runs for good there.
     unknown     both readings are judged and the worse is given, both said: a loop whose
                 gate is not known is never called safe on the can_sample reading alone.
 
@@ -394,6 +399,21 @@ def _worse_reading(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"({other.reason})")
 
 
+def drawable(ds: Dataset, strand: float) -> float:
+    """What the pipeline takes off the limiter while the loop does not step: its strandable
+    samples and a batch in each prefetch slot and in the one being formed."""
+    return strand + ds.batch_size * (ds.prefetch + 1)
+
+
+def inserts_before_blocking(lim: Limiter, ds: Dataset) -> float:
+    """The most items a loop can insert before its first step: past them, with what the
+    pipeline draws meanwhile, its own insert meets a finite max_diff."""
+    if lim.insert_blocking_disabled:
+        return math.inf
+    held = drawable(ds, strandable(ds, granularity(lim, ds)))
+    return math.floor((lim.max_diff + held) / lim.samples_per_insert)
+
+
 def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """A loop that calls next() at m items, then every K inserts (module docstring)."""
     b, e, spi = ds.batch_size, lim.error_buffer, lim.samples_per_insert
@@ -406,6 +426,11 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       "released and the loop never inserts again", SCHEDULE)
     first = e + spi * (m - lim.min_size_to_sample)
     per_step = k * spi
+    held = drawable(ds, s)
+    if m > inserts_before_blocking(lim, ds):
+        return Budget(WILL_HANG, first, s, f"the loop inserts {m} items before its first "
+                      f"step, but with at most {held:g} samples drawn meanwhile the limiter's "
+                      f"max_diff ({lim.max_diff:g}) blocks its own insert first", SCHEDULE)
     at = (f"a step every {k:g} inserts from {m} items on; at the first the limiter has "
           f"released {first:g} (error_buffer {e:g}"
           + (f" + {spi:g} x {m - lim.min_size_to_sample} inserts past min_size" if m >
@@ -417,6 +442,16 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"{k:g} inserts release {per_step:g}: the credit falls by {fall:g} a "
                       "step and is below a batch "
                       + (f"by step {steps}" if steps else "at the first"), SCHEDULE)
+    if per_step > b + 1e-9 and not lim.insert_blocking_disabled:
+        # The surplus piles up in the limiter, the pipeline holds only so much, so the loop's
+        # own insert meets max_diff; blocked there it never asks for the batch that frees it.
+        room = lim.max_diff - spi * (m + 1) + held
+        steps = max(0, math.ceil(room / (per_step - b)))
+        return Budget(WILL_HANG, first, s, f"{at}, and each step's {k:g} inserts release "
+                      f"{per_step:g} while it takes {b}: the surplus grows by "
+                      f"{per_step - b:g} a step until max_diff ({lim.max_diff:g}) blocks the "
+                      f"loop's own insert, by about step {steps}, and a loop blocked inserting "
+                      "never asks for the batch that would free it", SCHEDULE)
     more = "and more at each later step" if per_step > b + 1e-9 else "and as much at every step"
     return _judge(first, s, b, f"{at}, {more}", SCHEDULE)
 

@@ -22,6 +22,7 @@ from replaywatch.diagnosis.budget import (
     Dataset,
     Layout,
     Limiter,
+    inserts_before_blocking,
     predict,
     steady_race,
 )
@@ -208,25 +209,36 @@ def _later_first_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
         return None
     current = (lim.min_size_to_sample if layout.first_step_at is None
                else layout.first_step_at)
+    # Safe from some m on, up to where the loop's own inserts before it meet max_diff.
+    high = min(current + MAX_POLICY_LAG, inserts_before_blocking(lim, ds))
     value = _least(lambda m: _safe(lim, ds, dataclasses.replace(layout, first_step_at=m)),
-                   current + 1, current + MAX_POLICY_LAG)
+                   current + 1, int(high))
     return None if value is None else Fix(
         "first_step_at", value, current,
         f"the loop's first learner step once the table holds {value} items (Acme: "
         "min_observations; TF-Agents: the initial collect): training starts later")
 
 
-def _more_inserts_per_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    """A scheduled loop whose steps take more than its inserts release (module docstring)."""
+def _schedule_inserts(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """A scheduled loop whose steps take more than its inserts release steps less often; one
+    whose inserts release more than its steps take, against a finite max_diff, steps as
+    often as its ratio says (module docstring)."""
     if not _schedule_reading(layout):
         return None
     current = layout.inserts_per_step or ds.batch_size / lim.samples_per_insert
-    value = _least(lambda k: _safe(lim, ds, dataclasses.replace(layout, inserts_per_step=k)),
-                   math.floor(current) + 1, MAX_POLICY_LAG)
+    if current * lim.samples_per_insert > ds.batch_size:
+        matched = ds.batch_size / lim.samples_per_insert
+        value: int | None = int(matched) if float(matched).is_integer() and matched >= 1 and _safe(
+            lim, ds, dataclasses.replace(layout, inserts_per_step=matched)) else None
+    else:
+        value = _least(lambda k: _safe(lim, ds, dataclasses.replace(layout,
+                                                                    inserts_per_step=k)),
+                       math.floor(current) + 1, MAX_POLICY_LAG)
     return None if value is None else Fix(
         "inserts_per_step", value, current,
         f"one learner step every {value} inserts (Acme: observations_per_step; TF-Agents: "
-        "collect steps per train step): a lower replay ratio")
+        "collect steps per train step): "
+        + ("a lower replay ratio" if value > current else "as many steps as the ratio allows"))
 
 
 def _more_items_ahead(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
@@ -252,7 +264,7 @@ def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
 
 _SEARCHES: tuple[Callable[[Limiter, Dataset, Layout], Fix | None], ...] = (
     _fewer_workers, _more_readers, _fewer_samplers, _more_buffer, _smaller_batch,
-    _longer_lag, _more_items_ahead, _later_first_step, _more_inserts_per_step)
+    _longer_lag, _more_items_ahead, _later_first_step, _schedule_inserts)
 
 
 def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:

@@ -1,0 +1,170 @@
+"""A TF-Agents DQN job on Reverb, as TF-Agents' own tutorials build it, with the probe attached.
+
+TF-Agents (0.19.0) builds everything that matters here: the replay buffer
+(`ReverbReplayBuffer`), the observer that inserts (`ReverbAddTrajectoryObserver`, one item of
+`sequence_length` steps once its chunk is complete, so the table trails the loop by about two
+items), the driver (`PyDriver`), and the dataset (`as_dataset`: min(B, 32) Reverb datasets of
+3 x B / cycle samples in flight, read by `num_parallel_calls` interleave threads, then ONE
+`.batch(B)` after the interleave). The loop is TF-Agents' "collect K steps, train one": a
+scheduled loop, whatever the table can sample.
+
+The table is a `SampleToInsertRatio` limiter (finite max_diff, as TF-Agents users write it):
+from min_size on it releases error_buffer samples, then samples_per_insert per item. A train
+step asks for B: with error_buffer below B the first one never completes; with fewer interleave
+threads than datasets, samples sit in the datasets no thread reads. The probe lines are the two
+a TF-Agents user writes: the iterator, and the replay client where the observer inserts.
+
+Run it from the repository root:
+
+    python examples/tf_agents_dqn.py --num-parallel-calls 32 --error-buffer 256
+
+It prints one JSON line {"reverb": ADDR, "probe": URL or null, "pid": PID} once serving, and
+one at the end: {"outcome": "ran"} after --train-steps, or {"outcome": "hang"} when one next()
+lasted --hang-after seconds (it then exits: a hung tf.data pipeline holds a normal exit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import reverb
+import tensorflow as tf
+from tf_agents.agents.dqn import dqn_agent
+from tf_agents.drivers import py_driver
+from tf_agents.environments import suite_gym, tf_py_environment
+from tf_agents.networks import sequential
+from tf_agents.policies import py_tf_eager_policy, random_py_policy
+from tf_agents.replay_buffers import reverb_replay_buffer, reverb_utils
+from tf_agents.specs import tensor_spec
+from tf_agents.utils import common
+
+from replaywatch.probe import TrainerProbe
+
+TABLE = "uniform_table"
+MAX_CYCLE = 32  # ReverbReplayBuffer's max_cycle_length
+
+
+def make_agent(env: Any) -> Any:
+    spec = tensor_spec.from_spec(env.action_spec())
+    actions = int(spec.maximum - spec.minimum + 1)
+    q_net = sequential.Sequential([tf.keras.layers.Dense(32, activation="relu"),
+                                   tf.keras.layers.Dense(actions)])
+    agent = dqn_agent.DqnAgent(
+        env.time_step_spec(), env.action_spec(), q_network=q_net,
+        optimizer=tf.keras.optimizers.Adam(learning_rate=1e-3),
+        td_errors_loss_fn=common.element_wise_squared_loss,
+        train_step_counter=tf.Variable(0))
+    agent.initialize()
+    agent.train = common.function(agent.train)
+    return agent
+
+
+def make_table(args: argparse.Namespace, agent: Any) -> reverb.Table:
+    signature = tensor_spec.add_outer_dim(
+        tensor_spec.from_spec(agent.collect_data_spec), None)
+    return reverb.Table(
+        TABLE, max_size=args.max_size, sampler=reverb.selectors.Uniform(),
+        remover=reverb.selectors.Fifo(),
+        rate_limiter=reverb.rate_limiters.SampleToInsertRatio(
+            samples_per_insert=args.samples_per_insert, min_size_to_sample=args.min_size,
+            error_buffer=args.error_buffer),
+        signature=signature)
+
+
+def watch(probe: TrainerProbe | None, hang_after: float) -> None:
+    """The truth, taken in the job's own process: one next() over hang_after s is a hang."""
+    while probe is not None:
+        time.sleep(0.1)
+        doc = probe.snapshot()
+        if doc["blocked_in_next"] and doc["blocked_for_s"] >= hang_after:
+            print(json.dumps({"outcome": "hang", "batches": doc["batches_retrieved"],
+                              "items_inserted": doc["items_inserted"]}), flush=True)
+            os._exit(0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--num-parallel-calls", type=int, default=32)
+    p.add_argument("--samples-per-insert", type=float, default=16.0)
+    p.add_argument("--min-size", type=int, default=200)
+    p.add_argument("--error-buffer", type=float, default=256.0)
+    p.add_argument("--max-size", type=int, default=100_000)
+    p.add_argument("--max-cycle-length", type=int, default=MAX_CYCLE)
+    p.add_argument("--collect-steps", type=int, default=4, help="collect steps a train step")
+    p.add_argument("--initial-collect", type=int, default=None,
+                   help="random steps before training (default min_size + 4: the observer's "
+                        "items trail its steps)")
+    p.add_argument("--train-steps", type=int, default=300)
+    p.add_argument("--hang-after", type=float, default=8.0)
+    p.add_argument("--start-delay", type=float, default=0.0,
+                   help="seconds between the start line and the first step (a sidecar "
+                        "attached from the start sees the configuration first)")
+    p.add_argument("--no-probe", action="store_true")
+    p.add_argument("--declare", choices=("pipeline", "nothing"), default="pipeline",
+                   help="what the probe is told: the pipeline's shape and the loop's gate, "
+                        "or nothing but the iterator and the client it wraps")
+    args = p.parse_args()
+
+    env = tf_py_environment.TFPyEnvironment(suite_gym.load("CartPole-v0"))
+    py_env = suite_gym.load("CartPole-v0")
+    agent = make_agent(env)
+    server = reverb.Server([make_table(args, agent)], port=None)
+    replay = reverb_replay_buffer.ReverbReplayBuffer(
+        agent.collect_data_spec, table_name=TABLE, sequence_length=2, local_server=server,
+        max_cycle_length=args.max_cycle_length)
+    cycle = min(args.batch_size, args.max_cycle_length)
+
+    probe = None
+    client = replay.py_client
+    if not args.no_probe:
+        # [README: TF-Agents]
+        declared: dict[str, Any] = {}
+        if args.declare == "pipeline":
+            # as_dataset's shape, and the loop's gate: "collect K steps, train one" (the
+            # observer writes one item a step, so K inserts a learner step).
+            declared = dict(batch_after_interleave=True, cycle_length=cycle,
+                            max_in_flight=3 * (args.batch_size // cycle), gate="schedule",
+                            inserts_per_step=args.collect_steps)
+        probe = TrainerProbe(batch_size=args.batch_size,
+                             num_parallel_calls=args.num_parallel_calls, table=TABLE,
+                             name="learner", **declared)
+        probe.start()
+        client = probe.wrap_client(replay.py_client)  # the observer inserts through it
+        # [/README]
+    observer = reverb_utils.ReverbAddTrajectoryObserver(client, TABLE, sequence_length=2,
+                                                        stride_length=1)
+    print(json.dumps({"reverb": f"localhost:{server.port}",
+                      "probe": probe.url if probe else None, "pid": os.getpid()}), flush=True)
+    time.sleep(args.start_delay)
+    initial = args.initial_collect if args.initial_collect is not None else args.min_size + 4
+    py_driver.PyDriver(py_env, random_py_policy.RandomPyPolicy(
+        py_env.time_step_spec(), py_env.action_spec()), [observer],
+        max_steps=initial).run(py_env.reset())
+    dataset = replay.as_dataset(num_parallel_calls=args.num_parallel_calls,
+                                sample_batch_size=args.batch_size, num_steps=2).prefetch(3)
+    iterator = iter(dataset)
+    if probe is not None:
+        iterator = probe.wrap(iterator)
+    collect = py_driver.PyDriver(
+        py_env, py_tf_eager_policy.PyTFEagerPolicy(agent.collect_policy, use_tf_function=True),
+        [observer], max_steps=args.collect_steps)
+    threading.Thread(target=watch, args=(probe, args.hang_after), daemon=True).start()
+    time_step = py_env.reset()
+    for _ in range(args.train_steps):
+        time_step, _ = collect.run(time_step)
+        experience, _ = next(iterator)
+        agent.train(experience)
+        if probe is not None:
+            probe.step()
+    print(json.dumps({"outcome": "ran", "train_steps": args.train_steps}), flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
