@@ -48,6 +48,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt uv
 	$(UV_INSTALL) -e '.[agents,dev]'
 	$(UV_INSTALL) --no-deps dm-acme dm-env  # tests/test_acme_real.py (its deps: no cp311 wheels)
+	# tests/test_tf_agents.py: tf-agents 0.19.0, the release paired with TF 2.15 and Reverb
+	# 0.14. Without its dependencies: its typing-extensions 4.5 pin would replace ours; what it
+	# needs beside our pins is named here (gym 0.23's CartPole imports pygame at load time).
+	$(UV_INSTALL) --no-deps tf-agents tensorflow-probability gin-config gym gym-notices \
+		pygame decorator pillow
 	touch $(STAMP)
 
 # uv (from the main venv) builds it: about 1 GB, TensorFlow 2.8 the most of it.

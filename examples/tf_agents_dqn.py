@@ -46,7 +46,7 @@ from tf_agents.utils import common
 from replaywatch.probe import TrainerProbe
 
 TABLE = "uniform_table"
-MAX_CYCLE = 32  # ReverbReplayBuffer's max_cycle_length
+MAX_CYCLE = 32  # ReverbReplayBuffer's default max_cycle_length
 
 
 def make_agent(env: Any) -> Any:
@@ -106,9 +106,6 @@ def main() -> None:
                    help="seconds between the start line and the first step (a sidecar "
                         "attached from the start sees the configuration first)")
     p.add_argument("--no-probe", action="store_true")
-    p.add_argument("--declare", choices=("pipeline", "nothing"), default="pipeline",
-                   help="what the probe is told: the pipeline's shape and the loop's gate, "
-                        "or nothing but the iterator and the client it wraps")
     args = p.parse_args()
 
     env = tf_py_environment.TFPyEnvironment(suite_gym.load("CartPole-v0"))
@@ -118,23 +115,19 @@ def main() -> None:
     replay = reverb_replay_buffer.ReverbReplayBuffer(
         agent.collect_data_spec, table_name=TABLE, sequence_length=2, local_server=server,
         max_cycle_length=args.max_cycle_length)
-    cycle = min(args.batch_size, args.max_cycle_length)
 
     probe = None
     client = replay.py_client
     if not args.no_probe:
         # [README: TF-Agents]
-        declared: dict[str, Any] = {}
-        if args.declare == "pipeline":
-            # as_dataset's shape, and the loop's gate: "collect K steps, train one" (the
-            # observer writes one item a step, so K inserts a learner step).
-            declared = dict(batch_after_interleave=True, cycle_length=cycle,
-                            max_in_flight=3 * (args.batch_size // cycle), gate="schedule",
-                            inserts_per_step=args.collect_steps)
-        probe = TrainerProbe(batch_size=args.batch_size,
-                             num_parallel_calls=args.num_parallel_calls, table=TABLE,
-                             name="learner", **declared)
-        probe.start()
+        probe = TrainerProbe(
+            batch_size=args.batch_size, num_parallel_calls=args.num_parallel_calls,
+            table=TABLE, name="learner",
+            # as_dataset's shape: min(B, max_cycle_length) datasets, one batch after them
+            batch_after_interleave=True, cycle_length=args.max_cycle_length,
+            # the loop: collect K steps (one item each), then train one
+            gate="schedule", inserts_per_step=args.collect_steps)
+        probe.start()                                 # GET /probe and /stacks, a daemon thread
         client = probe.wrap_client(replay.py_client)  # the observer inserts through it
         # [/README]
     observer = reverb_utils.ReverbAddTrajectoryObserver(client, TABLE, sequence_length=2,

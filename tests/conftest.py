@@ -120,7 +120,7 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
 
 
 # `make test` runs three xdist workers with `--dist loadgroup`: these modules start the JAX
-# agent (a Ray cluster, 12 tf.data workers, or an Acme loop), each some 10-20 s of both cores
+# agent (a Ray cluster, 12 tf.data workers, an Acme or a TF-Agents loop), each some 10-20 s of both cores
 # at start-up, and assert that a stall is named within windows of seconds. They share one
 # lane, one after another as before; every other test runs beside them in the other two.
 # Two agents starting at once on 2 cores starve each other's actors of CPU for seconds,
@@ -128,7 +128,7 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
 AGENT_LANE = frozenset({
     "test_agents_distributed.py", "test_agents_hang.py", "test_agents_sync.py",
     "test_alerting_e2e.py", "test_detection_real.py", "test_ray_cluster.py",
-    "test_acme_real.py", "test_launchpad.py",
+    "test_acme_real.py", "test_launchpad.py", "test_tf_agents.py",
 })
 
 

@@ -191,7 +191,7 @@ class Dataset:
     iterators_per_worker: int = 1  # 3 for the repeat-interleave at the seed's commit
     item_bytes: int | None = None
     shape: str = PER_WORKER  # or AFTER_INTERLEAVE: one batch after the interleave
-    cycle_length: int | None = None  # after-interleave: Reverb datasets (min(B, 32))
+    cycle_length: int | None = None  # after-interleave: at most this many datasets (32)
     workers_per_iterator: int = 1  # a sampler's workers, each with max_in_flight
 
     def __post_init__(self) -> None:
@@ -216,7 +216,8 @@ class Dataset:
         """Reverb datasets the pipeline opens: one per worker, or the interleave's cycle."""
         if not self.after_interleave:
             return self.workers
-        return self.cycle_length or min(self.batch_size, TF_AGENTS_MAX_CYCLE)
+        # TF-Agents: min(B, max_cycle_length); a cycle longer than the batch is never read.
+        return min(self.batch_size, self.cycle_length or TF_AGENTS_MAX_CYCLE)
 
     @property
     def in_flight(self) -> int:

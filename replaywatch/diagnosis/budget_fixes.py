@@ -62,11 +62,15 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     """For each knob, the smallest change the model calls safe (never the current value).
     Empty when the configuration is safe already.
 
-    One knob suffices but in one case: error_buffer raises what is released without bound
+    One knob suffices but in two cases: error_buffer raises what is released without bound
     in the synchronous layouts, and a longer lag under a lag bound (where error_buffer never
-    helps). The case is a race of thin answers, which only one worker removes, where one
+    helps). The first is a race of thin answers, which only one worker removes, where one
     worker still has unread iterators (Acme's repeat-interleave) that warm-up can strand:
-    then the pair, one worker together with the least error_buffer safe for it.
+    then the pair, one worker together with the least error_buffer safe for it. The second
+    is a scheduled loop whose steps take more than its inserts release and whose first step
+    finds less than it can strand: no error_buffer outlasts the fall, and a schedule that
+    pays for its steps still starts short, so the pair is that schedule together with the
+    least error_buffer safe for it.
     """
     if predict(lim, ds, layout).verdict == SAFE:
         return ()
@@ -83,7 +87,30 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
         return (Fix("num_parallel_calls", 1, ds.workers,
                     f"1 sampling worker instead of {ds.workers}: less sampling throughput",
                     together=more),)
-    return tuple(f for f in (search(lim, ds, layout) for search in _SEARCHES) if f is not None)
+    found = tuple(f for f in (search(lim, ds, layout) for search in _SEARCHES)
+                  if f is not None)
+    pair = _paid_schedule(lim, ds, layout)
+    if pair is not None and not any(f.knob == "inserts_per_step" for f in found):
+        found += (pair,)
+    return found
+
+
+def _paid_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+    """The pair for a scheduled loop that runs its credit down (fixes' docstring)."""
+    if not _schedule_reading(layout):
+        return None
+    current = layout.inserts_per_step or ds.batch_size / lim.samples_per_insert
+    paid = math.ceil(ds.batch_size / lim.samples_per_insert)
+    if current >= paid:
+        return None
+    scheduled = dataclasses.replace(layout, inserts_per_step=paid)
+    more = _more_buffer(lim, ds, scheduled)
+    if more is None:
+        return None
+    return Fix("inserts_per_step", paid, current,
+               f"one learner step every {paid} inserts (Acme: observations_per_step; "
+               "TF-Agents: collect steps per train step): a lower replay ratio",
+               together=more)
 
 
 def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:

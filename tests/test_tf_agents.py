@@ -1,0 +1,133 @@
+"""TF-Agents' own DQN job on Reverb (tf-agents 0.19.0): its replay buffer, observer, driver
+and `as_dataset` pipeline, with the probe attached as the README's TF-Agents block says.
+
+`examples/tf_agents_dqn.py` is a "collect K steps, train one" loop: a loop on a schedule, and
+a pipeline of min(B, 32) Reverb datasets read by `num_parallel_calls` interleave threads with
+one batch after the interleave. Measured here (B = 64): with 32 threads and error_buffer 256
+it trains; with 3 threads, spi 8, error_buffer 40 and one collect step a train step, the
+limiter has released 40 samples when the loop asks for 64, and it hangs in every run.
+
+The job runs in a child (the `spawn` fixture kills its process group); the sidecar's core
+polls it from this process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.procs import PYTHON, ROOT, Proc, get_json
+from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, Severity
+from replaywatch.wiring import Sidecar, build_sidecar
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+EXAMPLE = "examples/tf_agents_dqn.py"
+POLL_S = 0.25
+THRESHOLDS = Thresholds(stall_window_s=3.0, min_history_s=1.0, startup_grace_s=1.0)
+WATCH_S = 12.0
+# The error_buffer-40 job: spi 8, one collect step a train step, 3 interleave threads.
+BELOW_A_BATCH = ["--samples-per-insert", "8", "--error-buffer", "40", "--num-parallel-calls",
+                 "3", "--collect-steps", "1"]
+PREDICT_FLAGS = ["--samples-per-insert", "8", "--min-size-to-sample", "200", "--error-buffer",
+                 "40", "--batch-size", "64", "--num-parallel-calls", "3", "--layout",
+                 "sync-ratio", "--pipeline", "tf-agents", "--inserts-per-step", "1"]
+CONFIG_KINDS = {"deadlock_risk", "batch_exceeds_headroom", "worker_starvation"}
+
+
+def start_job(spawn: Callable[..., Proc], name: str, *flags: str) -> dict[str, Any]:
+    proc = spawn([PYTHON, EXAMPLE, *flags], name=name)
+    return proc.announce(timeout_s=150)
+
+
+def sidecar(stack: ExitStack, job: dict[str, Any], tmp_path: Path, name: str) -> Sidecar:
+    config = WatchConfig(targets=(job["reverb"].replace("localhost", "127.0.0.1"),),
+                         probes=(ProbeTarget(job["probe"], None),), thresholds=THRESHOLDS,
+                         poll=PollConfig(interval_s=POLL_S, history_s=300.0))
+    return stack.enter_context(build_sidecar(config, incidents_path=str(tmp_path / name)))
+
+
+def test_a_healthy_tf_agents_loop_of_32_threads_raises_no_risk(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    job = start_job(spawn, "tfa-healthy", "--num-parallel-calls", "32", "--error-buffer", "256",
+                    "--samples-per-insert", "16", "--collect-steps", "4",
+                    "--train-steps", "1000000")
+    alarms: list[Finding] = []
+    with ExitStack() as stack:
+        watched = sidecar(stack, job, tmp_path, "healthy.db")
+        start, batches = time.monotonic(), 0
+        while time.monotonic() - start < WATCH_S or batches == 0:
+            assert time.monotonic() - start < 120, "no batch in 120 s"
+            state = watched.poller.tick()
+            alarms += [f for f in state.findings
+                       if f.kind in CONFIG_KINDS or f.severity >= Severity.CRITICAL]
+            batches = get_json(f"{job['probe']}/probe", 2.0)[1]["batches_retrieved"]
+            time.sleep(POLL_S)
+    assert batches > 100, batches
+    assert not alarms, [(f.kind, f.summary) for f in alarms]
+
+
+def fixed_flags(fix: dict[str, Any]) -> list[str]:
+    """A fix as the example's flags: both knobs of a pair. A first step at N items is an
+    initial collect of N + 4 steps (the observer's items trail its steps by about two)."""
+    flags: list[str] = []
+    part: dict[str, Any] | None = fix
+    while part is not None:
+        knob, value = part["knob"], part["value"]
+        flag = {"batch_size": "--batch-size", "error_buffer": "--error-buffer",
+                "num_parallel_calls": "--num-parallel-calls",
+                "cycle_length": "--max-cycle-length", "inserts_per_step": "--collect-steps",
+                "first_step_at": "--initial-collect"}[knob]
+        flags += [flag, str(value + 4 if knob == "first_step_at" else value)]
+        part = part.get("together_with")
+    return flags
+
+
+def run_to_the_end(flags: list[str]) -> dict[str, Any]:
+    done = subprocess.run([PYTHON, EXAMPLE, *flags, "--train-steps", "400"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    lines = [x for x in done.stdout.splitlines() if x.startswith('{"outcome"')]
+    return json.loads(lines[-1]) if lines else {"outcome": "error", "log": done.stderr[-800:]}
+
+
+def test_a_limiter_that_releases_less_than_a_batch_is_named_before_the_first_next(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    job = start_job(spawn, "tfa-below", *BELOW_A_BATCH, "--start-delay", "4")
+    with ExitStack() as stack:
+        watched = sidecar(stack, job, tmp_path, "below.db")
+        deadline, certain, before = time.monotonic() + 60, None, None
+        while time.monotonic() < deadline and certain is None:
+            state = watched.poller.tick()
+            certain = next((f for f in state.findings if f.kind == "batch_exceeds_headroom"),
+                           None)
+            before = get_json(f"{job['probe']}/probe", 2.0)[1]
+            time.sleep(POLL_S)
+    assert certain is not None
+    # Named while the loop had not yet asked for a batch: from its declaration alone.
+    assert before is not None and before["next_strides"] is None, before
+    assert certain.severity is Severity.CRITICAL
+    ev = certain.evidence
+    assert (ev["verdict"], ev["released_samples"], ev["gate"]) == ("will_hang", 40, "schedule")
+    assert ev["strandable_samples"] == 63 + 29 * 6  # 29 of 32 datasets unread, 6 in flight
+    # `replaywatch predict` with TF-Agents' pipeline says the same, fixes and all.
+    out = subprocess.run([sys.executable, "-m", "replaywatch", "predict", *PREDICT_FLAGS,
+                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 1 and doc["verdict"] == "will_hang"
+    assert doc["fixes"] == ev["fixes"]
+    # Every fix it prints, applied, trains to the end; the job as it is hangs.
+    assert ev["fixes"], ev
+    for fix in ev["fixes"]:
+        outcome = run_to_the_end([*BELOW_A_BATCH, *fixed_flags(fix)])
+        assert outcome["outcome"] == "ran", (fix, outcome)
+    assert run_to_the_end(BELOW_A_BATCH)["outcome"] == "hang"
