@@ -127,6 +127,7 @@ bench-grid-shapes: $(STAMP)
 bench-grid-fixes: $(STAMP)
 	$(PY) -m bench.predict_grid --buffer-fixes --results bench/RESULTS.md
 	$(PY) -m bench.predict_grid --batch-warnings --results bench/RESULTS.md
+	$(PY) -m bench.predict_grid --first-step-fixes --results bench/RESULTS.md
 
 # Long healthy runs and throughput_drop's detection times (about 50 minutes).
 bench-long:

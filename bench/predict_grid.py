@@ -396,6 +396,44 @@ def render_batch_warnings(rows: list[dict[str, Any]], took_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+START_HEADING = "## First-step fixes on the grid's scheduled cells"
+
+
+def run_first_step_fixes(cells: list[Cell], runs: int, workdir: Path) -> list[dict[str, Any]]:
+    """Each `first_step_at` fix the model prints for a grid cell (a scheduled loop that
+    starts training later has released more when it first asks), run `runs` times."""
+    rows: list[dict[str, Any]] = []
+    for cell in cells:
+        if cell.loop == "seed":
+            continue
+        for fix in budget_fixes.fixes(*cell.model()):
+            if fix.knob != "first_step_at":
+                continue
+            fixed = cell.fixed(fix)
+            outcomes = [run_once(fixed, workdir, one_cpu=i % 2 == 1)["outcome"]
+                        for i in range(runs)]
+            rows.append({"cell": cell.name, "fix": f"first_step_at={fix.value}",
+                         "model": fixed.predict().verdict, "outcomes": outcomes,
+                         "held": all(o == "ran" for o in outcomes)})
+            print(f"{cell.name}: {rows[-1]['fix']}: {outcomes}", flush=True)
+    return rows
+
+
+def render_first_step_fixes(rows: list[dict[str, Any]], took_s: float) -> str:
+    lines = _section_head(
+        START_HEADING, len(rows), sum(len(r["outcomes"]) for r in rows), took_s,
+        "`python -m bench.predict_grid --first-step-fixes` (`make bench-grid-fixes`). A "
+        "scheduled loop (the harness's `sync-ratio`: Acme's older `Agent`) that first steps "
+        "once the table holds more items has released error_buffer + spi per item past "
+        "min_size when it first asks; the least such start the model calls safe, run on "
+        "all CPUs and on one.")
+    lines += [f"- fixes that held in every run: **{sum(r['held'] for r in rows)}/{len(rows)}**",
+              "", "| cell | fix | model | runs |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['cell']} | {r['fix']} | {r['model']} | {', '.join(r['outcomes'])} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def agrees(verdict: str, hangs: int, runs: int) -> bool:
     if verdict == budget.SAFE:
         return hangs == 0
@@ -545,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only the error_buffer fixes, at their value and above it")
     p.add_argument("--batch-warnings", action="store_true",
                    help="run only the smaller batches the batch_size fixes warn of")
+    p.add_argument("--first-step-fixes", action="store_true",
+                   help="run only the first_step_at fixes of the grid's cells")
     p.add_argument("--shapes", action="store_true",
                    help="the cells of bench/predict_shapes_cells.json, a table per family")
     args = p.parse_args(argv)
@@ -552,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
         return _buffer_fixes_main(args)
     if args.batch_warnings:
         return _batch_warnings_main(args)
+    if args.first_step_fixes:
+        return _fix_checks_main(args, default_cells(), run_first_step_fixes,
+                                render_first_step_fixes)
     if args.from_json:
         rows = json.loads(args.from_json.read_text())
         text = (render_shapes(rows, 60 * (args.took_min or 0)) if args.shapes

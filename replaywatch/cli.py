@@ -11,6 +11,7 @@ Markdown. Bad input is one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -25,7 +26,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
 from replaywatch.fetch_bundle import add_arguments as add_fetch_arguments
 from replaywatch.fetch_bundle import run_fetch
-from replaywatch.model import LAYOUTS
+from replaywatch.model import LAYOUTS, DeclaredLayout
 from replaywatch.predict import add_arguments as add_predict_arguments
 from replaywatch.predict import run_predict
 from replaywatch.report import add_arguments as add_report_arguments
@@ -74,6 +75,14 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
                    help="the job's layout, for jobs whose probes cannot say it: sync (insert "
                         "blocking disabled), sync-ratio (one loop, finite max_diff), async, "
                         "async-lag (actors wait on the learner)")
+    p.add_argument("--gate", choices=("can-sample", "schedule"), default=None,
+                   help="when a synchronous loop calls next(): only while can_sample(batch) "
+                        "(Acme's LocalLayout), or on a schedule (TF-Agents' collect and train, "
+                        "Acme's older Agent); unsaid, the probe's or both are judged")
+    p.add_argument("--inserts-per-step", type=_positive_float, default=None, metavar="K",
+                   help="with --gate schedule: inserts between learner steps")
+    p.add_argument("--first-step-at", type=int, default=None, metavar="M",
+                   help="with --gate schedule: items in the table at the first learner step")
     _add_threshold_flags(p)
 
 
@@ -165,10 +174,28 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,
         db_path=getattr(args, "db", None), trainer_pid=getattr(args, "trainer_pid", None),
         targets_file=getattr(args, "targets_file", None),
-        layout=args.layout or (cfg.layout_from_file(args.config) if args.config else None),
+        layout=declared_layout(args),
         bundle_dir=getattr(args, "bundle_dir", None),
         bundle_keep=getattr(args, "bundle_keep", 20),
     )
+
+
+def declared_layout(args: argparse.Namespace) -> str | None:
+    """--layout (or the config file's) and the loop's --gate, as one DeclaredLayout spec."""
+    from_file = DeclaredLayout.parse(cfg.layout_from_file(args.config) if args.config
+                                     else None) or DeclaredLayout()
+    if args.gate is None and (args.inserts_per_step is not None
+                              or args.first_step_at is not None):
+        raise ConfigError("--inserts-per-step and --first-step-at go with --gate schedule")
+    said = from_file if args.gate is None else DeclaredLayout(
+        None, {"can-sample": "can_sample", "schedule": "schedule"}[args.gate],
+        args.inserts_per_step, args.first_step_at)
+    try:
+        spec = dataclasses.replace(said, kind=args.layout or from_file.kind).spec()
+        DeclaredLayout.parse(spec)  # the same checks a config file's spec gets
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return spec or None
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
-from replaywatch.model import LAYOUTS
+from replaywatch.model import LAYOUTS, DeclaredLayout
 
 
 def parse_address(address: str, what: str = "address") -> str:
@@ -139,15 +139,19 @@ class WatchConfig:
     db_path: str | None = None
     trainer_pid: int | None = None
     targets_file: str | None = None
-    layout: str | None = None  # sync, sync-ratio, async, async-lag: for jobs not wrapped
+    # sync, sync-ratio, async, async-lag, and a loop's gate: for jobs not wrapped
+    # (DeclaredLayout's spec, "sync gate=schedule inserts_per_step=4")
+    layout: str | None = None
     bundle_dir: str | None = None  # None: `bundles` next to the incident log
     bundle_keep: int = 20  # the newest bundles kept; 0 writes none
 
     def __post_init__(self) -> None:
         if self.bundle_keep < 0:
             raise ConfigError(f"--bundle-keep must be 0 or more, got {self.bundle_keep}")
-        if self.layout is not None and self.layout not in LAYOUTS:
-            raise ConfigError(f"--layout {self.layout!r} must be one of {', '.join(LAYOUTS)}")
+        try:
+            DeclaredLayout.parse(self.layout)
+        except ValueError as e:
+            raise ConfigError(f"--layout {self.layout!r}: {e}") from None
         if not self.targets and not self.targets_file:
             raise ConfigError("give at least one --reverb HOST:PORT (or --targets-file)")
         if len(set(self.targets)) != len(self.targets):
@@ -192,10 +196,15 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def layout_from_file(path: str) -> str | None:
-    """The file's top-level `layout = "..."` (the job's layout, as --layout), if any."""
+    """The file's top-level `layout = "..."` (the job's layout, as --layout, and its gate as
+    --gate: "sync gate=schedule inserts_per_step=4"), if any."""
     value = read_toml(path).get("layout")
-    if value is not None and value not in LAYOUTS:
-        raise ConfigError(f"config file {path}: layout {value!r} must be one of "
+    try:
+        DeclaredLayout.parse(value if isinstance(value, str) else None)
+    except ValueError as e:
+        raise ConfigError(f"config file {path}: layout {value!r}: {e}") from None
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"config file {path}: layout {value!r} must be a string, one of "
                           f"{', '.join(LAYOUTS)}")
     return value
 

@@ -115,6 +115,51 @@ class TableSnapshot:
     item_bytes: int | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class DeclaredLayout:
+    """The job's layout as the sidecar is told it (`--layout`, `--gate`, ...), kept as one
+    string spec where settings and bundles keep it: "sync gate=schedule inserts_per_step=4"."""
+
+    kind: str | None = None  # one of LAYOUTS
+    gate: str | None = None  # one of GATES: a synchronous loop's
+    inserts_per_step: float | None = None
+    first_step_at: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str | None) -> DeclaredLayout | None:
+        """The spec's fields; ValueError names a bad one."""
+        if not spec:
+            return None
+        words = spec.split()
+        kind = words.pop(0) if words and "=" not in words[0] else None
+        if kind is not None and kind not in LAYOUTS:
+            raise ValueError(f"layout {kind!r} must be one of {', '.join(LAYOUTS)}")
+        found: dict[str, str] = {}
+        for word in words:
+            key, _, value = word.partition("=")
+            if key not in ("gate", "inserts_per_step", "first_step_at") or not value:
+                raise ValueError(f"{word!r} is not gate=, inserts_per_step= or first_step_at=")
+            found[key] = value
+        gate = found.get("gate")
+        if gate is not None and gate not in GATES:
+            raise ValueError(f"gate {gate!r} must be one of {', '.join(GATES)}")
+        k = float(found["inserts_per_step"]) if "inserts_per_step" in found else None
+        m = int(found["first_step_at"]) if "first_step_at" in found else None
+        if (k is not None and not k > 0) or (m is not None and m < 0):
+            raise ValueError("inserts_per_step must be > 0 and first_step_at >= 0")
+        if (k is not None or m is not None) and gate != "schedule":
+            raise ValueError("inserts_per_step and first_step_at go with gate=schedule")
+        return cls(kind, gate, k, m)
+
+    def spec(self) -> str:
+        words = [self.kind] if self.kind else []
+        words += [f"gate={self.gate}"] if self.gate else []
+        words += [f"inserts_per_step={self.inserts_per_step:g}"] if self.inserts_per_step else []
+        words += ([f"first_step_at={self.first_step_at}"] if self.first_step_at is not None
+                  else [])
+        return " ".join(words)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class NextStrides:
     """A synchronous loop's items inserted (its wrapped writer's) around its next() calls."""

@@ -185,10 +185,13 @@ def applied(config: tuple[Limiter, Dataset, Layout], fix: budget_fixes.Fix
 def test_fixes_are_the_smallest_change_the_model_calls_safe() -> None:
     lim, ds, layout = cell("sync-ratio", 12, 64, 8, 300)
     by_knob = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, layout)}
-    # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300;
-    # a first step 58 inserts past min_size has released 300 + 8 x 58 = 764 > 756.
-    assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25,
-                       "first_step_at": 1058}
+    # 4 x 63 = 252 < 300 but 5 x 63 = 315 > 300; 12 x 63 = 756 needs 757; 12 x 25 = 300.
+    # A first step 58 inserts past min_size would have released 300 + 8 x 58 = 764 > 756,
+    # but with nothing drawn before it max_diff (8300) stops the loop's inserts at 1037.
+    assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25}
+    assert budget.inserts_before_blocking(lim) == 1037
+    late = budget.predict(lim, ds, replace(layout, first_step_at=1058))
+    assert late.verdict == WILL_HANG and "blocks its own insert at 1037" in late.reason
 
 
 def test_an_error_buffer_fix_holds_for_every_larger_value_too() -> None:

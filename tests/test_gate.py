@@ -65,3 +65,52 @@ def test_a_declared_gate_wins_and_a_probe_without_the_loop_writer_learns_nothing
     unwrapped = probe_snapshot(1000.0, 0, blocked_for=3.0, batch_size=256,
                                next_strides=NextStrides(0, 0, 20, 0, 0))
     assert lay.synchronous_reading(sync_table(1000), (unwrapped,)).gate is None
+
+
+def test_the_sidecars_gate_flags_make_one_declared_spec(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from replaywatch.cli import build_parser, config_from_args
+    from replaywatch.errors import ConfigError
+
+    parse = build_parser().parse_args
+    base = ["check", "--reverb", "127.0.0.1:1"]
+    got = config_from_args(parse([*base, "--layout", "sync", "--gate", "schedule",
+                                  "--inserts-per-step", "4", "--first-step-at", "1000"]), {})
+    assert got.layout == "sync gate=schedule inserts_per_step=4 first_step_at=1000"
+    assert config_from_args(parse([*base, "--gate", "can-sample"]), {}).layout == (
+        "gate=can_sample")
+    with pytest.raises(ConfigError, match="go with --gate schedule"):
+        config_from_args(parse([*base, "--first-step-at", "10"]), {})
+    with pytest.raises(ConfigError, match="go with gate=schedule"):
+        config_from_args(parse([*base, "--gate", "can-sample", "--inserts-per-step", "2"]), {})
+    f = Path(str(tmp_path)) / "job.toml"
+    f.write_text('layout = "sync gate=schedule inserts_per_step=2"\n')
+    assert config_from_args(parse([*base, "--config", str(f)]), {}).layout == (
+        "sync gate=schedule inserts_per_step=2")
+    f.write_text('layout = "sync gate=sometimes"\n')
+    with pytest.raises(ConfigError, match="gate 'sometimes' must be one of"):
+        config_from_args(parse([*base, "--config", str(f)]), {})
+
+
+def test_a_gate_the_sidecar_is_told_reaches_the_model() -> None:
+    from replaywatch.diagnosis.engine import diagnose
+    from tests.builders import DEFAULT, probe_history, seconds, target_view
+
+    times = seconds(5)
+    # Insert blocking disabled, spi 1, error_buffer 100, batches of 256: safe for a loop that
+    # waits on can_sample, a hang for one on a schedule.
+    table = table_history(times, 0, 0, spi=1.0, min_size=1000, min_diff=900.0,
+                          max_diff=FLOAT_MAX)
+    view = target_view([table], [probe_history(times, 0, item_bytes=16)])
+
+    def risk(layout: str | None) -> dict | None:
+        found = [f for f in diagnose(view, DEFAULT, 1004.0, layout=layout).findings
+                 if f.kind in ("deadlock_risk", "batch_exceeds_headroom")]
+        return found[0].evidence if found else None
+
+    unknown = risk(None)
+    assert unknown is not None and unknown["judged_gate"] == SCHEDULE
+    assert risk("gate=can_sample") is None
+    told = risk("sync gate=schedule")
+    assert told is not None and (told["gate"], told["gate_basis"]) == (SCHEDULE, "declared")

@@ -406,13 +406,13 @@ def drawable(ds: Dataset, strand: float) -> float:
     return strand + ds.batch_size * (ds.prefetch + 1)
 
 
-def inserts_before_blocking(lim: Limiter, ds: Dataset) -> float:
-    """The most items a loop can insert before its first step: past them, with what the
-    pipeline draws meanwhile, its own insert meets a finite max_diff."""
+def inserts_before_blocking(lim: Limiter) -> float:
+    """The most items a loop can insert before its first step: past them its own insert
+    meets a finite max_diff, as nothing is drawn meanwhile (tf.data opens the Reverb datasets
+    of an interleave at the first GetNext, so a pipeline that was never asked holds none)."""
     if lim.insert_blocking_disabled:
         return math.inf
-    held = drawable(ds, strandable(ds, granularity(lim, ds)))
-    return math.floor((lim.max_diff + held) / lim.samples_per_insert)
+    return math.floor(lim.max_diff / lim.samples_per_insert)
 
 
 def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
@@ -427,11 +427,11 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       "released and the loop never inserts again", SCHEDULE)
     first = e + spi * (m - lim.min_size_to_sample)
     per_step = k * spi
-    held = drawable(ds, s)
-    if m > inserts_before_blocking(lim, ds):
+    if m > inserts_before_blocking(lim):
         return Budget(WILL_HANG, first, s, f"the loop inserts {m} items before its first "
-                      f"step, but with at most {held:g} samples drawn meanwhile the limiter's "
-                      f"max_diff ({lim.max_diff:g}) blocks its own insert first", SCHEDULE)
+                      f"step, but with nothing drawn before it (tf.data opens its Reverb "
+                      f"datasets at the first next()) max_diff ({lim.max_diff:g}) blocks its "
+                      f"own insert at {inserts_before_blocking(lim):g}", SCHEDULE)
     at = (f"a step every {k:g} inserts from {m} items on; at the first the limiter has "
           f"released {first:g} (error_buffer {e:g}"
           + (f" + {spi:g} x {m - lim.min_size_to_sample} inserts past min_size" if m >
@@ -446,6 +446,7 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     if per_step > b + 1e-9 and not lim.insert_blocking_disabled:
         # The surplus piles up in the limiter, the pipeline holds only so much, so the loop's
         # own insert meets max_diff; blocked there it never asks for the batch that frees it.
+        held = drawable(ds, s)
         room = lim.max_diff - spi * (m + 1) + held
         steps = max(0, math.ceil(room / (per_step - b)))
         return Budget(WILL_HANG, first, s, f"{at}, and each step's {k:g} inserts release "

@@ -237,7 +237,7 @@ def _later_first_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     current = (lim.min_size_to_sample if layout.first_step_at is None
                else layout.first_step_at)
     # Safe from some m on, up to where the loop's own inserts before it meet max_diff.
-    high = min(current + MAX_POLICY_LAG, inserts_before_blocking(lim, ds))
+    high = min(current + MAX_POLICY_LAG, inserts_before_blocking(lim))
     value = _least(lambda m: _safe(lim, ds, dataclasses.replace(layout, first_step_at=m)),
                    current + 1, int(high))
     return None if value is None else Fix(

@@ -2,7 +2,8 @@
 
 The budget model needs to know who inserts and who waits. In order of strength:
 
-    declared        the trainer probe's `layout=`, or the sidecar's --layout setting
+    declared        the trainer probe's `layout=`, or the sidecar's --layout setting (a
+                    DeclaredLayout spec, which may say the loop's gate too)
     loop writer     the trainer probe wraps its loop's writer (the trainer inserts) and no
                     other thread than the one that calls next() is seen inserting: a
                     synchronous loop, whatever max_diff is (`sync` with insert blocking
@@ -44,7 +45,7 @@ from typing import Any
 
 from replaywatch.diagnosis import budget
 from replaywatch.diagnosis.actors import Actor
-from replaywatch.model import NextStrides, ProbeSnapshot, TableSnapshot
+from replaywatch.model import DeclaredLayout, NextStrides, ProbeSnapshot, TableSnapshot
 
 DECLARED, LOOP_WRITER, ACTOR_PROBES = "declared", "loop writer", "actor probes"
 LEARNED = "learned"
@@ -106,14 +107,15 @@ def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tup
             declared: str | None = None) -> KnownLayout:
     """The table's layout from the newest snapshots (module docstring)."""
     bound = _actor_bound(actors)
-    for kind in [p.layout for p in probes if p.layout] + ([declared] if declared else []):
+    said = DeclaredLayout.parse(declared)
+    for kind in [p.layout for p in probes if p.layout] + ([said.kind] if said else []):
         if kind in budget.LAYOUTS:
             lag, ahead = bound if kind == budget.ASYNC_LAG else (None, None)
-            return _with_gate(KnownLayout(kind, DECLARED, lag, ahead), probes, table)
+            return _with_gate(KnownLayout(kind, DECLARED, lag, ahead), probes, table, said)
     if any((p.writers_wrapped or p.items_inserted) and p.inserts_on_next_thread is not False
            for p in probes):
         # The kind says only that the loop is the learner; its gate says when it asks.
-        return _with_gate(KnownLayout(budget.SYNC, LOOP_WRITER), probes, table)
+        return _with_gate(KnownLayout(budget.SYNC, LOOP_WRITER), probes, table, said)
     if bound != (None, None):
         return KnownLayout(budget.ASYNC_LAG, ACTOR_PROBES, *bound)
     if actors and not any(s.waits_total > 0 or s.waiting_on is not None
@@ -122,10 +124,13 @@ def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tup
     return UNKNOWN
 
 
-def synchronous_reading(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...]) -> KnownLayout:
-    """The layout unknown, the reading of a synchronous loop, its gate as the probes know it
-    (the rules that judge a loop only where insert blocking is disabled use it)."""
-    return _with_gate(KnownLayout(budget.SYNC, None), probes, table)
+def synchronous_reading(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...],
+                        declared: str | None = None) -> KnownLayout:
+    """The layout unknown, the reading of a synchronous loop, its gate as the probes (or the
+    sidecar's --gate) know it (the rules that judge a loop only where insert blocking is
+    disabled use it)."""
+    return _with_gate(KnownLayout(budget.SYNC, None), probes, table,
+                      DeclaredLayout.parse(declared))
 
 
 def _actor_bound(actors: tuple[Actor, ...]) -> tuple[int | None, int | None]:
@@ -140,7 +145,7 @@ def _actor_bound(actors: tuple[Actor, ...]) -> tuple[int | None, int | None]:
 
 
 def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
-               table: TableSnapshot) -> KnownLayout:
+               table: TableSnapshot, said: DeclaredLayout | None = None) -> KnownLayout:
     """A synchronous loop's gate: declared, or learned from its strides (module docstring)."""
     if not known.synchronous:
         return known
@@ -149,6 +154,10 @@ def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
             return dataclasses.replace(known, gate=p.gate, gate_basis=DECLARED,
                                        inserts_per_step=p.inserts_per_step,
                                        first_step_at=p.first_step_at)
+    if said is not None and said.gate is not None:
+        return dataclasses.replace(known, gate=said.gate, gate_basis=DECLARED,
+                                   inserts_per_step=said.inserts_per_step,
+                                   first_step_at=said.first_step_at)
     if known.kind == budget.SYNC_RATIO:
         return dataclasses.replace(known, gate=budget.SCHEDULE, gate_basis=DECLARED)
     # Strides count the loop's own inserts: only a probe that wraps its writer has them.

@@ -58,7 +58,8 @@ def known_layout(case: TableCase) -> lay.KnownLayout:
 
 def synchronous_model(case: TableCase) -> budget.Layout:
     """A synchronous loop's model where the layout is unknown: the gate the probes know."""
-    reading = lay.synchronous_reading(case.latest, tuple(p[-1] for p in case.probes))
+    reading = lay.synchronous_reading(case.latest, tuple(p[-1] for p in case.probes),
+                                      case.declared_layout)
     return dataclasses.replace(reading, basis="reading").model() or budget.Layout(budget.SYNC)
 
 
