@@ -66,7 +66,9 @@ class Cell:
     lag: int | None = None
     shape: str = "per-worker"  # or "repeat" (Acme at the seed's commit)
     item: str = "small"  # or "frames" (84x84x9 uint8)
-    loop: str = "plain"  # or "seed": the seed's own loop, run long (SEED_LOOP)
+    # or "seed": the seed's own loop, run long (SEED_LOOP); "tf-agents": TF-Agents' own DQN
+    # job (TF_AGENTS_EXAMPLE), a sync-ratio loop on its after-interleave pipeline
+    loop: str = "plain"
     # Shapes not our own (bench/predict_shapes_cells.json): a sync loop's gate, the pipeline,
     # the actors' bound by items ahead of what was consumed.
     gate: str = "can-sample"  # sync only: or "schedule"
@@ -82,6 +84,7 @@ class Cell:
         extra = "".join(f" {x}" for x in (self.shape, self.item)
                         if x not in ("per-worker", "small"))
         extra += " seed-loop" if self.loop == "seed" else ""
+        extra += " tf-agents-dqn" if self.loop == "tf-agents" else ""
         if self.layout == budget.SYNC and self.gate != "can-sample":
             extra += f" {self.gate}"
         extra += "" if self.inserts_per_step is None else f" K{self.inserts_per_step:g}"
@@ -119,6 +122,20 @@ class Cell:
             part = part.together
         return dataclasses.replace(self, **changes)
 
+    def tf_agents_args(self) -> list[str]:
+        """The cell as examples/tf_agents_dqn.py's flags: its loop collects K steps (one item
+        each) and trains one; a first step at N items is an initial collect of N + 4 steps
+        (its observer's items trail its steps by about two)."""
+        out = ["--batch-size", str(self.batch_size), "--num-parallel-calls", str(self.workers),
+               "--samples-per-insert", f"{self.spi:g}", "--min-size", str(self.min_size),
+               "--error-buffer", f"{self.error_buffer:g}",
+               "--collect-steps", f"{self.inserts_per_step or self.batch_size / self.spi:g}"]
+        if self.first_step_at is not None:
+            out += ["--initial-collect", str(self.first_step_at + 4)]
+        if self.cycle_length is not None:
+            out += ["--max-cycle-length", str(self.cycle_length)]
+        return out
+
     def args(self) -> list[str]:
         out = ["--layout", self.layout, "--workers", str(self.workers), "--batch-size",
                str(self.batch_size), "--samples-per-insert", f"{self.spi:g}",
@@ -149,6 +166,12 @@ SEED_LOOP_TRAIN_S = 480.0
 SEED_LOOP_RUNS = 6
 
 
+# TF-Agents' own DQN job (examples/tf_agents_dqn.py: its replay buffer, observer, driver and
+# as_dataset) for the cells whose `loop` is "tf-agents"; a run trains this many steps.
+TF_AGENTS_EXAMPLE = "examples/tf_agents_dqn.py"
+TF_AGENTS_TRAIN_STEPS = 600
+
+
 def default_cells() -> list[Cell]:
     """Around each configuration's boundaries: below a batch, inside the band, above what
     the iterators can strand (bench/predict_grid_cells.json is this list, for the tests)."""
@@ -175,10 +198,13 @@ def run_once(cell: Cell, workdir: Path, one_cpu: bool = False) -> dict[str, Any]
     seed = cell.loop == "seed"
     pin = one_cpu_prefix() if one_cpu or seed else []
     train_s = SEED_LOOP_TRAIN_S if seed else 5.0
-    proc = Proc([*pin, PYTHON, "harness/loop_workload.py", *cell.args(),
-                 *(SEED_LOOP if seed else []), "--start-delay", "1.5", "--train-s",
-                 f"{train_s:g}", "--hang-after", "8", "--timeout-s", f"{train_s + 120:g}"],
-                stdout_path=log)
+    command = ([PYTHON, TF_AGENTS_EXAMPLE, *cell.tf_agents_args(), "--start-delay", "1.5",
+                "--train-steps", str(TF_AGENTS_TRAIN_STEPS), "--hang-after", "8"]
+               if cell.loop == "tf-agents" else
+               [PYTHON, "harness/loop_workload.py", *cell.args(), *(SEED_LOOP if seed else []),
+                "--start-delay", "1.5", "--train-s", f"{train_s:g}", "--hang-after", "8",
+                "--timeout-s", f"{train_s + 120:g}"])
+    proc = Proc([*pin, *command], stdout_path=log)
     try:
         start = proc.announce(timeout_s=90, match=lambda record: "reverb" in record)
         config = cfg.WatchConfig(
@@ -458,6 +484,8 @@ def predict_seconds(runs: int = 5) -> float:
 
 def family(spec: dict[str, Any]) -> str:
     """The shape family a cell belongs to, for a table of its own."""
+    if spec.get("loop") == "tf-agents":
+        return "TF-Agents' own DQN job (tf-agents 0.19.0): its observer, driver and as_dataset"
     if spec.get("pipeline") == "after-interleave":
         return "One batch after the interleave (TF-Agents' as_dataset), a scheduled loop"
     if spec.get("gate") == "schedule":

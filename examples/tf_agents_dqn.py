@@ -19,8 +19,9 @@ Run it from the repository root:
     python examples/tf_agents_dqn.py --num-parallel-calls 32 --error-buffer 256
 
 It prints one JSON line {"reverb": ADDR, "probe": URL or null, "pid": PID} once serving, and
-one at the end: {"outcome": "ran"} after --train-steps, or {"outcome": "hang"} when one next()
-lasted --hang-after seconds (it then exits: a hung tf.data pipeline holds a normal exit).
+one at the end: {"outcome": "ran"} after --train-steps, or {"outcome": "hang"} when the loop
+neither inserted nor took a batch for --hang-after seconds, inside next() or inside its own
+insert (it then exits: a hung tf.data pipeline holds a normal exit).
 """
 
 from __future__ import annotations
@@ -77,12 +78,21 @@ def make_table(args: argparse.Namespace, agent: Any) -> reverb.Table:
 
 
 def watch(probe: TrainerProbe | None, hang_after: float) -> None:
-    """The truth, taken in the job's own process: one next() over hang_after s is a hang."""
-    while probe is not None:
+    """The truth, taken in the job's own process: a loop that neither inserts nor takes a
+    batch for hang_after s is hung, inside next() or inside its own insert."""
+    if probe is None:
+        return
+    progress, since = None, time.time()
+    while True:
         time.sleep(0.1)
         doc = probe.snapshot()
-        if doc["blocked_in_next"] and doc["blocked_for_s"] >= hang_after:
-            print(json.dumps({"outcome": "hang", "batches": doc["batches_retrieved"],
+        now_progress = (doc["items_inserted"], doc["batches_retrieved"])
+        if now_progress != progress:
+            progress, since = now_progress, time.time()
+        elif time.time() - since >= hang_after:
+            print(json.dumps({"outcome": "hang", "hang_since": since,
+                              "in": "next()" if doc["blocked_in_next"] else "insert",
+                              "batches": doc["batches_retrieved"],
                               "items_inserted": doc["items_inserted"]}), flush=True)
             os._exit(0)
 
