@@ -161,6 +161,23 @@ class DeclaredLayout:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class PipelineShape:
+    """The budget model's inputs as the probe read them from the tf.data graph."""
+
+    batch_size: int | None
+    num_parallel_calls: int
+    num_parallel_calls_autotune: bool  # AUTOTUNE: judged as one thread, the most stranded
+    max_in_flight: int | None
+    workers_per_iterator: int
+    iterators_per_worker: int
+    batch_after_interleave: bool
+    cycle_length: int | None
+    item_bytes: int | None
+    prefetch_size: int | None
+    table: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class NextStrides:
     """A synchronous loop's items inserted (its wrapped writer's) around its next() calls."""
 
@@ -211,6 +228,10 @@ class ProbeSnapshot:
     cycle_length: int | None = None  # Reverb datasets interleaved
     workers_per_iterator: int | None = None
     next_strides: NextStrides | None = None  # the loop's inserts between next() calls
+    # The tf.data graph: None until the probe read it; else read or not and why not.
+    pipeline_read: bool | None = None
+    pipeline_reason: str | None = None
+    pipeline: PipelineShape | None = None
 
 
 # The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a

@@ -4,6 +4,8 @@ for a batch its limiter never released."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from replaywatch.diagnosis import layout as lay
@@ -114,3 +116,41 @@ def test_a_gate_the_sidecar_is_told_reaches_the_model() -> None:
     assert risk("gate=can_sample") is None
     told = risk("sync gate=schedule")
     assert told is not None and (told["gate"], told["gate_basis"]) == (SCHEDULE, "declared")
+
+
+def test_the_documents_carry_the_gate_the_pipeline_and_the_actors_bound() -> None:
+    from replaywatch.probe import ActorProbe, TrainerProbe
+    from replaywatch.sources.probe_http import actor_from_probe, snapshot_from_probe
+
+    probe = TrainerProbe(batch_size=64, num_parallel_calls=3, batch_after_interleave=True,
+                         cycle_length=32, gate="schedule", inserts_per_step=4,
+                         first_step_at=202)
+    snap = snapshot_from_probe(probe.snapshot(), "http://p", 1000.0)
+    assert (snap.gate, snap.inserts_per_step, snap.first_step_at) == (SCHEDULE, 4.0, 202)
+    assert (snap.batch_after_interleave, snap.cycle_length) == (True, 32)
+    assert snap.next_strides is None  # no next() yet
+    it = probe.wrap(iter(range(3)))
+    next(it), next(it)
+    assert snapshot_from_probe(probe.snapshot(), "http://p", 1.0).next_strides == NextStrides(
+        0, 0, 1, 0, 0)
+    actor = actor_from_probe(ActorProbe(max_items_ahead=8).snapshot(), "http://a", 1000.0)
+    assert (actor.max_items_ahead, actor.max_policy_lag) == (8, None)
+    for bad in ({"gate": "sometimes"}, {"inserts_per_step": 0}, {"cycle_length": -1}):
+        with pytest.raises(ValueError):
+            TrainerProbe(batch_size=4, **bad)
+    with pytest.raises(ValueError, match="one bound"):
+        ActorProbe(max_policy_lag=2, max_items_ahead=2)
+
+
+def test_actors_bounded_by_items_ahead_are_async_lag_with_that_bound() -> None:
+    from replaywatch.diagnosis.actors import Actor
+    from tests.builders import actor_snapshot
+
+    finite = table_history([1000.0], 2000, 100, spi=4.0, min_size=200, min_diff=760.0,
+                           max_diff=840.0)[-1]
+    ahead = Actor("http://a", (dataclasses.replace(actor_snapshot(1000.0, 5),
+                                                   max_items_ahead=8),), ())
+    known = lay.resolve(finite, (), (ahead,))
+    assert (known.kind, known.max_items_ahead, known.basis) == ("async-lag", 8, "actor probes")
+    model = known.model()
+    assert model is not None and model.max_items_ahead == 8 and model.max_policy_lag is None

@@ -40,8 +40,17 @@ def limiter_of(t: TableSnapshot) -> budget.Limiter:
 
 
 def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Dataset | None:
-    """The dataset as the probe declares it, its items' size read from the table's signature
-    where the probe does not declare it; None without a batch size or worker count."""
+    """The dataset as the probe read it from the tf.data graph, else as it declares it; its
+    items' size read from the table's signature where neither says it; None without a
+    batch size or worker count."""
+    r = p.pipeline
+    if r is not None and r.batch_size:
+        return budget.Dataset(
+            r.num_parallel_calls, r.batch_size, r.max_in_flight, r.prefetch_size or 0,
+            r.iterators_per_worker,
+            r.item_bytes or p.item_bytes or (t.item_bytes if t is not None else None),
+            budget.AFTER_INTERLEAVE if r.batch_after_interleave else budget.PER_WORKER,
+            r.cycle_length, r.workers_per_iterator)
     if not p.batch_size or not p.num_parallel_calls:
         return None
     item_bytes = p.item_bytes or (t.item_bytes if t is not None else None)
@@ -49,6 +58,23 @@ def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Datas
                           p.prefetch_size or 0, p.iterators_per_worker or 1, item_bytes,
                           budget.AFTER_INTERLEAVE if p.batch_after_interleave
                           else budget.PER_WORKER, p.cycle_length, p.workers_per_iterator or 1)
+
+
+def declared_differs(p: ProbeSnapshot) -> dict[str, dict[str, object]]:
+    """Each value the probe declares that the read pipeline contradicts (the read one is
+    used): a wrong declaration is a wrong verdict, so it is shown beside the truth."""
+    r = p.pipeline
+    if r is None:
+        return {}
+    pairs = {"batch_size": (p.batch_size, r.batch_size),
+             "num_parallel_calls": (p.num_parallel_calls, r.num_parallel_calls),
+             "max_in_flight": (p.max_in_flight, r.max_in_flight),
+             "iterators_per_worker": (p.iterators_per_worker, r.iterators_per_worker),
+             "batch_after_interleave": (p.batch_after_interleave or None,
+                                        r.batch_after_interleave),
+             "cycle_length": (p.cycle_length, r.cycle_length)}
+    return {name: {"declared": said, "read": read} for name, (said, read) in pairs.items()
+            if said is not None and read is not None and said != read}
 
 
 def known_layout(case: TableCase) -> lay.KnownLayout:
@@ -130,9 +156,16 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
         "error_buffer": limiter_of(t).error_buffer, "workers": ds.workers,
         "batch_size": ds.batch_size, "max_in_flight": ds.in_flight,
         "iterators_per_worker": ds.iterators_per_worker, "item_bytes": ds.item_bytes,
-        "item_bytes_from": ("probe" if p.item_bytes else "signature" if ds.item_bytes
+        "item_bytes_from": ("pipeline" if p.pipeline and p.pipeline.item_bytes
+                            else "probe" if p.item_bytes else "signature" if ds.item_bytes
                             else None), "probe": p.probe,
+        "pipeline": ds.shape, "samplers": ds.samplers,
+        "dataset_from": "the tf.data graph" if p.pipeline else "declared",
+        "declared_differs": declared_differs(p),
         "fixes": [f.document() for f in fixes]}
+    if p.pipeline is not None and p.pipeline.num_parallel_calls_autotune:
+        evidence["num_parallel_calls_note"] = ("AUTOTUNE: tf.data may run one interleave "
+                                               "thread, judged so")
     words = {budget.WILL_HANG: "will hang", budget.CAN_HANG: "can hang"}[b.verdict]
     summary = (f"'{t.name}' {words} in next(): once inserting stops the limiter releases "
                f"{b.released:g} samples ({b.reason}) and {ds.workers} batching worker(s) of "

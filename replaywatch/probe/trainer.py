@@ -19,6 +19,8 @@ from typing import Any
 from replaywatch.probe.clients import ProbedClient, wrapped_by
 from replaywatch.probe.learner import wrap_builder as _wrap_builder
 from replaywatch.probe.learner import wrap_learner as _wrap_learner
+from replaywatch.probe.pipeline import read as read_pipeline
+from replaywatch.probe.pipeline import shape as pipeline_shape
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 
@@ -184,6 +186,8 @@ class TrainerProbe(Served):
         # between, and the least and most items inserted between two next() calls.
         self._strides: tuple[int, int, int, int, int] | None = None
         self._writers = 0
+        # (what the tf.data graph says, the model's inputs read from it): None until read
+        self._pipeline: tuple[dict[str, Any], dict[str, Any] | None] | None = None
 
     # -- the trainer's side -------------------------------------------------
     def wrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
@@ -192,7 +196,15 @@ class TrainerProbe(Served):
             return iterator  # wrapping twice would count every batch twice
         self._iterator = _ProbedIterator(iterator, self)
         self._wrapped = "iterator"
+        # The pipeline's graph is read once, on a thread of its own: the learner's next()
+        # never waits on it, and it touches TensorFlow only where the trainer imported it.
+        threading.Thread(target=self._read_pipeline, args=(iterator,), daemon=True,
+                         name="replaywatch-pipeline").start()
         return self._iterator
+
+    def _read_pipeline(self, iterator: Any) -> None:
+        doc = read_pipeline(iterator)
+        self._pipeline = (doc, pipeline_shape(doc))
 
     def wrap_learner(self, learner: Any, iterator_attr: str | None = None) -> Any:
         """Wraps the iterator an Acme-style learner consumes and counts its `step()`s.
@@ -266,6 +278,9 @@ class TrainerProbe(Served):
         next() calls the fewest and most (null before the first next()). A schedule moves
         in strides of floor(K) and ceil(K); a loop that waits on can_sample takes a burst
         with no insert between and later strides far apart.
+        pipeline: the wrapped iterator's tf.data graph as read (probe.pipeline), null until
+        read; pipeline_shape: the budget model's inputs from it (null where not read), used
+        by the sidecar over the declared ones.
         """
         now = self._clock()
         blocked_since = self._blocked_since
@@ -289,6 +304,8 @@ class TrainerProbe(Served):
             items_inserted=inserted,
             inserts_on_next_thread=(None if inserter is None or next_thread is None
                                     else inserter == next_thread),
+            pipeline=None if self._pipeline is None else self._pipeline[0],
+            pipeline_shape=None if self._pipeline is None else self._pipeline[1],
             next_strides=None if self._strides is None else dict(zip(
                 ("inserts_at_first", "inserts_at_last", "count", "least", "most"),
                 self._strides, strict=True)),

@@ -29,6 +29,7 @@ from replaywatch.model import (
     WRITER_CALLS,
     ActorSnapshot,
     NextStrides,
+    PipelineShape,
     PollOutcome,
     ProbeSnapshot,
     SourceKind,
@@ -95,6 +96,7 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             cycle_length=_opt_int(doc, "cycle_length"),
             workers_per_iterator=_opt_int(doc, "workers_per_iterator"),
             next_strides=_strides(doc),
+            **_pipeline(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
@@ -105,6 +107,29 @@ def _choice(doc: dict[str, Any], key: str, allowed: tuple[str, ...]) -> str | No
     if value is not None and value not in allowed:
         raise ValueError(f"{key} {str(value)[:50]!r} is not one of {', '.join(allowed)}")
     return value
+
+
+def _pipeline(doc: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline as the probe read it: read or not (and why), and the model's inputs."""
+    raw, shape = doc.get("pipeline"), doc.get("pipeline_shape")
+    if not isinstance(raw, dict):
+        return {}
+    fields: dict[str, Any] = {"pipeline_read": bool(raw.get("read")),
+                              "pipeline_reason": _opt_text(raw, "reason")}
+    if isinstance(shape, dict):
+        fields["pipeline"] = PipelineShape(
+            batch_size=_opt_int(shape, "batch_size"),
+            num_parallel_calls=int(shape["num_parallel_calls"]),
+            num_parallel_calls_autotune=bool(shape.get("num_parallel_calls_autotune")),
+            max_in_flight=_opt_int(shape, "max_in_flight"),
+            workers_per_iterator=int(shape.get("workers_per_iterator") or 1),
+            iterators_per_worker=int(shape.get("iterators_per_worker") or 1),
+            batch_after_interleave=bool(shape.get("batch_after_interleave")),
+            cycle_length=_opt_int(shape, "cycle_length"),
+            item_bytes=_opt_int(shape, "item_bytes"),
+            prefetch_size=_opt_int(shape, "prefetch_size"),
+            table=_opt_text(shape, "table"))
+    return fields
 
 
 def _strides(doc: dict[str, Any]) -> NextStrides | None:
