@@ -106,7 +106,15 @@ class Cell:
         gate = ({"can-sample": budget.CAN_SAMPLE, "schedule": budget.SCHEDULE}[self.gate]
                 if self.layout == budget.SYNC else None)
         return lim, ds, budget.Layout(self.layout, self.lag, gate, self.inserts_per_step,
-                                      self.first_step_at, self.ahead)
+                                      self.first_step, self.ahead)
+
+    @property
+    def first_step(self) -> int | None:
+        """TF-Agents' job says its first step comes at its initial collect less the two items
+        its observer trails by (examples/tf_agents_dqn.py: min_size + 4 steps by default)."""
+        if self.first_step_at is not None or self.loop != "tf-agents":
+            return self.first_step_at
+        return self.min_size + 2
 
     def predict(self) -> budget.Budget:
         return budget.predict(*self.model())
@@ -124,14 +132,14 @@ class Cell:
 
     def tf_agents_args(self) -> list[str]:
         """The cell as examples/tf_agents_dqn.py's flags: its loop collects K steps (one item
-        each) and trains one; a first step at N items is an initial collect of N + 4 steps
-        (its observer's items trail its steps by about two)."""
+        each) and trains one; a first step at N items is an initial collect of N + 2 steps
+        (its observer's items trail its steps by about two, and it says so to its probe)."""
         out = ["--batch-size", str(self.batch_size), "--num-parallel-calls", str(self.workers),
                "--samples-per-insert", f"{self.spi:g}", "--min-size", str(self.min_size),
                "--error-buffer", f"{self.error_buffer:g}",
                "--collect-steps", f"{self.inserts_per_step or self.batch_size / self.spi:g}"]
         if self.first_step_at is not None:
-            out += ["--initial-collect", str(self.first_step_at + 4)]
+            out += ["--initial-collect", str(self.first_step_at + 2)]
         if self.cycle_length is not None:
             out += ["--max-cycle-length", str(self.cycle_length)]
         return out
@@ -149,8 +157,8 @@ class Cell:
             out += ["--pipeline", self.pipeline]
         if self.inserts_per_step is not None:
             out += ["--inserts-per-step", f"{self.inserts_per_step:g}"]
-        if self.first_step_at is not None:
-            out += ["--first-step-at", str(self.first_step_at)]
+        if self.first_step is not None:
+            out += ["--first-step-at", str(self.first_step)]
         if self.cycle_length is not None:
             out += ["--cycle-length", str(self.cycle_length)]
         return out
@@ -209,7 +217,7 @@ def run_once(cell: Cell, workdir: Path, one_cpu: bool = False) -> dict[str, Any]
         start = proc.announce(timeout_s=90, match=lambda record: "reverb" in record)
         config = cfg.WatchConfig(
             targets=(cfg.parse_address(start["reverb"].replace("localhost", "127.0.0.1")),),
-            probes=tuple(cfg.parse_probe(u) for u in (start["probe"], start["actor_probe"])
+            probes=tuple(cfg.parse_probe(u) for u in (start["probe"], start.get("actor_probe"))
                          if u),
             poll=cfg.PollConfig(interval_s=0.5, timeout_s=0.4, history_s=120.0))
         live: str | None = None

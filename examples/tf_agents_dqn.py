@@ -109,13 +109,16 @@ def main() -> None:
     p.add_argument("--collect-steps", type=int, default=4, help="collect steps a train step")
     p.add_argument("--initial-collect", type=int, default=None,
                    help="random steps before training (default min_size + 4: the observer's "
-                        "items trail its steps)")
+                        "items trail its steps by about two)")
     p.add_argument("--train-steps", type=int, default=300)
     p.add_argument("--hang-after", type=float, default=8.0)
     p.add_argument("--start-delay", type=float, default=0.0,
                    help="seconds between the start line and the first step (a sidecar "
                         "attached from the start sees the configuration first)")
     p.add_argument("--no-probe", action="store_true")
+    p.add_argument("--probe-declares-nothing", action="store_true",
+                   help="the probe is told nothing of the pipeline or the loop: it reads the "
+                        "pipeline from the tf.data graph and learns the loop from its calls")
     args = p.parse_args()
 
     env = tf_py_environment.TFPyEnvironment(suite_gym.load("CartPole-v0"))
@@ -128,15 +131,21 @@ def main() -> None:
 
     probe = None
     client = replay.py_client
-    if not args.no_probe:
+    initial = args.initial_collect if args.initial_collect is not None else args.min_size + 4
+    if args.probe_declares_nothing:
+        probe = TrainerProbe(table=TABLE, name="learner")
+        probe.start()
+        client = probe.wrap_client(replay.py_client)
+    elif not args.no_probe:
         # [README: TF-Agents]
         probe = TrainerProbe(
             batch_size=args.batch_size, num_parallel_calls=args.num_parallel_calls,
             table=TABLE, name="learner",
             # as_dataset's shape: min(B, max_cycle_length) datasets, one batch after them
             batch_after_interleave=True, cycle_length=args.max_cycle_length,
-            # the loop: collect K steps (one item each), then train one
-            gate="schedule", inserts_per_step=args.collect_steps)
+            # the loop: collect K steps (one item each), then train one, from the items its
+            # initial collect left (the observer's items trail its steps by about two)
+            gate="schedule", inserts_per_step=args.collect_steps, first_step_at=initial - 2)
         probe.start()                                 # GET /probe and /stacks, a daemon thread
         client = probe.wrap_client(replay.py_client)  # the observer inserts through it
         # [/README]
@@ -145,7 +154,6 @@ def main() -> None:
     print(json.dumps({"reverb": f"localhost:{server.port}",
                       "probe": probe.url if probe else None, "pid": os.getpid()}), flush=True)
     time.sleep(args.start_delay)
-    initial = args.initial_collect if args.initial_collect is not None else args.min_size + 4
     py_driver.PyDriver(py_env, random_py_policy.RandomPyPolicy(
         py_env.time_step_spec(), py_env.action_spec()), [observer],
         max_steps=initial).run(py_env.reset())

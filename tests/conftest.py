@@ -120,9 +120,10 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
 
 
 # `make test` runs three xdist workers with `--dist loadgroup`: these modules start the JAX
-# agent (a Ray cluster, 12 tf.data workers, an Acme or a TF-Agents loop), each some 10-20 s of both cores
-# at start-up, and assert that a stall is named within windows of seconds. They share one
-# lane, one after another as before; every other test runs beside them in the other two.
+# agent (a Ray cluster, 12 tf.data workers, an Acme or a TF-Agents loop), each some 10-20 s
+# of both cores at start-up, and assert that a stall is named within windows of seconds.
+# They share one lane, one after another as before; every other test runs beside them in
+# the other two.
 # Two agents starting at once on 2 cores starve each other's actors of CPU for seconds,
 # which is a real `sample_blocked`, not a test flake to retry.
 AGENT_LANE = frozenset({

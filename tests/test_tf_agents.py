@@ -41,7 +41,8 @@ BELOW_A_BATCH = ["--samples-per-insert", "8", "--error-buffer", "40", "--num-par
                  "3", "--collect-steps", "1"]
 PREDICT_FLAGS = ["--samples-per-insert", "8", "--min-size-to-sample", "200", "--error-buffer",
                  "40", "--batch-size", "64", "--num-parallel-calls", "3", "--layout",
-                 "sync-ratio", "--pipeline", "tf-agents", "--inserts-per-step", "1"]
+                 "sync-ratio", "--pipeline", "tf-agents", "--inserts-per-step", "1",
+                 "--first-step-at", "202"]
 CONFIG_KINDS = {"deadlock_risk", "batch_exceeds_headroom", "worker_starvation"}
 
 
@@ -79,7 +80,7 @@ def test_a_healthy_tf_agents_loop_of_32_threads_raises_no_risk(
 
 def fixed_flags(fix: dict[str, Any]) -> list[str]:
     """A fix as the example's flags: both knobs of a pair. A first step at N items is an
-    initial collect of N + 4 steps (the observer's items trail its steps by about two)."""
+    initial collect of N + 2 steps (the observer's items trail its steps by about two)."""
     flags: list[str] = []
     part: dict[str, Any] | None = fix
     while part is not None:
@@ -88,7 +89,7 @@ def fixed_flags(fix: dict[str, Any]) -> list[str]:
                 "num_parallel_calls": "--num-parallel-calls",
                 "cycle_length": "--max-cycle-length", "inserts_per_step": "--collect-steps",
                 "first_step_at": "--initial-collect"}[knob]
-        flags += [flag, str(value + 4 if knob == "first_step_at" else value)]
+        flags += [flag, str(value + 2 if knob == "first_step_at" else value)]
         part = part.get("together_with")
     return flags
 
@@ -117,7 +118,8 @@ def test_a_limiter_that_releases_less_than_a_batch_is_named_before_the_first_nex
     assert before is not None and before["next_strides"] is None, before
     assert certain.severity is Severity.CRITICAL
     ev = certain.evidence
-    assert (ev["verdict"], ev["released_samples"], ev["gate"]) == ("will_hang", 40, "schedule")
+    # 40 + 8 x 2 items past min_size at its first step (its initial collect of 204 steps).
+    assert (ev["verdict"], ev["released_samples"], ev["gate"]) == ("will_hang", 56, "schedule")
     assert ev["strandable_samples"] == 63 + 29 * 6  # 29 of 32 datasets unread, 6 in flight
     # `replaywatch predict` with TF-Agents' pipeline says the same, fixes and all.
     out = subprocess.run([sys.executable, "-m", "replaywatch", "predict", *PREDICT_FLAGS,
@@ -131,3 +133,25 @@ def test_a_limiter_that_releases_less_than_a_batch_is_named_before_the_first_nex
         outcome = run_to_the_end([*BELOW_A_BATCH, *fixed_flags(fix)])
         assert outcome["outcome"] == "ran", (fix, outcome)
     assert run_to_the_end(BELOW_A_BATCH)["outcome"] == "hang"
+
+
+def test_with_nothing_declared_the_read_pipeline_and_the_loops_calls_reach_the_same_verdict(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    # Only the iterator and the observer's client wrapped: the probe reads as_dataset's
+    # graph (32 datasets, 3 threads, one batch of 64 after them), and the loop, inside
+    # next() for 64 of the 40 samples released, is proven to step on a schedule.
+    job = start_job(spawn, "tfa-undeclared", *BELOW_A_BATCH, "--probe-declares-nothing")
+    with ExitStack() as stack:
+        watched = sidecar(stack, job, tmp_path, "undeclared.db")
+        deadline, certain = time.monotonic() + 90, None
+        while time.monotonic() < deadline and certain is None:
+            certain = next((f for f in watched.poller.tick().findings
+                            if f.kind == "batch_exceeds_headroom"), None)
+            time.sleep(POLL_S)
+    assert certain is not None
+    ev = certain.evidence
+    assert ev["dataset_from"] == "the tf.data graph" and ev["declared_differs"] == {}
+    assert (ev["batch_size"], ev["workers"], ev["samplers"], ev["pipeline"]) == (
+        64, 3, 32, "after-interleave")
+    assert (ev["verdict"], ev["released_samples"], ev["gate"]) == ("will_hang", 40, "schedule")
+    assert "which a loop that waits on can_sample never does" in ev["gate_basis"]
