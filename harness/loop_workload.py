@@ -279,6 +279,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "(--layout sync-ratio, or sync with --gate schedule)")
     if args.acme_bound and scheduled:
         p.error("--acme-bound is the can-sample gate's")
+    args.given_first_step_at, args.given_inserts_per_step = (args.first_step_at,
+                                                             args.inserts_per_step)
     if args.first_step_at is None:
         args.first_step_at = args.min_size
     if args.inserts_per_step is None:
@@ -362,8 +364,11 @@ def main() -> None:
     # --undeclared-gate the sidecar has only the loop's calls to learn it from.
     gate: dict[str, Any] = {}
     if args.layout.startswith("sync") and not args.undeclared_gate:
-        gate = ({"gate": "schedule", "inserts_per_step": args.inserts_per_step,
-                 "first_step_at": args.first_step_at} if scheduled else {"gate": "can_sample"})
+        # The schedule's numbers only where given: unsaid, they follow the batch and the
+        # limiter (batch / spi, min_size) as the loop's own defaults do.
+        gate = ({"gate": "schedule", "inserts_per_step": args.given_inserts_per_step,
+                 "first_step_at": args.given_first_step_at} if scheduled
+                else {"gate": "can_sample"})
     after = args.pipeline == "after-interleave"
     trainer = TrainerProbe(
         batch_size=args.batch_size, num_parallel_calls=args.workers,

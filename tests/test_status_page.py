@@ -196,7 +196,9 @@ def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
     evidence = card.locator(".evidence")
     for key, value in (("stranded_samples", "40"), ("batch_size", "16"), ("workers", "4")):
         assert evidence.locator(f'[data-key="{key}"] dd').inner_text() == value
-    assert "num_parallel_calls=1" in card.locator(".fix").inner_text()
+    # Its loop's gate unknown, the fix that holds under both readings: error_buffer 0 gives a
+    # scheduled loop nothing to start on, so one worker alone is no fix.
+    assert "error_buffer=61" in card.locator(".fix").inner_text()
     summary = card.locator(".summary")
     assert f"The learner '{LEARNER}' is blocked in next()" in summary.inner_text()
     assert summary.locator("b").count() == 0

@@ -25,12 +25,13 @@ A synchronous loop's **gate** (when it calls next(), budget.py) is known the sam
     asked early     the loop is inside next() for a batch the limiter has not released (its
                     releases, `inserts * spi - min_diff`, less the batches it consumed, are
                     short of one): a loop that waits on can_sample never asks so, so it
-                    steps on a schedule, proven on one poll (its first step where the probe
-                    saw it)
+                    steps on a schedule, proven on one poll (at its first step, the table's
+                    count is where it first asked)
     learned         from the loop's inserts between next() calls (the probe's next_strides)
                     over at least GATE_STRIDES calls: a schedule of K inserts a step moves
                     in strides of floor(K) and ceil(K), so strides that never differ by more
-                    than one are a schedule, K their mean, its first step where it was seen;
+                    than one are a schedule, K their mean (its first step left at min_size:
+                    the loop's count runs ahead of the table's by its writer's items);
                     a next() with no insert before it beside strides of two or more is no
                     schedule (a K >= 2 schedule never steps twice without inserting): the
                     loop waits on can_sample or ready()
@@ -170,18 +171,22 @@ def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
 
 def asked_early(t: TableSnapshot, p: ProbeSnapshot) -> dict[str, Any] | None:
     """A loop inside next() for a batch its limiter has not released (module docstring)."""
-    if (not p.blocked_in_next or p.blocked_for_s < ASKED_EARLY_S or not p.batch_size
+    batch = p.pipeline.batch_size if p.pipeline is not None else p.batch_size
+    if (not p.blocked_in_next or p.blocked_for_s < ASKED_EARLY_S or not batch
             or p.next_strides is None):
         return None
     rl = t.rate_limiter
     released = (math.floor(rl.inserts * rl.samples_per_insert - rl.min_diff)
                 if t.current_size >= rl.min_size_to_sample else 0)
-    short = released - p.batches_retrieved * p.batch_size
-    if short >= p.batch_size:
+    short = released - p.batches_retrieved * batch
+    if short >= batch:
         return None
-    return {"gate": budget.SCHEDULE, "first_step_at": p.next_strides.inserts_at_first,
+    # Inside next() nothing inserts, so the table's count is what its first step met (the
+    # loop's own count runs ahead of it by the items still in its writer).
+    first = rl.inserts if p.batches_retrieved == 0 else None
+    return {"gate": budget.SCHEDULE, "first_step_at": first,
             "gate_basis": f"{LEARNED}: inside next() for batch {p.batches_retrieved + 1} of "
-                          f"{p.batch_size} with {max(0, short)} released and unconsumed, which "
+                          f"{batch} with {max(0, short)} released and unconsumed, which "
                           "a loop that waits on can_sample never does"}
 
 
@@ -190,11 +195,12 @@ def learned_gate(s: NextStrides | None) -> dict[str, Any] | None:
     if s is None or s.count < GATE_STRIDES:
         return None
     if s.most - s.least <= 1:
+        # Its first step is left at min_size: the loop's count at its first next() runs
+        # ahead of the table's by the items still in its writer, so it would overstate.
         k = (s.inserts_at_last - s.inserts_at_first) / s.count
         return {"gate": budget.SCHEDULE, "inserts_per_step": k,
-                "first_step_at": s.inserts_at_first,
                 "gate_basis": f"{LEARNED} from {s.count} next() calls: {s.least} to {s.most} "
-                              f"inserts apart, the first at {s.inserts_at_first}"}
+                              "inserts apart"}
     if s.least == 0:
         return {"gate": budget.CAN_SAMPLE,
                 "gate_basis": f"{LEARNED} from {s.count} next() calls: some with no insert "
