@@ -154,3 +154,15 @@ def test_actors_bounded_by_items_ahead_are_async_lag_with_that_bound() -> None:
     assert (known.kind, known.max_items_ahead, known.basis) == ("async-lag", 8, "actor probes")
     model = known.model()
     assert model is not None and model.max_items_ahead == 8 and model.max_policy_lag is None
+
+
+def test_a_bundle_carries_the_gate_the_strides_and_the_read_pipeline() -> None:
+    from replaywatch.codec import decode, encode
+    from replaywatch.model import PipelineShape, ProbeSnapshot
+    from tests.builders import probe_snapshot
+
+    snap = probe_snapshot(
+        1.0, 3, gate=SCHEDULE, inserts_per_step=4.0, first_step_at=202,
+        next_strides=NextStrides(204, 216, 3, 4, 4), pipeline_read=True,
+        pipeline=PipelineShape(64, 3, False, 6, 1, 1, True, 32, 16, 3, "experience"))
+    assert decode(ProbeSnapshot, encode(snap)) == snap  # analyze replays what was judged
