@@ -253,14 +253,18 @@ def _schedule_inserts(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     if not _schedule_reading(layout):
         return None
     current = layout.inserts_per_step or ds.batch_size / lim.samples_per_insert
+
+    def safe_at(k: float) -> bool:
+        return _safe(lim, ds, dataclasses.replace(layout, inserts_per_step=k))
+
+    value: int | None
     if current * lim.samples_per_insert > ds.batch_size:
+        # Only the schedule the ratio pays for exactly: any other surplus piles up.
         matched = ds.batch_size / lim.samples_per_insert
-        value: int | None = int(matched) if float(matched).is_integer() and matched >= 1 and _safe(
-            lim, ds, dataclasses.replace(layout, inserts_per_step=matched)) else None
+        value = (int(matched) if float(matched).is_integer() and matched >= 1
+                 and safe_at(matched) else None)
     else:
-        value = _least(lambda k: _safe(lim, ds, dataclasses.replace(layout,
-                                                                    inserts_per_step=k)),
-                       math.floor(current) + 1, MAX_POLICY_LAG)
+        value = _least(safe_at, math.floor(current) + 1, MAX_POLICY_LAG)
     return None if value is None else Fix(
         "inserts_per_step", value, current,
         f"one learner step every {value} inserts (Acme: observations_per_step; TF-Agents: "
