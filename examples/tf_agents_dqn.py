@@ -44,7 +44,7 @@ from tf_agents.replay_buffers import reverb_replay_buffer, reverb_utils
 from tf_agents.specs import tensor_spec
 from tf_agents.utils import common
 
-from replaywatch.probe import TrainerProbe
+from replaywatch.probe import ActorProbe, TrainerProbe
 
 TABLE = "uniform_table"
 MAX_CYCLE = 32  # ReverbReplayBuffer's default max_cycle_length
@@ -97,6 +97,23 @@ def watch(probe: TrainerProbe | None, hang_after: float) -> None:
             os._exit(0)
 
 
+def collect_async(args: argparse.Namespace, py_env: Any, agent: Any, observer: Any,
+                  actor: ActorProbe) -> None:
+    """TF-Agents' asynchronous shape: a collector of its own that steps the environment apart
+    from training, and dies after --async-collector-s seconds, as a crashed collect job does."""
+    driver = py_driver.PyDriver(
+        py_env, py_tf_eager_policy.PyTFEagerPolicy(agent.collect_policy, use_tf_function=True),
+        [observer], max_steps=1)
+
+    def run() -> None:
+        deadline, time_step = time.monotonic() + args.async_collector_s, py_env.reset()
+        while time.monotonic() < deadline:
+            time_step, _ = driver.run(time_step)
+            actor.step()
+
+    threading.Thread(target=run, name="collector", daemon=True).start()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-size", type=int, default=64)
@@ -116,6 +133,9 @@ def main() -> None:
                    help="seconds between the start line and the first step (a sidecar "
                         "attached from the start sees the configuration first)")
     p.add_argument("--no-probe", action="store_true")
+    p.add_argument("--async-collector-s", type=float, default=None,
+                   help="collect on a thread of its own (with an ActorProbe) instead of in "
+                        "the loop, and stop collecting after this many seconds")
     p.add_argument("--probe-declares-nothing", action="store_true",
                    help="the probe is told nothing of the pipeline or the loop: it reads the "
                         "pipeline from the tf.data graph and learns the loop from its calls")
@@ -132,7 +152,16 @@ def main() -> None:
     probe = None
     client = replay.py_client
     initial = args.initial_collect if args.initial_collect is not None else args.min_size + 4
-    if args.probe_declares_nothing:
+    actor = None
+    if args.async_collector_s is not None:
+        # The learner only trains; a collector of its own inserts (its ActorProbe's client).
+        probe = TrainerProbe(batch_size=args.batch_size,
+                             num_parallel_calls=args.num_parallel_calls, table=TABLE,
+                             name="learner", batch_after_interleave=True)
+        probe.start()
+        actor = ActorProbe(table=TABLE, name="collector")
+        client = actor.wrap_client(replay.py_client)
+    elif args.probe_declares_nothing:
         probe = TrainerProbe(table=TABLE, name="learner")
         probe.start()
         client = probe.wrap_client(replay.py_client)
@@ -152,7 +181,9 @@ def main() -> None:
     observer = reverb_utils.ReverbAddTrajectoryObserver(client, TABLE, sequence_length=2,
                                                         stride_length=1)
     print(json.dumps({"reverb": f"localhost:{server.port}",
-                      "probe": probe.url if probe else None, "pid": os.getpid()}), flush=True)
+                      "probe": probe.url if probe else None, "pid": os.getpid(),
+                      "actor_probe": f"http://127.0.0.1:{actor.start()}" if actor else None}),
+          flush=True)
     time.sleep(args.start_delay)
     py_driver.PyDriver(py_env, random_py_policy.RandomPyPolicy(
         py_env.time_step_spec(), py_env.action_spec()), [observer],
@@ -165,10 +196,13 @@ def main() -> None:
     collect = py_driver.PyDriver(
         py_env, py_tf_eager_policy.PyTFEagerPolicy(agent.collect_policy, use_tf_function=True),
         [observer], max_steps=args.collect_steps)
+    if actor is not None:
+        collect_async(args, py_env, agent, observer, actor)
     threading.Thread(target=watch, args=(probe, args.hang_after), daemon=True).start()
     time_step = py_env.reset()
     for _ in range(args.train_steps):
-        time_step, _ = collect.run(time_step)
+        if args.async_collector_s is None:
+            time_step, _ = collect.run(time_step)
         experience, _ = next(iterator)
         agent.train(experience)
         if probe is not None:

@@ -159,3 +159,31 @@ def test_with_nothing_declared_the_read_pipeline_and_the_loops_calls_reach_the_s
         assert ev["gate"] == "unknown" and "gate is unknown" in named.summary
     else:
         assert "which a loop that waits on can_sample never does" in ev["gate_basis"]
+
+
+def test_an_asynchronous_collector_that_dies_is_sample_blocked_not_starvation(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    # TF-Agents' asynchronous shape: a collector of its own (its ActorProbe) feeds a learner
+    # that only trains, then dies. The learner blocks in next() with samples held by the
+    # datasets, but nothing waits on the learner: dead actors, not starving workers.
+    job = start_job(spawn, "tfa-async", "--num-parallel-calls", "32", "--error-buffer", "256",
+                    "--samples-per-insert", "16", "--async-collector-s", "6",
+                    "--train-steps", "1000000", "--hang-after", "60")
+    config = WatchConfig(targets=(job["reverb"].replace("localhost", "127.0.0.1"),),
+                         probes=(ProbeTarget(job["probe"], None),
+                                 ProbeTarget(job["actor_probe"], None)),
+                         thresholds=Thresholds(stall_window_s=3.0, min_history_s=1.0,
+                                               startup_grace_s=1.0),
+                         poll=PollConfig(interval_s=POLL_S, history_s=300.0))
+    kinds: set[str] = set()
+    with build_sidecar(config, incidents_path=str(tmp_path / "async.db")) as watched:
+        deadline, blocked = time.monotonic() + 90, None
+        while time.monotonic() < deadline and blocked is None:
+            findings = watched.poller.tick().findings
+            kinds |= {f.kind for f in findings}
+            blocked = next((f for f in findings if f.kind == "sample_blocked"), None)
+            time.sleep(POLL_S)
+    assert blocked is not None, kinds
+    assert "worker_starvation" not in kinds, kinds
+    probe = get_json(f"{job['probe']}/probe", 2.0)[1]
+    assert probe["blocked_in_next"] and probe["batches_retrieved"] > 0, probe
