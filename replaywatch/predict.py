@@ -83,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reverb", metavar="HOST:PORT", help="read the limiter from this server")
     p.add_argument("--table", metavar="NAME", help="with --reverb: the table (default: its "
                    "only table)")
+    p.add_argument("--probe", metavar="URL",
+                   help="a running TrainerProbe: the dataset as it read it from the tf.data "
+                        "graph (else as declared) and the loop's gate, where flags leave "
+                        "them out")
     p.add_argument("--config", metavar="FILE", help="TOML file with a [predict] table")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -265,8 +269,39 @@ def _knob(f: dict[str, Any]) -> str:
     return f"{f['knob']}={f['value']} (now {was}): {f['cost']}"
 
 
+def probe_settings(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """What a running trainer probe says of the dataset and the loop, in predict's names:
+    the pipeline it read from the tf.data graph over what it declares."""
+    # Imported here, as for --reverb: the offline form never pays for it.
+    from replaywatch.sources.probe_http import get_json, snapshot_from_probe
+
+    try:
+        doc = get_json(url.rstrip("/") + "/probe", timeout_s)
+        p = snapshot_from_probe(doc, url, time.time())
+    except (SourceError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"--probe {url}: {e}") from None
+    r = p.pipeline
+    found: dict[str, Any] = {
+        "batch_size": r.batch_size if r else p.batch_size,
+        "num_parallel_calls": r.num_parallel_calls if r else p.num_parallel_calls,
+        "max_in_flight": r.max_in_flight if r else p.max_in_flight,
+        "prefetch": (r.prefetch_size if r else p.prefetch_size),
+        "iterators_per_worker": r.iterators_per_worker if r else p.iterators_per_worker,
+        "item_bytes": (r.item_bytes if r else None) or p.item_bytes,
+        "cycle_length": r.cycle_length if r else p.cycle_length,
+        "workers_per_iterator": r.workers_per_iterator if r else p.workers_per_iterator,
+        "pipeline": ("tf-agents" if (r.batch_after_interleave if r
+                                     else p.batch_after_interleave) else None),
+        "layout": p.layout, "inserts_per_step": p.inserts_per_step,
+        "first_step_at": p.first_step_at,
+        "gate": {"can_sample": "can-sample", "schedule": "schedule", None: None}[p.gate]}
+    return {k: v for k, v in found.items() if v is not None}
+
+
 def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
     s = settings(args)
+    if args.probe:
+        s = {**probe_settings(args.probe), **s}  # flags win over what the probe says
     server, signature_bytes = (server_table(args.reverb, args.table) if args.reverb
                                else (None, None))
     if signature_bytes and "item_bytes" not in s:

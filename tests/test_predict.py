@@ -115,6 +115,10 @@ def test_a_toml_file_gives_the_same_answer_as_the_flags(tmp_path: Path, capsys: 
     ([*SEED, "--table", "replay"], "--table goes with --reverb"),
     (["--reverb", "127.0.0.1:1", *SEED[8:]], "127.0.0.1:1"),
     ([*SEED, "--config", "/nonexistent.toml"], "config file /nonexistent.toml"),
+    ([*SEED, "--probe", "http://127.0.0.1:1"], "--probe http://127.0.0.1:1: "),
+    ([*SEED, "--gate", "schedule", "--layout", "async"], "--gate is for a synchronous loop"),
+    ([*SEED, "--inserts-per-step", "4", "--gate", "can-sample"], "--inserts-per-step is for"),
+    ([*SEED, "--cycle-length", "8"], "--cycle-length is for a batch after the interleave"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: Any) -> None:
     code = main(["predict", *argv])

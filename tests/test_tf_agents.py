@@ -127,6 +127,13 @@ def test_a_limiter_that_releases_less_than_a_batch_is_named_before_the_first_nex
     doc = json.loads(out.stdout)
     assert out.returncode == 1 and doc["verdict"] == "will_hang"
     assert doc["fixes"] == ev["fixes"]
+    # And from the running job: its limiter from --reverb, its dataset and loop from --probe.
+    live = subprocess.run([sys.executable, "-m", "replaywatch", "predict", "--reverb",
+                           job["reverb"].replace("localhost", "127.0.0.1"), "--probe",
+                           job["probe"], "--layout", "sync-ratio", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert live.returncode == 1, live.stderr
+    assert json.loads(live.stdout)["fixes"] == ev["fixes"]
     # Every fix it prints, applied, trains to the end; the job as it is hangs.
     assert ev["fixes"], ev
     for fix in ev["fixes"]:
