@@ -166,3 +166,16 @@ def test_a_bundle_carries_the_gate_the_strides_and_the_read_pipeline() -> None:
         next_strides=NextStrides(204, 216, 3, 4, 4), pipeline_read=True,
         pipeline=PipelineShape(64, 3, False, 6, 1, 1, True, 32, 16, 3, "experience"))
     assert decode(ProbeSnapshot, encode(snap)) == snap  # analyze replays what was judged
+
+
+def test_a_trainer_without_tensorflow_is_told_so_and_never_imports_it() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from replaywatch.probe import TrainerProbe; p = TrainerProbe(); "
+            "it = p.wrap(iter([1, 2])); next(it); time.sleep(0.3); "
+            "print(p.snapshot()['pipeline'], 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60).stdout.strip()
+    assert out == ("{'read': False, 'reason': 'TensorFlow is not imported in this process'} "
+                   "False")
