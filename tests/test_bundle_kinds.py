@@ -133,6 +133,32 @@ def _checkpointing() -> Iterator[tuple[int, str | None, dict[str, float]]]:
             conn.close()
 
 
+def _declared_pipeline_differs() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    # TF-Agents' shape read from a real tf.data graph (32 datasets, 3 threads, one batch of
+    # 64 after them) by a probe that was told 12 workers.
+    import tensorflow as tf
+
+    server = reverb.Server([table(reverb.rate_limiters.MinSize(1))], port=None)
+    address = f"127.0.0.1:{server.port}"
+
+    def one(_: Any) -> Any:
+        return reverb.TrajectoryDataset(server_address=address, table="replay",
+                                        dtypes={"x": tf.float32}, shapes={"x": tf.TensorShape([4])},
+                                        max_in_flight_samples_per_worker=6)
+
+    ds = tf.data.Dataset.range(32).interleave(one, cycle_length=32, num_parallel_calls=3,
+                                              deterministic=False).batch(64, True)
+    probe = TrainerProbe(table="replay", listen="127.0.0.1:0", batch_size=64,
+                         num_parallel_calls=12)
+    probe.wrap(iter(ds))
+    probe.start()
+    try:
+        yield server.port, str(probe.url), {}
+    finally:
+        probe.stop()
+        server.stop()
+
+
 CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]] = {
     # sync-ratio, 2 workers of 16, error_buffer 20: the grid's hang, predicted from the
     # declared dataset before any batch.
@@ -146,6 +172,7 @@ CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]
     "warmup": _warmup,
     "spi_drift": _spi_drift,
     "checkpointing": _checkpointing,
+    "declared_pipeline_differs": _declared_pipeline_differs,
 }
 
 

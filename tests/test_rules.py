@@ -32,6 +32,7 @@ from replaywatch.model import (
     FLOAT_MAX,
     ActorSnapshot,
     Finding,
+    PipelineShape,
     ProbeSnapshot,
     Severity,
     TableSnapshot,
@@ -363,6 +364,8 @@ def test_worker_starvation_evidence_says_how_many_iterators_can_sample() -> None
 
 
 STALLED_READY = probe_history(T20, 300, ready=True)
+# TF-Agents' as_dataset of 64 as the probe reads it: 32 datasets of 6, 3 threads, one batch.
+READ_3_OF_32 = PipelineShape(64, 3, False, 6, 1, 1, True, 32, 16, 3, "replay")
 CAN_SAMPLE_A_BATCH = table_history(T20, 1000, 100, min_diff=0.0, max_diff=FLOAT_MAX)
 
 PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
@@ -440,6 +443,21 @@ PROBE_CASES: list[tuple[str, Callable, ProbeScenario, str | None]] = [
     # The probe does not know num_parallel_calls: no guess.
     ("no_deadlock_risk_when_workers_are_unknown", rules_config.is_deadlock_risk,
      lambda: with_probe(seed_healthy()[0], probe_history(T20, 0, workers=None)), None),
+    # Declared 12 workers, read 3 interleave threads of 32 datasets: shown beside the read.
+    ("declared_pipeline_differs_when_the_graph_says_otherwise",
+     rules_config.is_declared_pipeline_differs,
+     lambda: with_probe(seed_healthy()[0], probe_history(T20, 0, workers=12,
+                                                         batch_size=64, pipeline=READ_3_OF_32)),
+     "declared_pipeline_differs"),
+    # The same pipeline declared as it is, or not declared at all: nothing to show.
+    ("no_declared_pipeline_differs_when_they_agree", rules_config.is_declared_pipeline_differs,
+     lambda: with_probe(seed_healthy()[0], probe_history(T20, 0, workers=3, batch_size=64,
+                                                         pipeline=READ_3_OF_32)), None),
+    ("no_declared_pipeline_differs_when_nothing_is_declared",
+     rules_config.is_declared_pipeline_differs,
+     lambda: with_probe(seed_healthy()[0], probe_history(T20, 0, workers=None,
+                                                         batch_size=None,
+                                                         pipeline=READ_3_OF_32)), None),
 ]
 
 

@@ -49,6 +49,7 @@ class Name(enum.StrEnum):
     CHECKPOINTING = "checkpointing"
     DRAINED = "drained"
     WARMUP = "warmup"
+    DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +237,14 @@ DRAINED = Kind(
     fix="Nothing to fix; more actors (or faster environment steps) train faster.",
     # An empty queue is below min_size_to_sample; drained by a learner, it is not filling.
     supersedes=(Name.WARMUP,))
+DECLARED_PIPELINE_DIFFERS = Kind(
+    Name.DECLARED_PIPELINE_DIFFERS, Severity.INFO, needs_probe=True,
+    meaning="The trainer probe declares a dataset value (`batch_size`, `num_parallel_calls`, "
+            "`max_in_flight`, `iterators_per_worker`, `batch_after_interleave`, "
+            "`cycle_length`) that the pipeline it read from the tf.data graph contradicts: "
+            "the read value is what every verdict uses, the declared one is shown beside it.",
+    fix="Correct the declaration or leave it out (the probe reads the pipeline itself); the "
+        "verdicts already use the read values.")
 WARMUP = Kind(
     Name.WARMUP, Severity.INFO, needs_probe=False,
     meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
@@ -248,6 +257,7 @@ ALL: tuple[Kind, ...] = (
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
+    DECLARED_PIPELINE_DIFFERS,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

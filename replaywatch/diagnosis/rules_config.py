@@ -185,7 +185,26 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
                         since=max(case.history[0].observed_at, probe[0].observed_at))
 
 
+def is_declared_pipeline_differs(case: TableCase, probe: Probe, th: Thresholds
+                                 ) -> Finding | None:
+    """The probe's declared dataset is contradicted by the pipeline it read: a user's wrong
+    declaration (TF-Agents' num_parallel_calls=3 of 32 datasets) is shown, not used."""
+    p = probe[-1]
+    differs = declared_differs(p)
+    if not differs or (p.table is not None and p.table != case.latest.name):
+        return None
+    said = ", ".join(f"{name}={d['declared']} (the graph: {d['read']})"
+                     for name, d in differs.items())
+    return case.finding(
+        kinds.DECLARED_PIPELINE_DIFFERS,
+        f"The trainer probe '{p.name}' declares {said}; its tf.data graph is what the "
+        "verdicts use.",
+        {"declared_differs": differs, "probe": p.probe}, kinds.DECLARED_PIPELINE_DIFFERS.fix,
+        since=probe[0].observed_at)
+
+
 RULES = (
     Rule(kinds.BATCH_EXCEEDS_HEADROOM, is_batch_exceeds_headroom, Shape.PROBE_SETTINGS),
     Rule(kinds.DEADLOCK_RISK, is_deadlock_risk, Shape.PROBE_SETTINGS),
+    Rule(kinds.DECLARED_PIPELINE_DIFFERS, is_declared_pipeline_differs, Shape.PROBE_SETTINGS),
 )
