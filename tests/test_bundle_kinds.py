@@ -56,12 +56,16 @@ REPRODUCED_ELSEWHERE = {
     "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop"}
 
 
-def _probed(limiter: reverb.rate_limiters.RateLimiter, **declared: Any
+def _probed(limiter: reverb.rate_limiters.RateLimiter,
+            pipeline: Callable[[str], Any] | None = None, **declared: Any
             ) -> Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]:
-    """A server with `limiter` and a trainer probe declaring its dataset, nothing flowing."""
+    """A server with `limiter` and a trainer probe declaring its dataset, nothing flowing;
+    with `pipeline` (the server's address -> a tf.data dataset), wrapping its iterator."""
     def make() -> Iterator[tuple[int, str | None, dict[str, float]]]:
         server = reverb.Server([table(limiter)], port=None)
         probe = TrainerProbe(table="replay", listen="127.0.0.1:0", **declared)
+        if pipeline is not None:
+            probe.wrap(iter(pipeline(f"127.0.0.1:{server.port}")))
         probe.start()
         try:
             yield server.port, str(probe.url), {}
@@ -133,30 +137,17 @@ def _checkpointing() -> Iterator[tuple[int, str | None, dict[str, float]]]:
             conn.close()
 
 
-def _declared_pipeline_differs() -> Iterator[tuple[int, str | None, dict[str, float]]]:
-    # TF-Agents' shape read from a real tf.data graph (32 datasets, 3 threads, one batch of
-    # 64 after them) by a probe that was told 12 workers.
+def _three_threads_of_32(address: str) -> Any:
+    """TF-Agents' shape as a real tf.data graph: 32 datasets, 3 threads, one batch of 64."""
     import tensorflow as tf
 
-    server = reverb.Server([table(reverb.rate_limiters.MinSize(1))], port=None)
-    address = f"127.0.0.1:{server.port}"
-
     def one(_: Any) -> Any:
-        return reverb.TrajectoryDataset(server_address=address, table="replay",
-                                        dtypes={"x": tf.float32}, shapes={"x": tf.TensorShape([4])},
-                                        max_in_flight_samples_per_worker=6)
+        return reverb.TrajectoryDataset(
+            server_address=address, table="replay", dtypes={"x": tf.float32},
+            shapes={"x": tf.TensorShape([4])}, max_in_flight_samples_per_worker=6)
 
-    ds = tf.data.Dataset.range(32).interleave(one, cycle_length=32, num_parallel_calls=3,
-                                              deterministic=False).batch(64, True)
-    probe = TrainerProbe(table="replay", listen="127.0.0.1:0", batch_size=64,
-                         num_parallel_calls=12)
-    probe.wrap(iter(ds))
-    probe.start()
-    try:
-        yield server.port, str(probe.url), {}
-    finally:
-        probe.stop()
-        server.stop()
+    return tf.data.Dataset.range(32).interleave(one, cycle_length=32, num_parallel_calls=3,
+                                                deterministic=False).batch(64, True)
 
 
 CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]] = {
@@ -172,7 +163,10 @@ CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]
     "warmup": _warmup,
     "spi_drift": _spi_drift,
     "checkpointing": _checkpointing,
-    "declared_pipeline_differs": _declared_pipeline_differs,
+    # The graph read by a probe that was told 12 workers.
+    "declared_pipeline_differs": _probed(reverb.rate_limiters.MinSize(1),
+                                         _three_threads_of_32, batch_size=64,
+                                         num_parallel_calls=12),
 }
 
 
