@@ -167,9 +167,12 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
         evidence["num_parallel_calls_note"] = ("AUTOTUNE: tf.data may run one interleave "
                                                "thread, judged so")
     words = {budget.WILL_HANG: "will hang", budget.CAN_HANG: "can hang"}[b.verdict]
+    holders = (f"{ds.samplers} Reverb datasets read by {ds.workers} interleave thread(s), "
+               f"one batch of {ds.batch_size} after them," if ds.after_interleave else
+               f"{ds.workers} batching worker(s) of {ds.batch_size}")
     summary = (f"'{t.name}' {words} in next(): once inserting stops the limiter releases "
-               f"{b.released:g} samples ({b.reason}) and {ds.workers} batching worker(s) of "
-               f"{ds.batch_size} can hold {b.strandable:g} without completing a batch.")
+               f"{b.released:g} samples ({b.reason}) and {holders} can hold "
+               f"{b.strandable:g} without completing a batch.")
     if not known.known:
         summary = (f"If this is a synchronous loop ({model.kind}), {summary[0].lower()}"
                    f"{summary[1:]} If actors insert from their own processes and never wait "
