@@ -333,6 +333,8 @@ def main() -> None:
                    help="after-interleave: datasets interleaved (default min(batch, 32))")
     p.add_argument("--workers-per-iterator", type=int, default=-1,
                    help="each TrajectoryDataset's num_workers_per_iterator (-1: Reverb's)")
+    p.add_argument("--probe-reads-pipeline", action="store_true",
+                   help="declare nothing of the dataset to the probe: it reads the graph")
     p.add_argument("--shape", choices=("per-worker", "repeat"), default="per-worker")
     p.add_argument("--item", choices=("small", "frames"), default="small")
     p.add_argument("--item-size-from-signature", action="store_true",
@@ -370,14 +372,15 @@ def main() -> None:
                  "first_step_at": args.given_first_step_at} if scheduled
                 else {"gate": "can_sample"})
     after = args.pipeline == "after-interleave"
-    trainer = TrainerProbe(
+    # With --probe-reads-pipeline nothing of the dataset is said: the probe reads it from
+    # the tf.data graph it is handed, as it does for a job that declares nothing.
+    dataset_said: dict[str, Any] = {} if args.probe_reads_pipeline else dict(
         batch_size=args.batch_size, num_parallel_calls=args.workers,
-        prefetch_size=args.prefetch or None, table=TABLE, name="learner",
-        max_in_flight=in_flight(args),
+        prefetch_size=args.prefetch or None, max_in_flight=in_flight(args),
         iterators_per_worker=3 if args.shape == "repeat" else 1,
         item_bytes=None if args.item_size_from_signature else item_bytes,
-        batch_after_interleave=after, cycle_length=args.cycle_length if after else None,
-        **gate)
+        batch_after_interleave=after, cycle_length=args.cycle_length if after else None)
+    trainer = TrainerProbe(table=TABLE, name="learner", **dataset_said, **gate)
     bound = {"max_policy_lag": args.max_policy_lag, "max_items_ahead": args.max_items_ahead}
     actor = (ActorProbe(table=TABLE, name="actor", **bound)
              if args.layout.startswith("async") else None)

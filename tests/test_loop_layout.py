@@ -208,3 +208,26 @@ def test_the_item_size_comes_from_the_table_signature_when_the_probe_does_not_sa
     assert "17 samples an answer" in risk["summary"]
     assert [(f["knob"], f["value"]) for f in risk["evidence"]["fixes"]] == [
         ("num_parallel_calls", 1)]
+
+
+def test_the_seeds_cell_read_from_its_graph_is_judged_as_its_full_declaration(
+        tmp_path: Path) -> None:
+    # The seed's own numbers on its commit's repeat-interleave with frames, the probe told
+    # nothing of the dataset (only the loop's gate): what it reads from the tf.data graph
+    # (12 workers, 3 iterators each, 512 in flight, 63,504-byte items) gives the verdict,
+    # numbers and fix that `predict` gives the full declaration.
+    seed = ["--samples-per-insert", "128", "--error-buffer", "25600", "--batch-size", "256",
+            "--layout", "sync"]
+    doc = check(tmp_path, [*seed, "--min-size", "2000", "--workers", "12", "--shape", "repeat",
+                           "--item", "frames", "--probe-reads-pipeline"], 3.0, "seed-read")
+    (risk,) = [f["evidence"] for f in doc["findings"] if f["kind"] == "deadlock_risk"]
+    assert risk["dataset_from"] == "the tf.data graph" and risk["declared_differs"] == {}
+    declared = subprocess.run(
+        [PYTHON, "-m", "replaywatch", "predict", *seed, "--min-size-to-sample", "2000",
+         "--num-parallel-calls", "12", "--iterators-per-worker", "3", "--max-in-flight", "512",
+         "--item-bytes", "63504", "--gate", "can-sample", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    said = json.loads(declared.stdout)
+    assert (risk["verdict"], risk["released_samples"], risk["strandable_samples"]) == (
+        said["verdict"], said["budget"], said["strandable"]) == ("can_hang", 25600, 39900)
+    assert risk["fixes"] == said["fixes"]

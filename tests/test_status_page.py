@@ -213,6 +213,10 @@ def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
     assert page.locator("svg.rates-chart polyline.sample").count() == 1
     assert page.locator("#targets .pill.up").count() == 1
     assert page.locator("#probes .pill.up").count() == 1
+    # The pipeline the probe read from the learner's tf.data graph (it declared none of it
+    # but batch and workers): Acme's per-worker shape, one sample in flight each.
+    assert page.locator("#probes td.pipeline").inner_text() == (
+        "read: 4 worker(s), each batching 16, 1 in flight, 16 B an item")
     assert page.locator('#incidents tr[data-incident] td.kind', has_text="worker_starvation"
                         ).count() == 1
     # Each incident links its Markdown report, built from its bundle.

@@ -141,13 +141,15 @@ def test_a_limiter_that_releases_less_than_a_batch_is_named_before_the_first_nex
         assert outcome["outcome"] == "ran", (fix, outcome)
 
 
-def test_with_nothing_declared_the_read_pipeline_and_the_loops_calls_reach_the_same_verdict(
+def test_with_nothing_declared_the_read_pipeline_judges_as_the_declared_one(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     # Only the iterator and the observer's client wrapped: the probe reads as_dataset's
-    # graph (32 datasets, 3 threads, one batch of 64 after them). The loop's gate unknown,
-    # the worse reading (a schedule) says it will hang; when the table had released less
-    # than a batch where the loop asked (its writer had not yet sent its last items), the
-    # loop is proven to step on a schedule and it is certain.
+    # graph (32 datasets, 3 threads, one batch of 64 after them), and the verdict, numbers
+    # and fixes are those `predict` gives the dataset declared in full (its max_in_flight 6
+    # read, not derived from a batch a fix changes: the batch fix holds either way). The
+    # loop's gate is no part of the graph: unsaid, both readings are judged and the worse (a
+    # schedule: will_hang) is a risk, not a page, until the loop's calls prove its gate (it
+    # asks at 204 items with 72 released, which a can_sample loop would do too).
     job = start_job(spawn, "tfa-undeclared", *BELOW_A_BATCH, "--probe-declares-nothing")
     with ExitStack() as stack:
         watched = sidecar(stack, job, tmp_path, "undeclared.db")
@@ -162,9 +164,20 @@ def test_with_nothing_declared_the_read_pipeline_and_the_loops_calls_reach_the_s
     assert (ev["batch_size"], ev["workers"], ev["samplers"], ev["pipeline"]) == (
         64, 3, 32, "after-interleave")
     assert ev["verdict"] == "will_hang" and ev["judged_gate"] == "schedule"
+    declared = subprocess.run(
+        [sys.executable, "-m", "replaywatch", "predict", "--samples-per-insert", "8",
+         "--min-size-to-sample", "200", "--min-diff", "1560", "--max-diff", "1640",
+         "--batch-size", "64", "--num-parallel-calls", "3", "--layout", "sync", "--pipeline",
+         "tf-agents", "--max-in-flight", "6", "--item-bytes", "80", "--prefetch", "3",
+         "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    said = json.loads(declared.stdout)
+    assert (ev["verdict"], ev["released_samples"], ev["strandable_samples"]) == (
+        said["verdict"], said["budget"], said["strandable"])
+    assert ev["fixes"] == said["fixes"]
     if named.kind == "deadlock_risk":
         assert ev["gate"] == "unknown" and "gate is unknown" in named.summary
-    else:
+    else:  # the table had released less than a batch when the loop asked: it is proven
         assert "which a loop that waits on can_sample never does" in ev["gate_basis"]
 
 

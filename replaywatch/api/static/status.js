@@ -331,9 +331,29 @@
       : el("p", { class: "empty" }, "no targets"));
   }
 
+  // The learner's pipeline as the probe read it from the tf.data graph: what every
+  // learner-side verdict rests on, so a wrong declaration is seen beside the truth.
+  function pipelineText(s) {
+    if (s.pipeline_read === false) return "not read: " + (s.pipeline_reason || "");
+    const r = s.pipeline;
+    if (!s.pipeline_read || !r) return "–";
+    const threads = r.num_parallel_calls_autotune ? "AUTOTUNE (judged as 1)" : num(r.num_parallel_calls);
+    const item = r.item_bytes ? ", " + num(r.item_bytes) + " B an item" : "";
+    if (r.batch_after_interleave) {
+      const samplers = Math.min(r.batch_size || 0, r.cycle_length || 32);
+      return "read: " + num(samplers) + " Reverb datasets × " + num(r.max_in_flight)
+        + " in flight, " + threads + " thread(s), one batch of " + num(r.batch_size)
+        + " after the interleave" + item;
+    }
+    const iters = r.iterators_per_worker > 1 ? " × " + num(r.iterators_per_worker) + " iterators" : "";
+    return "read: " + threads + " worker(s)" + iters + ", each batching " + num(r.batch_size)
+      + ", " + num(r.max_in_flight) + " in flight" + item;
+  }
+
   function renderProbes(doc) {
     const rows = doc.probes.filter((p) => p.role !== "actor").map((p) => {
       const s = p.snapshot || {};
+      const read = (s.pipeline_read && s.pipeline) || s;  // the read values win, as in the rules
       const blocked = s.blocked_in_next
         ? el("span", { class: "pill warn" }, "blocked " + duration(s.blocked_for_s || 0))
         : el("span", { class: "pill idle" }, p.snapshot ? "not in next()" : "–");
@@ -342,12 +362,13 @@
         el("td", {}, pill(p.up, "up", "down")),
         el("td", {}, blocked),
         el("td", { class: "num" }, num(s.batches_retrieved)),
-        el("td", { class: "num" }, num(s.batch_size) + " × " + num(s.num_parallel_calls)),
+        el("td", { class: "num" }, num(read.batch_size) + " × " + num(read.num_parallel_calls)),
         el("td", { class: "num" }, num(s.thread_count)),
+        el("td", { class: "pipeline" }, pipelineText(s)),
         el("td", { class: "error" }, p.last_error || ""));
     });
     fill("probes", rows.length
-      ? table(["probe", "state", "next()", "batches", "batch × workers", "threads", "last error"], rows)
+      ? table(["probe", "state", "next()", "batches", "batch × workers", "threads", "pipeline", "last error"], rows)
       : el("p", { class: "empty" }, "no trainer probe attached (add --probe URL for the learner's view)"));
   }
 
