@@ -51,7 +51,7 @@ def parse_pairs(text: str) -> dict[str, Any]:
                               f"({', '.join(Thresholds.field_names())})")
         kind = type(getattr(defaults, name))
         try:
-            out[name] = kind(value.strip())
+            out[name] = cfg.parse_bool(value) if kind is bool else kind(value.strip())
         except ValueError:
             raise ConfigError(f"--thresholds: {name} wants a {kind.__name__}, got "
                               f"{value.strip()!r}") from None

@@ -40,6 +40,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _bool(text: str) -> bool:
+    try:
+        return cfg.parse_bool(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -89,7 +96,9 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
 def _add_threshold_flags(p: argparse.ArgumentParser) -> None:
     """`--stall-window-s 30` and the like, one per threshold (hidden from --help)."""
     for name in Thresholds.field_names():
-        kind = int if isinstance(getattr(Thresholds(), name), int) else _positive_float
+        default = getattr(Thresholds(), name)
+        kind = (_bool if isinstance(default, bool) else int if isinstance(default, int)
+                else _positive_float)
         p.add_argument(f"--{name.replace('_', '-')}", dest=f"th_{name}", type=kind,
                        default=None, help=argparse.SUPPRESS)
 

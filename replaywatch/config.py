@@ -181,10 +181,24 @@ def thresholds_from(values: Mapping[str, Any], base: Thresholds = Thresholds()) 
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"unknown threshold {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    values = dict(values)
+    if "stall_window_s" in values and "learned_windows" not in values:
+        # A window the user sets is the window: it pins it over the learned rhythm.
+        values["learned_windows"] = False
     try:
         return dataclasses.replace(base, **values)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
+
+
+def parse_bool(text: str) -> bool:
+    """true/false, yes/no, on/off, 1/0; ValueError otherwise."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "on", "1"):
+        return True
+    if value in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
 
 
 def load_config_file(path: str) -> dict[str, Any]:

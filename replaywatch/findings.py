@@ -29,6 +29,7 @@ from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding, Severity
 from replaywatch.poller import CycleFindings
+from replaywatch.rhythm_book import RhythmBook
 from replaywatch.stack_taker import StackTaker
 from replaywatch.state import SourceStatus
 
@@ -81,6 +82,8 @@ class FindingsKeeper:
         self._bundles = bundles
         # target -> the last cycle's inputs and the findings they gave (a bundle's content)
         self._last: dict[str, tuple[Inputs, tuple[Finding, ...]]] = {}
+        self._interval_s = interval_s
+        self._rhythms = RhythmBook(incidents)
 
     def _resume(self, now: float) -> None:
         """Open incidents from before a restart continue, not duplicated."""
@@ -89,6 +92,7 @@ class FindingsKeeper:
         if self._incidents is None:
             return
         self._incidents.connect()
+        self._rhythms.resume()
         for f in self._incidents.open_findings():
             self._active[f.key] = f
             self._held.add(f.key)
@@ -118,9 +122,13 @@ class FindingsKeeper:
         rule_errors: list[str] = []
         for target, probes in targets.items():
             open_here = open_by_target.get(target, ())
-            view = history.view(target, probes, start=now - self._window_s,
+            # Back far enough for the longest window the job's rhythm sets to be proven.
+            reach = max(self._window_s,
+                        self._rhythms.reach_s(target, self._th) + 3 * self._interval_s)
+            view = history.view(target, probes, start=now - reach,
                                 coarse_start=now - self._th.throughput_lookback_s)
-            view = dataclasses.replace(view, held_baselines=self._held_baselines(open_here))
+            view = dataclasses.replace(view, held_baselines=self._held_baselines(open_here),
+                                       rhythms=self._rhythms.learn(target, view))
             verdicts = self._stacks.verdicts(target)
             diagnosis = diagnose(view, self._th, now, stacks=verdicts, layout=self._layout)
             # One line per rule and error, not per table it raised on.
@@ -135,6 +143,7 @@ class FindingsKeeper:
             insufficient.extend(f"{target} {name}" for name in diagnosis.insufficient)
             for name, series in table_baselines(view, self._th, now).items():
                 baselines[(target, name)] = series
+        self._rhythms.save(now)
         found_keys = {f.key for f in found}
         self._held -= found_keys  # seen again: an ordinary finding from now on
         if now < self._hold_until:

@@ -30,7 +30,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from replaywatch import codec
 from replaywatch.diagnosis.lifecycle import Transition
+from replaywatch.diagnosis.rhythm import Rhythm
 from replaywatch.model import Finding, Severity
 
 Row = dict[str, Any]
@@ -63,6 +65,13 @@ CREATE TABLE IF NOT EXISTS events (
     context TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_incident ON events (incident_id);
+CREATE TABLE IF NOT EXISTS rhythms (
+    target TEXT NOT NULL,
+    series TEXT NOT NULL,
+    rhythm TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (target, series)
+);
 """
 
 _COLUMNS = ("id", "finding_id", "kind", "severity", "target", "table_name", "summary",
@@ -199,6 +208,44 @@ class IncidentLog:
                 self.last_error = f"{type(e).__name__}: {e} ({self.path})"
                 return False
             return cur.rowcount > 0
+
+    def save_rhythms(self, rows: Iterable[tuple[str, str, Any]], at: float,
+                     forget_before: float) -> bool:
+        """Stores each (target, series, rhythm) learned (diagnosis/rhythm.py), so a restarted
+        sidecar judges by the job's rhythm from its first poll; forgets series not updated
+        since `forget_before` (a job long gone). False (and `last_error`) on error."""
+        with self._lock:
+            conn = self._connection()
+            if conn is None:
+                return False
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany(
+                        "INSERT INTO rhythms (target, series, rhythm, updated_at) VALUES"
+                        " (?,?,?,?) ON CONFLICT (target, series) DO UPDATE SET"
+                        " rhythm=excluded.rhythm, updated_at=excluded.updated_at",
+                        [(t, k, json.dumps(codec.encode(r)), at) for t, k, r in rows])
+                    conn.execute("DELETE FROM rhythms WHERE updated_at < ?", (forget_before,))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except (sqlite3.Error, OSError) as e:
+                self.last_error = f"{type(e).__name__}: {e} ({self.path})"
+                return False
+            return True
+
+    def load_rhythms(self) -> dict[str, dict[str, Rhythm]]:
+        """By target, then series: the rhythms a sidecar before this one learned."""
+        out: dict[str, dict[str, Rhythm]] = {}
+        for target, series, doc in self._query(
+                "SELECT target, series, rhythm FROM rhythms ORDER BY target, series", ()):
+            try:
+                out.setdefault(target, {})[series] = codec.decode(Rhythm, json.loads(doc))
+            except (ValueError, TypeError, KeyError):
+                continue  # a row an older sidecar wrote differently: learned again
+        return out
 
     # -- reading ----------------------------------------------------------------------------
     def open_findings(self) -> builtins.list[Finding]:

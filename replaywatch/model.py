@@ -189,6 +189,26 @@ class NextStrides:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Section:
+    """A named part of a loop the code marks (`with probe.section("evaluate"):`), in which
+    it makes no progress on purpose: the one it is inside now."""
+
+    name: str
+    for_s: float  # how long it has been inside, by the process's own clock
+    timeout_s: float | None  # the code's own bound, if it gave one
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SectionStat:
+    """A section's past: how often it ended and how long it lasted (the learned length)."""
+
+    name: str
+    count: int  # times it ended
+    longest_s: float
+    last_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProbeSnapshot:
     """A trainer's `GET /probe` document at `observed_at` (sidecar's clock)."""
 
@@ -232,6 +252,8 @@ class ProbeSnapshot:
     pipeline_read: bool | None = None
     pipeline_reason: str | None = None
     pipeline: PipelineShape | None = None
+    section: Section | None = None  # the section the loop is inside now
+    sections: tuple[SectionStat, ...] = ()  # each section that ended, by name
 
 
 # The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a
@@ -286,6 +308,8 @@ class ActorSnapshot:
     last_error_at: float | None = None
     max_policy_lag: int | None = None  # steps it takes without a learner step, then waits
     max_items_ahead: int | None = None  # items it may insert ahead of what was consumed
+    section: Section | None = None
+    sections: tuple[SectionStat, ...] = ()
 
     @property
     def waiting(self) -> bool:

@@ -9,6 +9,7 @@ from tests import test_rules as r
 from tests import test_rules_queue as q
 from tests import test_rules_startup as s
 from tests import test_rules_throughput as tp
+from tests import test_windows_core as w
 
 
 def _finding(kind: str, severity: Severity, since: float = 0.0, table: str = "t") -> Finding:
@@ -67,7 +68,7 @@ def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
     expected = {c[-1] for c in [*r.TABLE_CASES, *r.SPI_CASES, *r.STARVATION_CASES,
                                 *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
-                                *q.QUEUE_CASES, *tp.THROUGHPUT_CASES]}
+                                *q.QUEUE_CASES, *tp.THROUGHPUT_CASES, *w.WINDOW_CASES]}
     assert expected - {None} == set(BY_NAME)
 
 

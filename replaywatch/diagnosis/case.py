@@ -13,6 +13,7 @@ from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.ratelimiter import cursor
+from replaywatch.diagnosis.rhythm import Window
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
@@ -35,6 +36,8 @@ class TableCase:
     # after an outage; None if neither is in the view.
     came_back_at: float | None = None
     came_back_how: str | None = None
+    # The stall window its rules judge by, learned from the job's rhythm (stall_window.py).
+    window: Window | None = None
 
     @property
     def latest(self) -> TableSnapshot:

@@ -19,12 +19,14 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from replaywatch.diagnosis import rules
+from replaywatch.diagnosis import kinds, rules
+from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
 from replaywatch.diagnosis.registry import Shape
+from replaywatch.diagnosis.rhythm import Window
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
@@ -104,8 +106,12 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     th = thresholds
     errors: list[str] = []
     actors = actors_by_table(view)
-    found = [f for rule in rules.of_shape(Shape.VIEW)
-             if (f := _judged(rule, errors, view, th, now)) is not None]
+    # The actor rules judge by the actors' learned window; the table rules by their table's.
+    actor_window = sw.actors_window(view, th)
+    found = [_windowed(f, actor_window) if f.kind == kinds.WRITER_STALLED.name else f
+             for rule in rules.of_shape(Shape.VIEW)
+             if (f := _judged(rule, errors, view, _judging(th, actor_window), now))
+             is not None]
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     answered_again = win.answered_again_at(view.polls, th.down_polls)
@@ -119,9 +125,12 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
                          declared_layout=layout, came_back_at=came_back and came_back[0],
                          came_back_how=came_back and came_back[1])
+        window = sw.table_window(view, case, th)
+        case = dataclasses.replace(case, window=window)
+        judging = _judging(th, window)
         stalls = []
         if has_enough_history(history, th):
-            stalls = stall_findings(case, th, errors)
+            stalls = stall_findings(case, judging, errors)
         else:
             insufficient.append(f"table:{name}")
         # After-stalls rules also see the target-wide findings placed on this table (an
@@ -129,7 +138,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         # writer stuck in its call to the server before a restart is seen at once.
         on_table = tuple(stalls) + tuple(f for f in found if f.table == name)
         stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
-                   if (f := _judged(rule, errors, case, th, on_table)) is not None]
+                   if (f := _judged(rule, errors, case, judging, on_table)) is not None]
+        stalls = [_windowed(f, window) for f in stalls]
         found += rules.with_restore_evidence(stalls, view.tables[name])
         found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
                   if (f := _judged(rule, errors, case, th)) is not None]
@@ -139,6 +149,19 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
                      tuple(errors))
+
+
+def _judging(th: Thresholds, window: Window) -> Thresholds:
+    """The thresholds a rule judges by: the stall window the rhythm sets in place of the
+    configured one (never shorter: rhythm.py)."""
+    if window.seconds == th.stall_window_s:
+        return th
+    return dataclasses.replace(th, stall_window_s=window.seconds)
+
+
+def _windowed(f: Finding, window: Window) -> Finding:
+    """A stall finding says which window it was judged over, and why that long."""
+    return dataclasses.replace(f, evidence={**f.evidence, **window.evidence()})
 
 
 def came_back_at(table: tuple[TableSnapshot, ...], answered_again: float | None

@@ -50,6 +50,7 @@ class Name(enum.StrEnum):
     DRAINED = "drained"
     WARMUP = "warmup"
     DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
+    IN_SECTION = "in_section"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +246,14 @@ DECLARED_PIPELINE_DIFFERS = Kind(
             "the read value is what every verdict uses, the declared one is shown beside it.",
     fix="Correct the declaration or leave it out (the probe reads the pipeline itself); the "
         "verdicts already use the read values.")
+IN_SECTION = Kind(
+    Name.IN_SECTION, Severity.INFO, needs_probe=False,
+    meaning="A learner (or every actor) is inside a section its code marks "
+            "(`with probe.section(\"evaluate\"):`) for longer than the stall window: the "
+            "stall rules wait for the section's `timeout_s`, else its learned length (1.5 x "
+            "its longest), else `startup_grace_s`, and say which.",
+    fix="Nothing while it lasts; give the section a `timeout_s` to bound the wait. Past it, "
+        "the usual stall is named.")
 WARMUP = Kind(
     Name.WARMUP, Severity.INFO, needs_probe=False,
     meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
@@ -257,7 +266,7 @@ ALL: tuple[Kind, ...] = (
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
-    DECLARED_PIPELINE_DIFFERS,
+    DECLARED_PIPELINE_DIFFERS, IN_SECTION,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

@@ -14,6 +14,7 @@ shape):
     rules_startup   warmup_impossible, learner_starting, server_restarted, reconnecting
     rules_queue     drained                                    (queue tables, on-policy)
     rules_throughput throughput_drop                  (rates against their own baseline)
+    rules_windows   in_section                        (what the learned windows hold back)
 
 Adding a kind: declare it in `kinds` (its place in `ALL` is its precedence) and append its
 `Rule` to its family's `RULES`; nothing else in replaywatch/ names it.
@@ -33,13 +34,14 @@ from replaywatch.diagnosis import (
     rules_stalls,
     rules_startup,
     rules_throughput,
+    rules_windows,
 )
 from replaywatch.diagnosis.kinds import Kind
 from replaywatch.diagnosis.registry import Rule, Shape
 
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
-                         *rules_queue.RULES, *rules_throughput.RULES)
+                         *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

@@ -35,14 +35,26 @@ class Thresholds:
     throughput_baseline_s: float = 1800.0
     throughput_min_baseline_s: float = 180.0
     throughput_drop_for_s: float = 300.0
+    # The stall window learned from the job's rhythm (diagnosis/rhythm.py): k x the longest
+    # normal gap between progress, never below stall_window_s; a pause seen before and due
+    # now gets pause_slack x the longest seen. Off (pinned): stall_window_s alone.
+    learned_windows: bool = True
+    window_factor: float = 3.0
+    pause_slack: float = 1.5
 
     def __post_init__(self) -> None:
         for name in ("stall_window_s", "spi_window_s", "min_history_s", "startup_grace_s",
                      "reconnect_grace_s", "checkpoint_grace_s", "throughput_baseline_s",
-                     "throughput_min_baseline_s", "throughput_drop_for_s"):
+                     "throughput_min_baseline_s", "throughput_drop_for_s", "window_factor",
+                     "pause_slack"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} ({value!r}) must be > 0")
+        if not isinstance(self.learned_windows, bool):
+            raise ValueError(f"learned_windows ({self.learned_windows!r}) must be true or false")
+        for name in ("window_factor", "pause_slack"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)!r}) must be >= 1")
         for name in ("down_polls", "spi_min_inserts", "too_many_threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.rhythm import Rhythm
 from replaywatch.model import ActorSnapshot, ProbeSnapshot, TableSnapshot
 
 T = TypeVar("T", TableSnapshot, ProbeSnapshot)
@@ -56,6 +57,9 @@ class TargetView:
     # By table, then series: the baselines of throughput drops already open (the findings
     # keeper's memory), which they go on being judged against until the rate recovers.
     held_baselines: dict[str, dict[str, Baseline]] = dataclasses.field(default_factory=dict)
+    # By series ("samples NAME", "inserts NAME", "probe URL", "actor URL"): the job's rhythm
+    # as learned so far (the keeper's memory, diagnosis/rhythm.py), which sets the windows.
+    rhythms: dict[str, Rhythm] = dataclasses.field(default_factory=dict)
 
     def table_named(self, table: str | None) -> str | None:
         """The table a probe names, or, when it names none, the target's only table."""

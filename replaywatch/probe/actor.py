@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replaywatch.probe.clients import ProbedClient, wrapped_by
+from replaywatch.probe.sections import Sections
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 CALLS = ("append", "create_item", "flush", "end_episode", "close")
@@ -177,8 +178,14 @@ class ActorProbe(Served):
         self._waiting: tuple[str, float] | None = None  # (on what, since)
         self._wait_totals: tuple[int, float] = (0, 0.0)  # (completed waits, seconds)
         self._writers = 0
+        self._sections = Sections(monotonic)
 
     # -- the actor's side ---------------------------------------------------
+    def section(self, name: str, timeout_s: float | None = None) -> Any:
+        """`with probe.section("evaluate"):` a part of the actor's loop that makes no progress
+        on purpose: its stall waits for `timeout_s` or the learned length (sections.py)."""
+        return self._sections.section(name, timeout_s)
+
     def wrap_writer(self, writer: Any) -> Any:
         """Returns a proxy of a reverb.TrajectoryWriter or reverb.Writer whose calls are counted."""
         if isinstance(writer, _ProbedWriter) and writer._probe is self:
@@ -242,6 +249,7 @@ class ActorProbe(Served):
         waiting, waiting_on, waiting_since, waiting_for_s, waits_total,
         waiting_seconds_total: `waiting(on)` blocks, current and past. max_policy_lag: the bound
         declared at construction (null: none declared).
+        section, sections: the section it is inside now and each one's past (`section()`).
         """
         # Read each field once: the actor's thread may replace it meanwhile.
         wall, now = self._clocks()
@@ -284,6 +292,7 @@ class ActorProbe(Served):
             started_at=at(self._started),
             now=wall,
         )
+        doc.update(self._sections.doc())
         doc.update(thread_counts())
         return doc
 

@@ -21,6 +21,7 @@ from replaywatch.probe.learner import wrap_builder as _wrap_builder
 from replaywatch.probe.learner import wrap_learner as _wrap_learner
 from replaywatch.probe.pipeline import read as read_pipeline
 from replaywatch.probe.pipeline import shape as pipeline_shape
+from replaywatch.probe.sections import Sections
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 
@@ -188,8 +189,15 @@ class TrainerProbe(Served):
         self._writers = 0
         # (what the tf.data graph says, the model's inputs read from it): None until read
         self._pipeline: tuple[dict[str, Any], dict[str, Any] | None] | None = None
+        self._sections = Sections()
 
     # -- the trainer's side -------------------------------------------------
+    def section(self, name: str, timeout_s: float | None = None) -> Any:
+        """`with probe.section("evaluate"):` a part of the loop that makes no progress on
+        purpose (an evaluation, a checkpoint): the sidecar waits for it (`timeout_s`, else
+        its learned length) before it names a stall (replaywatch/probe/sections.py)."""
+        return self._sections.section(name, timeout_s)
+
     def wrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """Returns an iterator that yields the same items and is counted."""
         if isinstance(iterator, _ProbedIterator) and iterator._probe is self:
@@ -281,6 +289,9 @@ class TrainerProbe(Served):
         pipeline: the wrapped iterator's tf.data graph as read (probe.pipeline), null until
         read; pipeline_shape: the budget model's inputs from it (null where not read), used
         by the sidecar over the declared ones.
+        section, sections: the section the loop is inside now ({"name", "for_s",
+        "timeout_s"} or null) and each section's past ({name: {"count", "longest_s",
+        "last_s"}}): `section()`.
         """
         now = self._clock()
         blocked_since = self._blocked_since
@@ -312,6 +323,7 @@ class TrainerProbe(Served):
             started_at=self._started_at,
             now=now,
         )
+        doc.update(self._sections.doc())
         doc.update(thread_counts())
         return doc
 

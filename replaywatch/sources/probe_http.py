@@ -32,6 +32,8 @@ from replaywatch.model import (
     PipelineShape,
     PollOutcome,
     ProbeSnapshot,
+    Section,
+    SectionStat,
     SourceKind,
     WriterCallStats,
 )
@@ -97,6 +99,7 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             workers_per_iterator=_opt_int(doc, "workers_per_iterator"),
             next_strides=_strides(doc),
             **_pipeline(doc),
+            **_sections(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
@@ -130,6 +133,24 @@ def _pipeline(doc: dict[str, Any]) -> dict[str, Any]:
             prefetch_size=_opt_int(shape, "prefetch_size"),
             table=_opt_text(shape, "table"))
     return fields
+
+
+_MAX_SECTIONS = 32  # a probe's named sections kept: names are the code's, a few by nature
+
+
+def _sections(doc: dict[str, Any]) -> dict[str, Any]:
+    """The section the loop is inside now and each one's past (`probe.section(name)`)."""
+    now, past = doc.get("section"), doc.get("sections") or {}
+    if not isinstance(past, dict):
+        raise ValueError("sections is not an object")
+    section = None
+    if isinstance(now, dict):
+        timeout = _opt_float(now, "timeout_s")
+        section = Section(str(now["name"])[:_MAX_TEXT], float(now["for_s"]), timeout)
+    stats = tuple(SectionStat(str(name)[:_MAX_TEXT], int(v["count"]), float(v["longest_s"]),
+                              float(v["last_s"]))
+                  for name, v in sorted(past.items())[:_MAX_SECTIONS])
+    return {"section": section, "sections": stats}
 
 
 def _strides(doc: dict[str, Any]) -> NextStrides | None:
@@ -222,6 +243,7 @@ def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> Act
             last_error_at=error_at,
             max_policy_lag=_opt_int(doc, "max_policy_lag"),
             max_items_ahead=_opt_int(doc, "max_items_ahead"),
+            **_sections(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(

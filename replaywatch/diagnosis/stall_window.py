@@ -1,0 +1,126 @@
+"""Which progress series a target has, their rhythms learned from its view, and the stall
+window each table's and actor's rules judge by (diagnosis/rhythm.py says how).
+
+    rhythms = learn_view(view, previous)          # the keeper, each cycle
+    window = table_window(view, case, th)         # the engine, each table
+    window = actors_window(view, th)              # the engine, the actor rules
+
+Series, by key: "samples NAME" and "inserts NAME" (a table's counters), "probe URL" (a
+trainer's batches and steps), "actor URL" (an actor's steps and items).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from replaywatch.diagnosis import rhythm as rh
+from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.case import TableCase
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import ActorSnapshot, ProbeSnapshot
+
+
+def probe_progress(p: ProbeSnapshot) -> float:
+    return float(p.batches_retrieved + p.learner_steps)
+
+
+def actor_progress(a: ActorSnapshot) -> float:
+    return float(a.steps_total + a.items_created_total)
+
+
+def _points(snapshots: Sequence[Any], value: Callable[[Any], float]
+            ) -> list[tuple[float, float]]:
+    return [(s.observed_at, value(s)) for s in snapshots]
+
+
+def series_of(view: TargetView) -> dict[str, list[tuple[float, float]]]:
+    """Every progress series of the view, as (observed_at, value) points."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name, snaps in view.tables.items():
+        out[f"samples {name}"] = _points(snaps, win.samples_of)
+        out[f"inserts {name}"] = _points(snaps, win.inserts_of)
+    for url, probe in view.probes.items():
+        out[f"probe {url}"] = _points(probe, probe_progress)
+    for url, actor in view.actors.items():
+        out[f"actor {url}"] = _points(actor, actor_progress)
+    return out
+
+
+def learn_view(view: TargetView, previous: Mapping[str, rh.Rhythm]) -> dict[str, rh.Rhythm]:
+    """The target's rhythms with the view's newer points folded in (series the view no longer
+    has are kept as they were: a probe down for a while comes back with its rhythm)."""
+    out = dict(previous)
+    for key, points in series_of(view).items():
+        learned = rh.learn(previous.get(key), points)
+        if learned is not None:
+            out[key] = learned
+    return out
+
+
+def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window:
+    """The longest window of the table's series and of its learners, stretched by a section
+    any of its learners is inside (or every one of its actors)."""
+    name = case.name
+    rhythms = view.rhythms
+    keyed = [(f"samples {name}", "samples"), (f"inserts {name}", "inserts")]
+    keyed += [(f"probe {p[-1].probe}", f"learner '{p[-1].name}' progress") for p in case.probes]
+    normal = rh.longest((rh.series_window(rhythms.get(k), th, what) for k, what in keyed), th)
+    if not th.learned_windows:
+        return normal
+    onsets = [r.last_event_at for k, _ in keyed if (r := rhythms.get(k)) is not None
+              and r.last_event_at is not None]
+    inside: list[tuple[str, Any]] = [(f"learner '{p[-1].name}'", p[-1]) for p in case.probes
+                                     if p[-1].section is not None]
+    actors = [a.history[-1] for a in case.actors if a.history]
+    if actors and all(a.section is not None for a in actors):
+        inside += [(f"actor '{a.name}'", a) for a in actors]
+    return _in_sections(normal, inside, onsets, th)
+
+
+def actors_window(view: TargetView, th: Thresholds) -> rh.Window:
+    """The window of the actor rules: the longest of the actors' own, each stretched by its
+    own section."""
+    windows = []
+    for url, history in sorted(view.actors.items()):
+        if not history:
+            continue
+        r = view.rhythms.get(f"actor {url}")
+        a = history[-1]
+        w = rh.series_window(r, th, f"actor '{a.name}' steps")
+        if th.learned_windows and a.section is not None:
+            onsets = [r.last_event_at] if r is not None and r.last_event_at is not None else []
+            w = _in_sections(w, [(f"actor '{a.name}'", a)], onsets, th)
+        windows.append(w)
+    return rh.longest(windows, th)
+
+
+def _in_sections(normal: rh.Window, inside: Iterable[tuple[str, Any]], onsets: list[float],
+                 th: Thresholds) -> rh.Window:
+    """`normal`, or the longest section window of those inside one. The rest is timed from
+    the earliest last progress, so no series' stall is named while a section runs."""
+    best = normal
+    onset = min(onsets, default=None)
+    for who, snap in inside:
+        began = snap.observed_at - snap.section.for_s
+        rested = 0.0 if onset is None else max(0.0, began - onset)
+        w = rh.section_window(normal, snap.section, snap.sections, rested, th, who)
+        if w.seconds > best.seconds or best is normal:
+            best = w
+    return best
+
+
+def longest_learned_s(rhythms: Mapping[str, rh.Rhythm], th: Thresholds) -> float:
+    """The longest window any series would get now, a pause due included (the keeper's view
+    must reach back that far for a rule to prove a stall that long)."""
+    most = th.stall_window_s
+    if not th.learned_windows:
+        return most
+    for r in rhythms.values():
+        normal = rh.longest_normal(r.gaps)
+        if normal is not None:
+            most = max(most, th.window_factor * normal)
+        if r.pauses:
+            most = max(most, th.pause_slack * max(s for _, s in r.pauses))
+    return most

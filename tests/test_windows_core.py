@@ -1,0 +1,236 @@
+"""Stall windows learned from the job's rhythm, judged poll by poll by the pure diagnosis.
+
+Each test drives the keeper's cycle by hand: a job's counters at every 1 s poll, the view the
+keeper would build, the rhythms folded in (stall_window.learn_view), `diagnose`. The jobs
+are the ones a fixed window paged: an asynchronous learner whose step takes 12 s (actors held at max_diff
+through each step), and a learner that evaluates for 60 s every 4 minutes. Real processes
+run the same in tests/test_windows.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from replaywatch.diagnosis import rhythm as rh
+from replaywatch.diagnosis import stall_window as sw
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, Section, SectionStat, Severity
+from tests.builders import PROBE, polls, probe_snapshot, table_snapshot
+from tests.builders import target_view as make_view
+
+TH = Thresholds()
+PINNED = dataclasses.replace(TH, learned_windows=False)
+REACH_S = 63.0  # the keeper's view: max(spi window, 3 stall windows) + 3 polls
+B = 16  # a batch; spi 1, so a step frees 16 inserts
+
+
+@dataclasses.dataclass
+class State:
+    """The job at one poll: the table's counters and the learner's."""
+
+    inserts: int
+    samples: int
+    batches: int
+    steps: int
+    section: Section | None = None
+    sections: tuple[SectionStat, ...] = ()
+
+
+Job = Callable[[float], State]
+
+
+def slow_learner(step_s: float = 12.0, hang_at: float | None = None) -> Job:
+    """Actors at max_diff (100 ahead) insert as soon as a step draws a batch."""
+    def at(t: float) -> State:
+        k = int((min(t, hang_at) if hang_at is not None else t) // step_s)
+        return State(inserts=100 + B * (k + 1), samples=B * (k + 1), batches=k + 1, steps=k)
+    return at
+
+
+def evaluating_learner(every_s: float = 240.0, pause_s: float = 60.0, sections: bool = False,
+                       hang_at: float | None = None) -> Job:
+    """A step a second, but for `pause_s` every `every_s` (from `every_s` on) it evaluates."""
+    def at(t: float) -> State:
+        live = min(t, hang_at) if hang_at is not None else t
+        done = int(live // every_s)  # evaluations begun
+        phase = live - done * every_s
+        inside = done > 0 and phase < pause_s
+        paused = max(0, done - 1) * pause_s + (min(phase, pause_s) if done else 0.0)
+        # Out of an evaluation it takes its next batch at once.
+        k = int(live - paused) + (0 if inside else 1)
+        inside = inside and (hang_at is None or t < hang_at)
+        ended = done - 1 if inside else done
+        past = (SectionStat("evaluate", ended, pause_s, pause_s),) if ended > 0 else ()
+        return State(inserts=100 + B * (k + 1), samples=B * (k + 1), batches=k + 1, steps=k,
+                     section=Section("evaluate", phase, None) if sections and inside else None,
+                     sections=past if sections else ())
+    return at
+
+
+def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
+        rhythms: dict[str, rh.Rhythm] | None = None, start: float = 1000.0
+        ) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
+    """Every warning or critical finding at each poll, and the rhythms learned."""
+    tables: list[Any] = []
+    probes: list[Any] = []
+    learned = dict(rhythms or {})
+    paged: list[tuple[float, Finding]] = []
+    for i in range(seconds + 1):
+        t = start + i
+        s = job(float(i))
+        tables.append(table_snapshot(t, s.inserts, s.samples))
+        probes.append(dataclasses.replace(
+            probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=start - 5),
+            section=s.section, sections=s.sections))
+        reach = max(REACH_S, sw.longest_learned_s(learned, th) + 3)
+        recent = [x for x in tables if x.observed_at >= t - reach]
+        view = make_view([tuple(recent)],
+                         [tuple(p for p in probes if p.observed_at >= t - reach)] if probe
+                         else [])
+        if not probe:
+            view = dataclasses.replace(view, probe_polls={})
+        learned = sw.learn_view(view, learned)
+        view = dataclasses.replace(view, rhythms=learned)
+        paged += [(float(i), f) for f in diagnose(view, th, t).findings
+                  if f.severity >= Severity.WARNING]
+    return paged, learned
+
+
+def test_a_learner_whose_step_takes_12_s_is_never_paged_with_or_without_its_probe() -> None:
+    for probe in (False, True):
+        paged, learned = run(slow_learner(), 600, probe=probe)
+        assert paged == [], (probe, [(t, f.kind) for t, f in paged[:3]])
+    # The learned rhythm: a step every 12 s, none longer.
+    assert rh.longest_normal(learned["samples replay"].gaps) == 12.0
+    assert rh.longest_normal(learned[f"probe {PROBE}"].gaps) == 12.0
+    # The same job under a pinned 10 s window is paged all run: the test can fail.
+    paged, _ = run(slow_learner(), 120, th=PINNED)
+    assert {f.kind for _, f in paged} >= {"learner_stalled"}
+    assert any(f.severity is Severity.CRITICAL for _, f in paged)
+
+
+def test_a_hung_12_s_learner_is_named_within_3_gaps_and_says_its_window() -> None:
+    paged, _ = run(slow_learner(hang_at=300.5), 420)
+    first = next((t, f) for t, f in paged if f.severity is Severity.CRITICAL)
+    # Its last step began at 300 (k = 25): progress last seen at 300; 3 x 12 = 36 s.
+    assert 300 + 36 <= first[0] <= 300 + 36 + 2, first[0]
+    assert first[1].kind == "learner_stalled"
+    ev = first[1].evidence
+    assert (ev["window_basis"], ev["window_s"]) == ("learned", 36.0)
+    assert ev["window_why"].startswith("learned: ") and "longest 12.0 s" in ev["window_why"]
+
+
+def test_a_periodic_evaluation_is_paged_at_most_at_its_first_pause() -> None:
+    paged, learned = run(evaluating_learner(), 1000)
+    assert paged, "the first 60 s evaluation outlasts the 10 s window: nothing learned yet"
+    assert all(240 <= t <= 300 + 2 for t, _ in paged), sorted({t for t, _ in paged})
+    r = learned["samples replay"]
+    # Seen from the last step before each (a second before it began) to the first after.
+    assert [round(length) for _, length in r.pauses][:3] == [61, 61, 61]
+
+
+def last_poll(job: Job, seconds: int) -> tuple[Finding, ...]:
+    """Every finding at the job's last poll, the rhythms learned all along."""
+    tables: list[Any] = []
+    probes: list[Any] = []
+    learned: dict[str, rh.Rhythm] = {}
+    found: tuple[Finding, ...] = ()
+    for i in range(seconds + 1):
+        t, s = 1000.0 + i, job(float(i))
+        tables.append(table_snapshot(t, s.inserts, s.samples))
+        probes.append(dataclasses.replace(
+            probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=995.0),
+            section=s.section, sections=s.sections))
+        view = make_view([tuple(tables[-90:])], [tuple(probes[-90:])])
+        learned = sw.learn_view(view, learned)
+        found = diagnose(dataclasses.replace(view, rhythms=learned), TH, t).findings
+    return found
+
+
+# (what, the evaluating learner's poll, the kind it shows: in_section or nothing)
+WINDOW_CASES = [
+    ("40 s into its first marked evaluation", 280, "in_section"),
+    ("5 s in: shorter than the stall window, nothing to say", 245, None),
+    ("not marked: nothing said of sections", -280, None),
+]
+
+
+def test_each_window_case_shows_its_kind() -> None:
+    for what, at, kind in WINDOW_CASES:
+        found = last_poll(evaluating_learner(sections=at > 0), abs(at))
+        shown = [f for f in found if f.kind == "in_section"]
+        assert [f.kind for f in shown] == ([kind] if kind else []), what
+
+
+def test_a_marked_evaluation_is_never_paged_and_says_so() -> None:
+    paged, _ = run(evaluating_learner(sections=True), 1000)
+    assert paged == []
+    # Its first section: no timeout_s, never ended before, so it waits up to the start-up
+    # grace and says so in an info finding.
+    (info,) = [f for f in last_poll(evaluating_learner(sections=True), 280)
+               if f.kind == "in_section"]
+    assert info.severity is Severity.INFO
+    assert info.evidence["section"] == "evaluate" and info.evidence["section_for_s"] == 40
+    assert "never seen to end" in info.evidence["window_why"]
+    # Its second: its learned length, 1.5 x 60 s.
+    (info,) = [f for f in last_poll(evaluating_learner(sections=True), 520)
+               if f.kind == "in_section"]
+    assert info.evidence["section_allowance_s"] == 90.0
+
+
+def test_an_evaluating_learner_hung_for_good_is_named_within_its_window() -> None:
+    # Hung at 650 s, between evaluations (480 and 720): named by the normal window.
+    paged, _ = run(evaluating_learner(sections=True, hang_at=650.5), 720)
+    first = next(t for t, f in paged if f.severity is Severity.CRITICAL)
+    assert 650 + TH.stall_window_s <= first <= 650 + TH.stall_window_s + 2, first
+    # Hung inside an evaluation: named once the section outlasts 1.5 x its longest (90 s).
+    paged, _ = run(evaluating_learner(sections=True, hang_at=500.5), 640)
+    first = next(t for t, f in paged if f.severity is Severity.CRITICAL)
+    assert 480 + 90 <= first <= 480 + 90 + 2, first
+
+
+def test_the_rhythm_survives_the_sidecars_restart() -> None:
+    # 300 s learned, then a new sidecar: its view starts empty, its rhythms are resumed.
+    _, learned = run(slow_learner(), 300)
+    resumed = {k: r.resumed() for k, r in learned.items()}
+    paged, _ = run(lambda t: slow_learner()(t + 301), 60, rhythms=resumed, start=1301.0)
+    assert paged == []
+    # Without them the first 60 s page the healthy job.
+    paged, _ = run(lambda t: slow_learner()(t + 301), 60, start=1301.0)
+    assert paged
+
+
+def test_a_pause_learned_is_not_a_licence_at_any_other_time() -> None:
+    r = rh.Rhythm(0.0, 0.0)
+    r = rh.learn(r, [(float(t), float(t)) for t in range(0, 240)])
+    r = rh.learn(r, [(300.0, 300.0)] + [(float(t), float(t)) for t in range(301, 400)])
+    assert r is not None and [(round(a), round(b)) for a, b in r.pauses] == [(239, 61)]
+    mid = dataclasses.replace(r, last_event_at=400.0)  # 160 s after it: not due
+    assert rh.series_window(mid, TH, "samples").basis == "stall_window_s"
+    due = dataclasses.replace(r, last_event_at=478.0)  # 239 + 239: due
+    w = rh.series_window(due, TH, "samples")
+    assert w.basis == "pause" and round(w.seconds) == round(1.5 * 61)
+
+
+def test_a_pinned_window_learns_nothing() -> None:
+    r = rh.learn(None, [(float(t), float(t // 12)) for t in range(0, 200)])
+    assert rh.series_window(r, PINNED, "samples").seconds == 10.0
+    assert rh.series_window(r, PINNED, "samples").basis == "pinned"
+    assert rh.series_window(r, TH, "samples").seconds == 36.0
+
+
+def test_gaps_that_recur_are_the_rhythm_and_one_long_gap_is_not() -> None:
+    bursts = [1.0] * 5 + [14.0]
+    assert rh.longest_normal(bursts * 4) == 14.0  # inserts in bursts every 20 s
+    assert rh.longest_normal([600.0] + [12.0] * 8) == 12.0  # a first compile, once
+    assert rh.longest_normal([12.0] * 20 + [60.0]) == 12.0  # an evaluation among steps
+    assert rh.longest_normal([600.0, 12.0]) == 600.0  # too few to tell: the longest holds
+
+
+def test_polls_for_the_view_reach_back_over_the_longest_window() -> None:
+    r = rh.learn(None, [(float(t), float(t // 40)) for t in range(0, 400)])
+    assert sw.longest_learned_s({"samples replay": r}, TH) == 120.0
+    assert polls([1.0])[0].ok
