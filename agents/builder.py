@@ -78,6 +78,10 @@ class NoActorProbe:
     def waiting(self, on: str) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()
 
+    def section(self, name: str, timeout_s: float | None = None
+                ) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
     def step(self) -> None:
         pass
 

@@ -99,14 +99,17 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
                            checkpointer=builder.make_checkpointer(run))
     address = f"127.0.0.1:{server.port}"
     stop_checkpoints = threading.Event()
-    if run.checkpoint_every_s:
-        replay_lib.checkpoint_every(address, run.checkpoint_every_s, stop_checkpoints, emit)
     client = reverb.Client(address)
     networks = builder.make_networks(spec, td3)
     key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
     parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen,
                                  run.first_step_delay_s)
     parts.probe.start()
+    if run.checkpoint_every_s:
+        # A checkpoint holds the table's lock: the loop waits in its insert or next() till
+        # it ends, a pause the learner's probe marks.
+        replay_lib.checkpoint_every(address, run.checkpoint_every_s, stop_checkpoints, emit,
+                                    section=lambda: parts.probe.section("checkpoint"))
     # The loop's actor side: its writer, its steps, its waits on the learner.
     loop_probe = builder.make_actor_probe(replay.table, "loop", builder.any_port(run.probe_listen),
                                           enabled=run.actor_probes)
@@ -145,7 +148,10 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
             progress.episode(episode_return, episodes)
             if run.eval_every and env_steps >= next_eval:
                 next_eval += run.eval_every
-                _evaluate(eval_env, evaluator, run.eval_episodes, env_steps, learner, emit)
+                # The loop neither inserts nor learns meanwhile: a pause it marks, so the
+                # sidecar waits for it (its learned length) instead of naming a stall.
+                with parts.probe.section("evaluate"), loop_probe.section("evaluate"):
+                    _evaluate(eval_env, evaluator, run.eval_episodes, env_steps, learner, emit)
         progress.flush()
         emit({"event": "done", "env_steps": env_steps, "learner_steps": learner.steps})
     finally:

@@ -11,6 +11,7 @@ would have made.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -54,15 +55,18 @@ def make_replay_table(config: ReplayConfig, signature: dict[str, tf.TensorSpec])
 
 
 def checkpoint_every(address: str, seconds: float, stop: threading.Event,
-                     emit: Callable[[dict[str, Any]], None]) -> threading.Thread:
+                     emit: Callable[[dict[str, Any]], None],
+                     section: Callable[[], Any] = contextlib.nullcontext) -> threading.Thread:
     """Checkpoints the server at `address` every `seconds` until `stop`, on a daemon thread;
-    each checkpoint is reported as an event (its path and how long it took)."""
+    each checkpoint is reported as an event (its path and how long it took) and runs inside
+    `section()` (a probe's section: the sidecar waits for it)."""
     def loop() -> None:
         client = reverb.Client(address)
         while not stop.wait(seconds):
             t0 = time.monotonic()
             try:
-                path = client.checkpoint()
+                with section():
+                    path = client.checkpoint()
             except Exception as error:  # a server going away at the end of the run
                 emit({"event": "checkpoint_failed", "error": str(error)[:200]})
                 continue

@@ -39,6 +39,7 @@ at the end ({"outcome": "hang"|"ran", ...}) go to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -158,6 +159,7 @@ class Loop:
         self.batches = 0
         self.learner_steps = 0
         self.stop = threading.Event()
+        self.began = self.evaluated_at = time.time()
 
     def insert(self) -> None:
         self.writer.append({"x": self.items[self.inserts % len(self.items)]})
@@ -168,12 +170,27 @@ class Loop:
         self.inserts += 1
 
     def learn(self) -> None:
+        self.evaluate_when_due()
         next(self.iterator)
         self.batches += 1
         self.learner_steps += 1
         if self.args.learner_step_s:
             time.sleep(self.args.learner_step_s)  # a device step: the GIL is free meanwhile
         self.trainer.step()
+
+    def evaluate_when_due(self) -> None:
+        """--eval-every-s: the learner pauses --eval-s (no batch, no step), in a section of
+        its probe with --eval-section; --learner-hang-at-s: from then on it hangs for good
+        outside next() (a stuck device step)."""
+        a, now = self.args, time.time()
+        if a.learner_hang_at_s is not None and now - self.began >= a.learner_hang_at_s:
+            threading.Event().wait()
+        if not a.eval_every_s or now - self.evaluated_at < a.eval_every_s:
+            return
+        marked = self.trainer.section("evaluate") if a.eval_section else contextlib.nullcontext()
+        with marked:
+            time.sleep(a.eval_s)
+        self.evaluated_at = time.time()
 
     def run_sync(self) -> None:
         bound = self.args.batch_size
@@ -348,6 +365,13 @@ def main() -> None:
                    help="seconds a learner step takes after its batch")
     p.add_argument("--acme-bound", action="store_true",
                    help="sync: can_sample(ceil(drawn / batches)), the seed's commit's gate")
+    p.add_argument("--eval-every-s", type=float, default=0.0,
+                   help="the learner evaluates (pauses) every this many seconds")
+    p.add_argument("--eval-s", type=float, default=60.0, help="each evaluation's length")
+    p.add_argument("--eval-section", action="store_true",
+                   help="mark each evaluation with probe.section('evaluate')")
+    p.add_argument("--learner-hang-at-s", type=float, default=None,
+                   help="the learner hangs for good (outside next()) this long after start")
     p.add_argument("--start-delay", type=float, default=0.0,
                    help="seconds between the start line and the first insert (a sidecar "
                         "attached from the start sees the configuration first)")

@@ -54,8 +54,10 @@ class RhythmBook:
         return learned
 
     def reach_s(self, target: str, th: Thresholds) -> float:
-        """How far back the target's view must reach for its longest window to be proven."""
-        return sw.longest_learned_s(self._rhythms.get(target, {}), th)
+        """How far back the target's view must reach: three of its longest windows, as the
+        keeper's view holds three fixed ones (a stall proven over one, with the progress
+        before it that tells start-up from a learner that trained)."""
+        return 3 * sw.longest_learned_s(self._rhythms.get(target, {}), th)
 
     def save(self, now: float) -> None:
         """Writes every rhythm, at most once per `save_every_s`."""

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from replaywatch.diagnosis import baseline as bl
+from replaywatch.diagnosis import rhythm as rh
 from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.lifecycle import Transition
@@ -294,3 +295,25 @@ def test_a_restarted_sidecar_keeps_judging_an_open_drop_by_its_logged_baseline(
         found = keeper.diagnose_cycle(history, {}, t).findings
         kept.append(any(f.kind == "throughput_drop" for f in found))
     assert all(kept)
+
+
+def test_inserts_that_come_in_bursts_are_judged_over_their_rhythm_not_as_a_drop() -> None:
+    # 30 min of a burst every 40 s (400 items in one 10 s bucket of four): no drop, and with
+    # the rhythm learned (a gap of 40 s) the rates are of whole cycles, 10/s, as the job runs.
+    table = coarse_table([40.0, 0.0, 0.0, 0.0] * 60)
+    r = rh.Rhythm(0.0, 0.0, gaps=(40.0,) * 20)
+    rhythms = {"inserts replay": r, "samples replay": r}
+    for v in (view(table), dataclasses.replace(view(table), rhythms=rhythms)):
+        assert rules_throughput.is_throughput_drop(v, DEFAULT, now_of(table)) is None
+    # Bursts of a quarter the size: a drop, its baseline the job's real 10/s.
+    slow = coarse_table([40.0, 0.0, 0.0, 0.0] * 60 + [10.0, 0.0, 0.0, 0.0] * 12)
+    slowed = dataclasses.replace(view(slow), rhythms=rhythms)
+    found = rules_throughput.is_throughput_drop(slowed, DEFAULT, now_of(slow))
+    assert found is not None
+    assert found.evidence["series"]["inserts"]["baseline_per_s"] == 10.0
+
+
+def test_merged_buckets_keep_the_rate_of_what_moved() -> None:
+    out = bl.merged([bl.Bucket(0, 10, 40.0), bl.Bucket(10, 20, 0.0), bl.Bucket(20, 30, 0.0),
+                     bl.Bucket(30, 40, 0.0), bl.Bucket(40, 50, 40.0)], 40.0)
+    assert [(b.start, b.end, b.rate) for b in out] == [(0, 40, 10.0), (40, 50, 40.0)]

@@ -2,9 +2,9 @@
 
 Each test drives the keeper's cycle by hand: a job's counters at every 1 s poll, the view the
 keeper would build, the rhythms folded in (stall_window.learn_view), `diagnose`. The jobs
-are the ones a fixed window paged: an asynchronous learner whose step takes 12 s (actors held at max_diff
-through each step), and a learner that evaluates for 60 s every 4 minutes. Real processes
-run the same in tests/test_windows.py.
+are the ones a fixed window paged: an asynchronous learner whose step takes 12 s (actors
+held at max_diff through each step), and a learner that evaluates for 60 s every 4
+minutes. Real processes run the same in tests/test_windows.py.
 """
 
 from __future__ import annotations
@@ -81,11 +81,11 @@ def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
     for i in range(seconds + 1):
         t = start + i
         s = job(float(i))
-        tables.append(table_snapshot(t, s.inserts, s.samples))
+        tables.append(table_snapshot(t, s.inserts, s.samples, waiting_for_sampling_ms=500 * i))
         probes.append(dataclasses.replace(
             probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=start - 5),
             section=s.section, sections=s.sections))
-        reach = max(REACH_S, sw.longest_learned_s(learned, th) + 3)
+        reach = max(REACH_S, 3 * sw.longest_learned_s(learned, th) + 3)
         recent = [x for x in tables if x.observed_at >= t - reach]
         view = make_view([tuple(recent)],
                          [tuple(p for p in probes if p.observed_at >= t - reach)] if probe
@@ -140,7 +140,7 @@ def last_poll(job: Job, seconds: int) -> tuple[Finding, ...]:
     found: tuple[Finding, ...] = ()
     for i in range(seconds + 1):
         t, s = 1000.0 + i, job(float(i))
-        tables.append(table_snapshot(t, s.inserts, s.samples))
+        tables.append(table_snapshot(t, s.inserts, s.samples, waiting_for_sampling_ms=500 * i))
         probes.append(dataclasses.replace(
             probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=995.0),
             section=s.section, sections=s.sections))
@@ -234,3 +234,12 @@ def test_polls_for_the_view_reach_back_over_the_longest_window() -> None:
     r = rh.learn(None, [(float(t), float(t // 40)) for t in range(0, 400)])
     assert sw.longest_learned_s({"samples replay": r}, TH) == 120.0
     assert polls([1.0])[0].ok
+
+
+def test_reverb_alone_names_a_hung_12_s_learner_too() -> None:
+    # No probe: sampling seen paced by the learner over the view tells it trained, so the
+    # hang is not taken for start-up; the learned window times it.
+    paged, _ = run(slow_learner(hang_at=300.5), 420, probe=False)
+    first = next((t, f) for t, f in paged if f.severity is Severity.CRITICAL)
+    assert 300 + 36 <= first[0] <= 300 + 36 + 2, first
+    assert first[1].evidence["window_basis"] == "learned"

@@ -100,6 +100,26 @@ def buckets(points: Sequence[T], at: Callable[[T], float], value: Callable[[T], 
     return out
 
 
+def merged(buckets: Sequence[Bucket], min_span_s: float) -> list[Bucket]:
+    """Consecutive buckets joined until each spans at least `min_span_s`: a job whose
+    inserts come in bursts every 40 s has a burst in one 10 s bucket of four, so its moving
+    buckets read four times its rate and the rate of any span judged looks a quarter of
+    it. Joined over the job's rhythm (two of its longest normal gaps), each bucket holds
+    whole cycles. A trailing remainder shorter than the span is kept as it is."""
+    if min_span_s <= 0 or not buckets:
+        return list(buckets)
+    out: list[Bucket] = []
+    start, moved = buckets[0].start, 0.0
+    for b in buckets:
+        moved += b.rate * b.seconds
+        if b.end - start >= min_span_s:
+            out.append(Bucket(start, b.end, moved / (b.end - start)))
+            start, moved = b.end, 0.0
+    if start < buckets[-1].end:
+        out.append(Bucket(start, buckets[-1].end, moved / (buckets[-1].end - start)))
+    return out
+
+
 def judge(series: Sequence[Bucket], now: float, drop_for_s: float, lookback_s: float,
           min_baseline_s: float, held: Baseline | None = None) -> Drop | None:
     """The deeper of the two drops `series` shows at `now`, if any; against `held`, the

@@ -130,7 +130,9 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         judging = _judging(th, window)
         stalls = []
         if has_enough_history(history, th):
-            stalls = stall_findings(case, judging, errors)
+            stalls = stall_findings(case, judging, errors,
+                                    {p[-1].probe: sw.probe_window(view, case, p, th)
+                                     for p in probes})
         else:
             insufficient.append(f"table:{name}")
         # After-stalls rules also see the target-wide findings placed on this table (an
@@ -173,12 +175,19 @@ def came_back_at(table: tuple[TableSnapshot, ...], answered_again: float | None
     return max(seen, default=None)
 
 
-def stall_findings(case: TableCase, th: Thresholds, errors: list[str]) -> list[Finding]:
+def stall_findings(case: TableCase, th: Thresholds, errors: list[str],
+                   probe_windows: Mapping[str, Window] | None = None) -> list[Finding]:
     """The stall rules on one table whose history covers the window: each trainer probe's
-    with enough history of its own, then the table's."""
-    found = [f for probe in case.probes if has_enough_history(probe, th)
+    with enough history of its own (judged by its own learned window: the learner's steps,
+    not the table's sampling, which a prefetching pipeline makes burstier), then the
+    table's."""
+    windows = probe_windows or {}
+    found = [_windowed(f, windows[probe[-1].probe]) if probe[-1].probe in windows else f
+             for probe in case.probes if has_enough_history(probe, th)
              for rule in rules.of_shape(Shape.PROBE_STALL)
-             if (f := _judged(rule, errors, case, probe, th)) is not None]
+             if (f := _judged(rule, errors, case, probe,
+                              _judging(th, windows[probe[-1].probe])
+                              if probe[-1].probe in windows else th)) is not None]
     return found + [f for rule in rules.of_shape(Shape.TABLE_STALL)
                     if (f := _judged(rule, errors, case, th)) is not None]
 

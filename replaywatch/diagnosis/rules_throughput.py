@@ -28,6 +28,7 @@ from replaywatch.diagnosis import baseline as bl
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.registry import Rule, Shape
+from replaywatch.diagnosis.rhythm import Rhythm, longest_normal
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
 from replaywatch.model import ActorSnapshot, Finding, TableSnapshot
@@ -53,9 +54,18 @@ def is_throughput_drop(view: TargetView, th: Thresholds, now: float) -> Finding 
 
 
 def _judge(points: Sequence[Any], value: Any, th: Thresholds, now: float,
-           held: bl.Baseline | None) -> bl.Drop | None:
-    return bl.judge(bl.buckets(points, _observed, value), now, th.throughput_drop_for_s,
+           held: bl.Baseline | None, rhythm: Rhythm | None = None) -> bl.Drop | None:
+    return bl.judge(_buckets(points, value, th, rhythm), now, th.throughput_drop_for_s,
                     th.throughput_baseline_s, th.throughput_min_baseline_s, held)
+
+
+def _buckets(points: Sequence[Any], value: Any, th: Thresholds, rhythm: Rhythm | None
+             ) -> list[bl.Bucket]:
+    """The series' coarse rates, each over at least two of its longest normal gaps where
+    its rhythm is slower than the coarse buckets (bursts are not drops)."""
+    out = bl.buckets(points, _observed, value)
+    normal = None if rhythm is None or not th.learned_windows else longest_normal(rhythm.gaps)
+    return bl.merged(out, 2 * normal) if normal else out
 
 
 def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Finding | None:
@@ -65,15 +75,16 @@ def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Find
     held = view.held_baselines.get(name, {})
     drops: dict[str, bl.Drop] = {}
     for series, value in (("inserts", inserts_of), ("samples", samples_of)):
-        if (d := _judge(points, value, th, now, held.get(series))) is not None:
+        if (d := _judge(points, value, th, now, held.get(series),
+                        view.rhythms.get(f"{series} {name}"))) is not None:
             drops[series] = d
     actors = {url: h for url, h in sorted(view.coarse_actors.items())
               if view.table_named(h[-1].table if h else None) == name}
-    for history in actors.values():
+    for url, history in actors.items():
         mine = win.actor_since_last_restart(history)
         series = f"actor {mine[-1].name} steps"
         if (d := _judge(mine, lambda a: float(a.steps_total), th, now,
-                        held.get(series))) is not None:
+                        held.get(series), view.rhythms.get(f"actor {url}"))) is not None:
             drops[series] = d
     if not drops:
         return None
@@ -90,7 +101,8 @@ def table_baselines(view: TargetView, th: Thresholds, now: float
         held = view.held_baselines.get(name, {})
         found = {series: b for series, value in (("inserts", inserts_of), ("samples", samples_of))
                  if (b := held.get(series) or bl.current(
-                     bl.buckets(points, _observed, value), now, th.throughput_drop_for_s,
+                     _buckets(points, value, th, view.rhythms.get(f"{series} {name}")), now,
+                     th.throughput_drop_for_s,
                      th.throughput_baseline_s, th.throughput_min_baseline_s)) is not None}
         if found:
             out[name] = found

@@ -79,6 +79,17 @@ def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window
     return _in_sections(normal, inside, onsets, th)
 
 
+def probe_window(view: TargetView, case: TableCase, probe: Any, th: Thresholds) -> rh.Window:
+    """A learner's own window: its batches and steps, stretched by its own section."""
+    p = probe[-1]
+    r = view.rhythms.get(f"probe {p.probe}")
+    w = rh.series_window(r, th, f"learner '{p.name}' progress")
+    if th.learned_windows and p.section is not None:
+        onsets = [r.last_event_at] if r is not None and r.last_event_at is not None else []
+        w = _in_sections(w, [(f"learner '{p.name}'", p)], onsets, th)
+    return w
+
+
 def actors_window(view: TargetView, th: Thresholds) -> rh.Window:
     """The window of the actor rules: the longest of the actors' own, each stretched by its
     own section."""
