@@ -129,7 +129,8 @@ bench-grid-fixes: $(STAMP)
 	$(PY) -m bench.predict_grid --batch-warnings --results bench/RESULTS.md
 	$(PY) -m bench.predict_grid --first-step-fixes --results bench/RESULTS.md
 
-# Long healthy runs and throughput_drop's detection times (about 50 minutes).
+# Long healthy runs (a learner with 12 s steps among them) and throughput_drop's detection
+# times (about 60 minutes).
 bench-long:
 	@$(MAKE) --no-print-directory -j2 venv system-deps
 	$(PY) -m bench.long --results bench/RESULTS.md

@@ -139,12 +139,13 @@ def make_learner(
     key: jax.Array,
     probe_listen: str,
     first_step_delay_s: float = 0.0,
+    step_delay_s: float = 0.0,
 ) -> LearnerParts:
     """Dataset iterator -> probe wrapper -> learner. The probe is not started here."""
     probe = make_probe(replay, probe_listen)
     iterator = probe.wrap(replay_lib.make_dataset_iterator(server_address, replay))
     learner = TD3Learner(networks, td3, iterator, key, on_step=probe.step,
-                         first_step_delay_s=first_step_delay_s)
+                         first_step_delay_s=first_step_delay_s, step_delay_s=step_delay_s)
     return LearnerParts(learner, iterator, probe)  # type: ignore[arg-type]
 
 

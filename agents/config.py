@@ -238,6 +238,9 @@ class RunConfig:
     # Sleep this long inside the learner's first update, after its first batch: a stand-in
     # for a long first jit compile (acme#212), to test start-up awareness. 0: none.
     first_step_delay_s: float = 0.0
+    # Every learner update sleeps this long after its batch: a learner whose step is slow
+    # (a big network on a small host), to test the learned stall windows. 0: none.
+    learner_step_delay_s: float = 0.0
     # What each environment step costs on top of Pendulum's own, and how it grows
     # (environments.StepDelay; --env-step-delay-s, --slow-down FACTOR[x]@SECONDS[:RAMP]).
     env_step_delay: StepDelay = StepDelay()
@@ -266,6 +269,8 @@ class RunConfig:
         )
         _require(self.checkpoint_every_s >= 0,
                  f"checkpoint_every_s ({self.checkpoint_every_s}) must be >= 0 (0: never)")
+        _require(self.learner_step_delay_s >= 0,
+                 f"learner_step_delay_s ({self.learner_step_delay_s}) must be >= 0 (0: none)")
         _require(self.first_step_delay_s >= 0,
                  f"first_step_delay_s ({self.first_step_delay_s}) must be >= 0 (0: none)")
         _require(self.max_policy_lag >= 0,

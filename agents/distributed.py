@@ -115,12 +115,13 @@ class LearnerProcess:
         seed: int,
         probe_listen: str,
         first_step_delay_s: float = 0.0,
+        step_delay_s: float = 0.0,
     ):
         networks = builder.make_networks(spec, td3)
         key = jax.random.PRNGKey(seed)
         self._parts = builder.make_learner(networks, td3, replay,
                                            _replay_address(replay_process, loopback), key,
-                                           probe_listen, first_step_delay_s)
+                                           probe_listen, first_step_delay_s, step_delay_s)
         self._parts.probe.start()
         self._params = self._parts.learner.get_policy_params_numpy()
         self._params_at = 0
@@ -260,7 +261,7 @@ def _drive(
     learner = LearnerProcess.options(
         max_concurrency=run.num_actors + 4, **placement.role_options(run.learner_resource)
     ).remote(td3, replay, spec, replay_process, loopback, run.seed, run.probe_listen,
-             run.first_step_delay_s)
+             run.first_step_delay_s, run.learner_step_delay_s)
 
     def start_actor(slot: int, index: int, listen: str | None) -> Any:
         return ActorProcess.options(**placement.role_options(run.actor_resource)).remote(

@@ -200,12 +200,16 @@ class TD3Learner:
         on_step: Callable[[], None] | None = None,
         first_step_delay_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
+        step_delay_s: float = 0.0,
     ):
         optimizer = optax.adam(config.learning_rate)
         self._iterator = iterator
         self._on_step = on_step
         # `--first-step-delay-s`: a stand-in for a long first jit compile (acme#212: 20 min).
         self._first_step_delay_s = first_step_delay_s
+        # `--learner-step-delay-s`: every update takes this much longer (a big network on a
+        # small host), after its batch is taken.
+        self._step_delay_s = step_delay_s
         self._sleep = sleep
         self._state = make_initial_state(networks, optimizer, key)
         self._update = jax.jit(make_update_fn(networks, config, optimizer))
@@ -218,6 +222,8 @@ class TD3Learner:
             # After the first batch is taken, as a compile would be: the probe shows one batch
             # retrieved and no step, the dataset's prefetch fills, the actors run ahead.
             self._sleep(self._first_step_delay_s)
+        if self._step_delay_s > 0:
+            self._sleep(self._step_delay_s)
         self._state, metrics = self._update(self._state, transition_from_sample(sample.data))
         self._steps += 1
         self._metrics = metrics  # converted lazily: float() would sync every step

@@ -103,7 +103,7 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
     networks = builder.make_networks(spec, td3)
     key_learner, key_actor, key_eval = jax.random.split(jax.random.PRNGKey(run.seed), 3)
     parts = builder.make_learner(networks, td3, replay, address, key_learner, run.probe_listen,
-                                 run.first_step_delay_s)
+                                 run.first_step_delay_s, run.learner_step_delay_s)
     parts.probe.start()
     if run.checkpoint_every_s:
         # A checkpoint holds the table's lock: the loop waits in its insert or next() till

@@ -110,6 +110,9 @@ def make_parser() -> argparse.ArgumentParser:
         help="both modes: sleep this long inside the learner's first update, after its first "
         "batch is taken; a stand-in for a long first JAX compile (acme#212), not a real one",
     )
+    add("--learner-step-delay-s", type=float, default=defaults_run.learner_step_delay_s,
+        metavar="SECONDS", help="both modes: every learner update sleeps this long after its "
+        "batch (a slow step: a big network on a small host)")
     add("--env-step-delay-s", type=float, default=0.0, metavar="SECONDS",
         help="every environment step sleeps this long (a costly simulator)")
     add("--slow-down", default=None, metavar="FACTOR[x]@SECONDS[:RAMP]",
@@ -176,6 +179,7 @@ def configs_from_args(
             actor_probes=not args.no_actor_probes,
             max_policy_lag=args.max_policy_lag,
             first_step_delay_s=args.first_step_delay_s,
+            learner_step_delay_s=args.learner_step_delay_s,
             env_step_delay=StepDelay.parse(args.env_step_delay_s, args.slow_down),
             checkpoint_every_s=args.checkpoint_every_s,
             replay_resource=args.replay_resource,

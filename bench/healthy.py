@@ -1,9 +1,10 @@
 """False alarms on healthy runs of the agents/ workload: a healthy job must never be paged.
 
-Every run is watched from its start line by two sidecars: one with the learner's
+Every run is watched from its start line by three sidecars: one with the learner's
 TrainerProbe and every ActorProbe of the start line (`actor_probes`), one with the
-Reverb address alone. Any warning or critical finding either shows is a false alarm:
-the job is healthy by construction. The runs go side by side, each for its own time:
+Reverb address alone, one with the learner's probe alone. Any warning or critical finding
+any of them shows is a false alarm: the job is healthy by construction. The runs go side
+by side, each for its own time:
 
   sync            --mode sync: one loop inserts and learns (insert blocking off)
   async           the asynchronous layout: insert blocking on, one actor in its
@@ -20,6 +21,8 @@ the job is healthy by construction. The runs go side by side, each for its own t
                   acme#212) while the actors run ahead to max_diff
   first_step_60s_sync  the same in sync mode (not in the default set)
   queue           distributed actors feeding an on-policy `reverb.Table.queue`
+  slow_step_12s   distributed, every learner update sleeps 12 s after its batch (a big
+                  network on a small host): the actors wait at max_diff through each step
   eval_checkpoint a sync loop that evaluates about once a minute (no inserts, no samples)
                   and checkpoints its Reverb server every minute
 
@@ -68,11 +71,16 @@ RUNS = {r.name: r for r in (
     # make bench's short run sees a checkpoint too).
     HealthyRun("eval_checkpoint", ["--mode", "sync", "--eval-every", "3000",
                                    "--eval-episodes", "5", "--checkpoint-every-s", "60"]),
+    # A learner whose every update takes 12 s more (a big network on a small host), its 4
+    # actors held at max_diff through each step (bench-long).
+    HealthyRun("slow_step_12s", [*watched.DISTRIBUTED, "--learner-step-delay-s", "12"]),
     # A 10-minute first compile (bench-long).
     HealthyRun("first_step_600s", [*watched.DISTRIBUTED, "--first-step-delay-s", "600"],
                first_step=True),
 )}
 DEFAULT_RUNS = ("sync", "async", "distributed", "first_step_60s")
+# Who watches each run: every probe; Reverb alone; the learner's probe alone.
+SIDES = ("probe", "reverb", "trainer")
 # make bench's two groups of three: six agents side by side on 2 cores starve a server of
 # CPU for whole polls (bench-long's second run), which is not what these runs ask about.
 BENCH_GROUPS = (("sync", "async", "distributed"),
@@ -91,8 +99,8 @@ class _Watched:
         self.start: dict[str, Any] | None = None
         self.attached_at: float | None = None
         self.deadline: float | None = None
-        self.seen: dict[str, dict[str, float]] = {"probe": {}, "reverb": {}}
-        self.alarms: dict[str, dict[str, dict[str, Any]]] = {"probe": {}, "reverb": {}}
+        self.seen: dict[str, dict[str, float]] = {s: {} for s in SIDES}
+        self.alarms: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in SIDES}
         self.first_batch_at: float | None = None
         self.first_step_at: float | None = None
         self.last_probe: dict[str, Any] = {}
@@ -106,7 +114,8 @@ class _Watched:
                                    f"{self.agent.describe()}")
             return
         self.start = hit[1]
-        self.procs, self.bases = watched.attach(self.start, self.tmp, f"healthy-{self.run.name}")
+        self.procs, self.bases = watched.attach(self.start, self.tmp, f"healthy-{self.run.name}",
+                                                trainer_side=True)
         self.attached_at = time.time()
         self.deadline = time.monotonic() + seconds
 
@@ -240,8 +249,8 @@ def render(results: list[dict[str, Any]]) -> str:
     """The false-alarm table, then each alarm's finding (kind, summary, evidence)."""
     lines = ["| run | watched s | learner steps/s | first step s | probe+actors sidecar: "
              "warning/critical | incidents | Reverb-only: warning/critical | incidents | "
-             "info kinds (probe / Reverb) |",
-             "| --- | ---: | ---: | ---: | --- | --- | --- | --- | --- |"]
+             "trainer probe only: warning/critical | info kinds (probe / Reverb) |",
+             "| --- | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- |"]
     details = []
     for r in results:
         first = r["first_batch_to_first_step_s"]
@@ -252,8 +261,9 @@ def render(results: list[dict[str, Any]]) -> str:
             f"{', '.join(r['probe:incidents']) or 'none'} | "
             f"{', '.join(r['reverb:alarms']) or 'none'} | "
             f"{', '.join(r['reverb:incidents']) or 'none'} | "
+            f"{_alarms(r, 'trainer')} | "
             f"{_info(r, 'probe')} / {_info(r, 'reverb')} |")
-        for side in ("probe", "reverb"):
+        for side in (s for s in SIDES if f"{s}:alarms" in r):
             for kind, f in r[f"{side}:alarms"].items():
                 details.append(f"- {r['run']}, {side} sidecar, `{kind}` ({f['severity']}) "
                                f"{f['after_attach_s']} s after the sidecars attached: "
@@ -267,6 +277,13 @@ def render(results: list[dict[str, Any]]) -> str:
                           f"{a.get('calls', {})}" for a in r["actors"]) or "none")
              for r in results]
     return "\n".join(lines + [""] + flags + ([""] + details if details else []))
+
+
+def _alarms(r: dict[str, Any], side: str) -> str:
+    """A side's alarms; "-" where a run was not watched from it (an older table's)."""
+    if f"{side}:alarms" not in r:
+        return "-"
+    return ", ".join(r[f"{side}:alarms"]) or "none"
 
 
 def _info(r: dict[str, Any], side: str) -> str:

@@ -3,9 +3,11 @@
 1. **Healthy runs of LONG_S (600 s)**, three side by side at a time as in make bench:
    sync, async, distributed; then queue (an on-policy `Table.queue`), eval_checkpoint (a sync
    loop evaluating and checkpointing about once a minute) and first_step_600s
-   (a 10-minute first compile, watched a minute past it). A throughput baseline takes 3
-   minutes and a drop 5 more, so only runs this long can show throughput_drop's false alarms.
-   Any warning or critical finding on either sidecar is a false alarm.
+   (a 10-minute first compile, watched a minute past it); then slow_step_12s (a learner
+   whose every update takes 12 s, the actors held at max_diff through each step: the
+   learned stall windows). A throughput baseline takes 3 minutes and a drop 5 more, so only
+   runs this long can show throughput_drop's false alarms. Any warning or critical finding
+   on any of the three sidecars is a false alarm.
 2. **throughput_drop's detection times**: distributed runs (a 20 ms environment step) whose
    actor loops are paced 2x, 5x and 10x slower than their own minute before (DROPS), at once,
    BASELINE_S (240 s) after each actor's environment is made, side by side. Measured per
@@ -13,7 +15,7 @@
    environment is made a moment after the probe starts) to the first throughput_drop; not
    named within DROP_WATCH_S is "not named".
 
-    python -m bench.long --results bench/RESULTS.md     # make bench-long (about 50 min)
+    python -m bench.long --results bench/RESULTS.md     # make bench-long (about 60 min)
     python -m bench.long --seconds 120 --baseline-s 60  # a quick look (no drop is named)
     python -m bench.long --no-drops --runs eval_checkpoint,first_step_600s   # two runs again
 """
@@ -41,7 +43,8 @@ STEP_S = 0.02
 # left 0.5 and 0.21 of the rate in one run, x4 and x11 left 0.31 and 0.11 in the next.
 DROPS = (("2x", 2.0), ("5x", 5.0), ("10x", 10.0))
 HEALTHY_GROUPS = (("sync", "async", "distributed"),
-                  ("queue", "eval_checkpoint", "first_step_600s"))
+                  ("queue", "eval_checkpoint", "first_step_600s"),
+                  ("slow_step_12s",))
 HEADING_HEALTHY = "## Long healthy runs"
 HEADING_DROPS = "## throughput_drop detection"
 
@@ -200,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(
                 f"{HEADING_HEALTHY} ({args.seconds:g} s each, {took:.1f} min, "
                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-                f"`make bench-long`: runs of {args.seconds:g} s, three side by side, two "
-                "sidecars each (probes and actors; Reverb alone), default thresholds. Any "
-                "warning or critical finding is a false alarm.\n\n"
+                f"`make bench-long`: runs of {args.seconds:g} s, up to three side by side, "
+                "three sidecars each (probes and actors; Reverb alone; the learner's probe "
+                "alone), default thresholds (windows learned). Any warning or critical "
+                "finding is a false alarm.\n\n"
                 + healthy.render(results) + "\n")
             print(sections[-1], flush=True)
         if not args.no_drops:

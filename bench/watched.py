@@ -16,6 +16,8 @@ from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERVAL_S = 1.0
+# The default stall window, not pinned: the sidecars learn each job's rhythm over it, as a
+# user's do (the seed's fast loop keeps it; a slow learner's is longer).
 STALL_WINDOW_S = 10.0
 # A start whose workers were fed (the race of agents/seed_hang.py went the healthy way) ends
 # as soon as the probe shows it, marked `fed`: left out of the latencies, counted apart, and
@@ -35,15 +37,19 @@ def spawn_agent(flags: list[str], log: Path) -> AgentProcess:
                          "--probe-listen", "127.0.0.1:0", *flags], log=log).spawn()
 
 
-def attach(start: dict[str, Any], tmp: Path, name: str) -> tuple[list[Proc], dict[str, str]]:
+def attach(start: dict[str, Any], tmp: Path, name: str, trainer_side: bool = False
+           ) -> tuple[list[Proc], dict[str, str]]:
     """Two sidecars on a start line: "probe" (the learner's probe and every actor probe,
-    `--probe URL` each: the documents say their roles) and "reverb" (the address alone).
-    Both are started before either is waited on: their start-ups overlap."""
+    `--probe URL` each: the documents say their roles) and "reverb" (the address alone);
+    with `trainer_side` a third, "trainer" (the learner's probe only). All are started
+    before any is waited on: their start-ups overlap."""
     probes = [start["probe"], *start.get("actor_probes", [])]
     procs, bases = [], {}
+    sides = [("probe", [a for url in probes for a in ("--probe", url)]), ("reverb", [])]
+    if trainer_side:
+        sides.append(("trainer", ["--probe", start["probe"]]))
     try:
-        for side, extra in (("probe", [a for url in probes for a in ("--probe", url)]),
-                            ("reverb", [])):
+        for side, extra in sides:
             proc, bases[side] = _sidecar(["--reverb", start["reverb"], *extra], tmp,
                                          f"{name}-{next(_SIDECARS)}-{side}")
             procs.append(proc)
@@ -60,6 +66,6 @@ def _sidecar(flags: list[str], tmp: Path, name: str) -> tuple[Proc, str]:
     """A sidecar started on a free port (not yet answering): its process and base URL."""
     port = free_port()
     proc = Proc([PYTHON, "-m", "replaywatch", "watch", *flags, "--listen", f"127.0.0.1:{port}",
-                 "--interval", str(INTERVAL_S), "--stall-window-s", str(STALL_WINDOW_S),
+                 "--interval", str(INTERVAL_S),
                  "--db", str(tmp / f"{name}.sqlite3")], stdout_path=tmp / f"{name}.log")
     return proc, f"http://127.0.0.1:{port}"
