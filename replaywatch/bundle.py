@@ -26,14 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from replaywatch import codec
-from replaywatch.diagnosis.engine import diagnose
-from replaywatch.diagnosis.kinds import worst_first
-from replaywatch.diagnosis.lifecycle import reconcile
+from replaywatch.diagnosis.cycle import Inputs, judge_cycle
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.errors import ConfigError
-from replaywatch.model import Finding, Severity
+from replaywatch.model import Finding, Name, Severity
 
 FORMAT = "replaywatch-bundle"
 FORMAT_VERSION = 1
@@ -45,19 +43,6 @@ _THREAD_IDENTITY = ("ident", "name", "daemon", "thread_id", "thread_name", "os_t
 
 class BundleError(ConfigError):
     """A file that is not a bundle this replaywatch can read (one line, exit 2)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Inputs:
-    """One target's diagnosis at one cycle: everything its verdict was made from."""
-
-    view: TargetView
-    now: float
-    thresholds: Thresholds
-    layout: str | None = None  # the job's declared layout (--layout)
-    stacks: dict[str, StackVerdict] = dataclasses.field(default_factory=dict)  # by table
-    active_before: tuple[Finding, ...] = ()  # this target's findings open before the cycle
-    held: tuple[Finding, ...] = ()  # incidents resumed from the log and held open this cycle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +64,12 @@ def verdict(inputs: Inputs, thresholds: Thresholds | None = None) -> tuple[Findi
 
 def judged(inputs: Inputs, thresholds: Thresholds | None = None
            ) -> tuple[tuple[Finding, ...], tuple[str, ...]]:
-    """`verdict`, and the rules that raised while replaying it (their findings missing)."""
-    th = thresholds if thresholds is not None else inputs.thresholds
+    """`verdict`, and the rules that raised while replaying it (their findings missing): the
+    cycle judged by `judge_cycle`, as the live sidecar judged it."""
     target = inputs.view.target
-    diagnosis = diagnose(inputs.view, th, inputs.now, stacks=inputs.stacks or None,
-                         layout=inputs.layout)
-    active = {f.key: f for f in inputs.active_before}
-    result = reconcile(active, [*diagnosis.findings, *inputs.held], {target}, inputs.now)
-    return (worst_first(f for f in result.active.values() if f.target == target),
-            diagnosis.rule_errors)
+    v = judge_cycle({target: inputs}, {f.key: f for f in inputs.active_before}, inputs.now,
+                    thresholds)
+    return v.of(target), tuple(e.removeprefix(f"{target}: ") for e in v.rule_errors)
 
 
 def verdict_document(target: str, now: float, findings: Iterable[Finding]) -> dict[str, Any]:
@@ -103,7 +85,7 @@ def dumps_verdict(doc: Mapping[str, Any]) -> str:
 
 def finding_from_document(doc: Mapping[str, Any]) -> Finding:
     try:
-        return Finding(kind=str(doc["kind"]), severity=Severity[str(doc["severity"]).upper()],
+        return Finding(kind=Name(str(doc["kind"])), severity=Severity[str(doc["severity"]).upper()],
                        target=str(doc["target"]), table=str(doc["table"]),
                        summary=str(doc["summary"]), evidence=dict(doc["evidence"]),
                        fix=str(doc["fix"]), since=float(doc["since"]),

@@ -33,7 +33,7 @@ from typing import Any
 from replaywatch import codec
 from replaywatch.diagnosis.lifecycle import Transition
 from replaywatch.diagnosis.rhythm import Rhythm
-from replaywatch.model import Finding, Severity
+from replaywatch.model import Finding, Name, Severity
 
 Row = dict[str, Any]
 
@@ -96,7 +96,7 @@ def dumps(value: Any) -> str:
 
 
 def finding_from_row(row: Row) -> Finding:
-    return Finding(kind=row["kind"], severity=Severity[row["severity"].upper()],
+    return Finding(kind=Name(row["kind"]), severity=Severity[row["severity"].upper()],
                    target=row["target"], table=row["table"], summary=row["summary"],
                    evidence=row["evidence"], fix=row["fix"], since=row["since"],
                    last_seen=row["last_seen"], resolved_at=row["resolved_at"])
@@ -250,7 +250,10 @@ class IncidentLog:
     # -- reading ----------------------------------------------------------------------------
     def open_findings(self) -> builtins.list[Finding]:
         """The findings of open incidents, to resume after a restart."""
-        return [finding_from_row(r) for r in self.list("open", limit=1_000_000)]
+        known = set(Name)
+        # A kind a newer or older sidecar wrote and this one does not know is not resumed.
+        return [finding_from_row(r) for r in self.list("open", limit=1_000_000)
+                if r["kind"] in known]
 
     def open_incident_ids(self) -> dict[str, int]:
         """finding_id -> id of its open incident."""

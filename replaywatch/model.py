@@ -346,11 +346,38 @@ class Severity(enum.IntEnum):
         return self.name.lower()
 
 
+class Name(enum.StrEnum):
+    """Every kind's name, as findings, alerts, runbooks and the API spell it."""
+
+    WORKER_STARVATION = "worker_starvation"
+    LEARNER_STALLED = "learner_stalled"
+    SAMPLE_BLOCKED = "sample_blocked"
+    INSERT_BLOCKED = "insert_blocked"
+    WRITER_STALLED = "writer_stalled"
+    BATCH_EXCEEDS_HEADROOM = "batch_exceeds_headroom"
+    WARMUP_IMPOSSIBLE = "warmup_impossible"
+    TARGET_DOWN = "target_down"
+    PROBE_DOWN = "probe_down"
+    DEADLOCK_RISK = "deadlock_risk"
+    SPI_DRIFT = "spi_drift"
+    STALE_DATA = "stale_data"
+    TOO_MANY_THREADS = "too_many_threads"
+    THROUGHPUT_DROP = "throughput_drop"
+    LEARNER_STARTING = "learner_starting"
+    SERVER_RESTARTED = "server_restarted"
+    RECONNECTING = "reconnecting"
+    CHECKPOINTING = "checkpointing"
+    DRAINED = "drained"
+    WARMUP = "warmup"
+    DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
+    IN_SECTION = "in_section"
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """A named condition with the numbers that prove it and what to change."""
 
-    kind: str
+    kind: Name  # serialised as its string
     severity: Severity
     target: str
     table: str  # "" for findings about a whole target or probe

@@ -113,8 +113,8 @@ class Poller:
         self._bindings = list(bindings)
         self._reload = reload
         self._config_errors = config_errors
-        self.before_publish = before_publish
-        self.after_publish = after_publish
+        self._before_publish = before_publish
+        self._after_publish = after_publish
         self._history = history
         self._store = store
         self._diagnoser = diagnoser
@@ -263,12 +263,12 @@ class Poller:
         try:
             # Before the swap, so that readers never see a picture whose derived
             # renders (the /metrics body) are still being made.
-            self.before_publish(published)
+            self._before_publish(published)
         except Exception:  # a warm-up hook must never cost a cycle
             log.exception("before_publish hook failed")
         self._store.publish(published)
         try:
-            self.after_publish(published)
+            self._after_publish(published)
         except Exception:
             log.exception("after_publish hook failed")
         return published

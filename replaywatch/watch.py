@@ -11,11 +11,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
 
 from replaywatch.api import create_app, page
+from replaywatch.api.cache import RenderCache
 from replaywatch.api.routes_health import METRICS_CACHE_KEY
 from replaywatch.config import WatchConfig, is_loopback
 from replaywatch.errors import ConfigError
@@ -28,20 +30,20 @@ log = logging.getLogger("replaywatch")
 SWITCH_INTERVAL_S = 0.001  # the GIL's; Python's default is 0.005
 
 
-def build_app(sidecar: Sidecar) -> FastAPI:
-    """The API, page and /metrics over the sidecar's state; warms /metrics per cycle."""
+def build_app(sidecar: Sidecar, cache: RenderCache) -> FastAPI:
+    """The API, page and /metrics over the sidecar's state, its renders in `cache`."""
     config = sidecar.config
-    app = create_app(sidecar.store, make_registry(sidecar.store.current), sidecar.history,
-                     sidecar.incidents, history_s=config.poll.history_s, serve=config.serve,
-                     extra_routers=(page.router,), bundles=sidecar.bundles)
+    return create_app(sidecar.store, make_registry(sidecar.store.current), sidecar.history,
+                      sidecar.incidents, history_s=config.poll.history_s, serve=config.serve,
+                      extra_routers=(page.router,), bundles=sidecar.bundles, cache=cache)
 
-    # Render /metrics on the poller's thread before each publish, so a scrape is
-    # a cache hit and never renders (50 targets x 5 tables: ~9 ms of CPU, bench/render_cost.py).
+
+def warming(cache: RenderCache) -> Callable[[Published], None]:
+    """Renders /metrics on the poller's thread before each publish, so a scrape is a cache
+    hit and never renders (50 targets x 5 tables: ~9 ms of CPU, bench/render_cost.py)."""
     def warm(state: Published) -> None:
-        app.state.cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render_published(state))
-
-    sidecar.poller.before_publish = warm
-    return app
+        cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render_published(state))
+    return warm
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -68,11 +70,12 @@ def run_watch(config: WatchConfig, log_level: str = "info") -> int:
     # which put /metrics p99 at 85 ms at 50 targets x 5 tables. 1 ms costs the
     # poller a few more thread switches a cycle.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    pacing = GcPacing()
-    with build_sidecar(config) as sidecar:
+    pacing, cache = GcPacing(), RenderCache()
+    with build_sidecar(config, before_publish=warming(cache),
+                       after_publish=lambda _: pacing.after_cycle(time.monotonic())
+                       ) as sidecar:
         sock = _bind(config.serve.listen_host, config.serve.listen_port)
-        app = build_app(sidecar)
-        sidecar.poller.after_publish = lambda _: pacing.after_cycle(time.monotonic())
+        app = build_app(sidecar, cache)
         pacing.start(time.monotonic())
         sidecar.start()
         host, port = sock.getsockname()[:2]

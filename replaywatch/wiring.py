@@ -30,7 +30,7 @@ from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.reverb import ReverbSource
 from replaywatch.stack_taker import StackTaker
-from replaywatch.state import StateStore
+from replaywatch.state import Published, StateStore
 from replaywatch.targets_file import ParsedTargets, TargetsFile
 
 log = logging.getLogger("replaywatch")
@@ -151,10 +151,13 @@ class Sidecar:
         self.close()
 
 
-def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sidecar:
+def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
+                  before_publish: Callable[[Published], None] = lambda _: None,
+                  after_publish: Callable[[Published], None] = lambda _: None) -> Sidecar:
     """Builds (and starts nothing of) the sidecar for `config`.
 
-    `incidents_path` overrides the config's log (":memory:" for a one-shot look).
+    `incidents_path` overrides the config's log (":memory:" for a one-shot look);
+    `before_publish`/`after_publish`: the poller's hooks around each picture's swap.
     """
     th = config.thresholds
     # Buckets of 10 s, or finer where a drop is judged over less than 100 s (a test's
@@ -182,7 +185,8 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None) -> Sid
                             layout=config.layout, bundles=bundles)
     poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
                     timeout_s=config.poll.effective_timeout_s, reload=plan.reload,
-                    config_errors=plan.errors)
+                    config_errors=plan.errors, before_publish=before_publish,
+                    after_publish=after_publish)
     maker = BundleMaker(bundles, keeper.last_cycle, lambda: list(current_targets()))
     return Sidecar(config=config, history=history, store=store, incidents=incidents,
                    keeper=keeper, poller=poller, bundles=maker)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from replaywatch.api.cache import RenderCache
 from replaywatch.check import run_check
 from replaywatch.cli import build_parser, config_from_args
 from replaywatch.config import WatchConfig
@@ -83,7 +84,7 @@ def test_an_actor_probe_from_the_probe_flag_reaches_the_api_and_metrics(
         with build_sidecar(config, incidents_path=":memory:") as sidecar:
             sidecar.poller.tick()
             state = sidecar.poller.tick()
-            client = TestClient(build_app(sidecar))
+            client = TestClient(build_app(sidecar, RenderCache()))
             probes = {p["probe"]: p for p in client.get("/api/v1/probes").json()["probes"]}
             metrics = client.get("/metrics").text
             view = sidecar.history.view(CLOSED, [url, trainer_url], 0.0)

@@ -77,6 +77,7 @@ def create_app(
     serve: ServeConfig = ServeConfig(),
     extra_routers: tuple[Any, ...] = (),
     bundles: Any = None,
+    cache: RenderCache | None = None,
 ) -> FastAPI:
     """Builds the API over the poller's published state; does no I/O itself."""
     app = FastAPI(title="replaywatch", version="0.1.0", docs_url="/docs", redoc_url=None,
@@ -86,7 +87,8 @@ def create_app(
     app.state.history = history
     app.state.incidents = incidents
     app.state.history_s = history_s
-    app.state.cache = RenderCache()
+    # Given, when the poller warms it before each publish (watch.py).
+    app.state.cache = cache if cache is not None else RenderCache()
     app.state.bundles = bundles  # a BundleMaker, or None: no bundles served
     # Plain ASGI, not @app.middleware("http"): Starlette runs that kind through a
     # task group and memory streams, eight more event-loop turns a request, and

@@ -15,7 +15,6 @@ from replaywatch.api.schemas import (
     IncidentsOut,
 )
 from replaywatch.diagnosis.kinds import worst_first
-from replaywatch.model import Severity
 
 router = APIRouter(prefix="/api/v1")
 
@@ -98,4 +97,4 @@ def incident_detail(
     return IncidentDetailOut(**row)
 
 
-__all__ = ["router", "Severity"]
+__all__ = ["router"]

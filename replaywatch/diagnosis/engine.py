@@ -19,10 +19,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from replaywatch.diagnosis import kinds, rules
+from replaywatch.diagnosis import rules, rules_startup, rules_throughput
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
+from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
 from replaywatch.diagnosis.registry import Shape
@@ -30,16 +31,18 @@ from replaywatch.diagnosis.rhythm import Window
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding, TableSnapshot
+from replaywatch.model import Finding, Name, TableSnapshot
 
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """Findings worst first, and the tables/probes too young to judge ("table:NAME")."""
+    """Findings worst first, the tables/probes too young to judge ("table:NAME"), and each
+    table's throughput baselines now (by series: what /metrics draws the band from)."""
 
     findings: tuple[Finding, ...]
     insufficient: tuple[str, ...]
     rule_errors: tuple[str, ...] = ()
+    baselines: dict[str, dict[str, Baseline]] = dataclasses.field(default_factory=dict)
 
 
 def _judged(rule: Callable[..., Any], errors: list[str], *args: Any) -> Finding | None:
@@ -108,7 +111,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     actors = actors_by_table(view)
     # The actor rules judge by the actors' learned window; the table rules by their table's.
     actor_window = sw.actors_window(view, th)
-    found = [_windowed(f, actor_window) if f.kind == kinds.WRITER_STALLED.name else f
+    found = [_windowed(f, actor_window) if f.kind == Name.WRITER_STALLED else f
              for rule in rules.of_shape(Shape.VIEW)
              if (f := _judged(rule, errors, view, _judging(th, actor_window), now))
              is not None]
@@ -142,7 +145,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
                    if (f := _judged(rule, errors, case, judging, on_table)) is not None]
         stalls = [_windowed(f, window) for f in stalls]
-        found += rules.with_restore_evidence(stalls, view.tables[name])
+        found += rules_startup.with_restore_evidence(stalls, view.tables[name])
         found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
                   if (f := _judged(rule, errors, case, th)) is not None]
         found += [f for probe in probes for rule in rules.of_shape(Shape.PROBE_SETTINGS)
@@ -150,7 +153,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
-                     tuple(errors))
+                     tuple(errors), rules_throughput.table_baselines(view, th, now))
 
 
 def _judging(th: Thresholds, window: Window) -> Thresholds:

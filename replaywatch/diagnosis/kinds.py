@@ -2,9 +2,9 @@
 
 The rules build findings from these declarations (`case.finding(SAMPLE_BLOCKED, ...)`), the
 engine takes its precedence and what supersedes what from them, and the alert, runbook and
-README tests read them. Adding a kind starts with one `Kind(...)` here and its place in `ALL`;
-CONTRIBUTING.md lists the rest (its rule in `rules.BY_KIND`, the engine's tuple, the alert in
-the mixin, the runbook, the README table).
+README tests read them. Adding a kind starts with its `Name` (replaywatch/model.py), one
+`Kind(...)` here and its place in `ALL`; CONTRIBUTING.md lists the rest (its rule in its
+family's `RULES`, the runbook, the README table; the alerts and the dashboard follow).
 
 `ALL` is the precedence, worst first: severity first, then, within one severity, the finding
 that names the more specific (or more certain) cause. A kind that supersedes another of its
@@ -17,40 +17,12 @@ so an info kind may stand a critical one down (`learner_starting` during start-u
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Iterable
 from typing import Any
 
-from replaywatch.model import Finding, Severity
+from replaywatch.model import Finding, Name, Severity
 
 RUNBOOKS = "docs/runbooks"
-
-
-class Name(enum.StrEnum):
-    """Every kind's name, as findings, alerts, runbooks and the API spell it."""
-
-    WORKER_STARVATION = "worker_starvation"
-    LEARNER_STALLED = "learner_stalled"
-    SAMPLE_BLOCKED = "sample_blocked"
-    INSERT_BLOCKED = "insert_blocked"
-    WRITER_STALLED = "writer_stalled"
-    BATCH_EXCEEDS_HEADROOM = "batch_exceeds_headroom"
-    WARMUP_IMPOSSIBLE = "warmup_impossible"
-    TARGET_DOWN = "target_down"
-    PROBE_DOWN = "probe_down"
-    DEADLOCK_RISK = "deadlock_risk"
-    SPI_DRIFT = "spi_drift"
-    STALE_DATA = "stale_data"
-    TOO_MANY_THREADS = "too_many_threads"
-    THROUGHPUT_DROP = "throughput_drop"
-    LEARNER_STARTING = "learner_starting"
-    SERVER_RESTARTED = "server_restarted"
-    RECONNECTING = "reconnecting"
-    CHECKPOINTING = "checkpointing"
-    DRAINED = "drained"
-    WARMUP = "warmup"
-    DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
-    IN_SECTION = "in_section"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,22 +67,3 @@ def of_shape(shape: Shape) -> tuple[Callable[..., Any], ...]:
     if _grouped is None or _grouped[0] is not ALL:
         _grouped = (ALL, {s: tuple(r.judge for r in ALL if r.shape is s) for s in Shape})
     return _grouped[1][shape]
-
-
-is_worker_starvation = rules_actors.is_worker_starvation
-is_writer_stalled = rules_actors.is_writer_stalled
-is_batch_exceeds_headroom = rules_config.is_batch_exceeds_headroom
-is_deadlock_risk = rules_config.is_deadlock_risk
-is_learner_stalled = rules_learner.is_learner_stalled
-is_target_down = rules_liveness.is_target_down
-is_probe_down = rules_liveness.is_probe_down
-is_too_many_threads = rules_liveness.is_too_many_threads
-is_sample_blocked = rules_stalls.is_sample_blocked
-is_insert_blocked = rules_stalls.is_insert_blocked
-is_spi_drift = rules_stalls.is_spi_drift
-is_warmup = rules_stalls.is_warmup
-is_stale_data = rules_stalls.is_stale_data
-is_warmup_impossible = rules_startup.is_warmup_impossible
-is_learner_starting = rules_startup.is_learner_starting
-is_server_restarted = rules_startup.is_server_restarted
-with_restore_evidence = rules_startup.with_restore_evidence

@@ -1,0 +1,99 @@
+"""judge_cycle: one poll cycle's verdict from its inputs, the one function the live sidecar
+and `replaywatch analyze` both call, so a bundle's replay is the live verdict by
+construction.
+
+    inputs = {target: Inputs(view, now, thresholds, layout, stacks, active_before, held)}
+    verdict = judge_cycle(inputs, active, now)
+    verdict.active, verdict.transitions       # the keeper's memory and its incident log
+    verdict.findings                          # worst first
+    verdict.rule_errors, verdict.baselines    # for the page, /readyz and /metrics
+
+Diagnose each target (its open throughput drops' baselines handed back to the rule), add the
+incidents held open after a restart, reconcile against what was open, resolve what belongs
+to targets no longer watched, worst first. Pure: time is an argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.kinds import worst_first
+from replaywatch.diagnosis.lifecycle import Transition, reconcile
+from replaywatch.diagnosis.rules_throughput import held_baselines
+from replaywatch.diagnosis.stacks import StackVerdict
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import Finding, Name
+
+Key = tuple[str, str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """One target's diagnosis at one cycle: everything its verdict was made from."""
+
+    view: TargetView
+    now: float
+    thresholds: Thresholds
+    layout: str | None = None  # the job's declared layout (--layout)
+    stacks: dict[str, StackVerdict] = dataclasses.field(default_factory=dict)  # by table
+    active_before: tuple[Finding, ...] = ()  # this target's findings open before the cycle
+    held: tuple[Finding, ...] = ()  # incidents resumed from the log and held open this cycle
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a cycle concluded, for every target judged."""
+
+    active: dict[Key, Finding]  # open after the cycle
+    transitions: tuple[Transition, ...]  # opened, updated, resolved
+    findings: tuple[Finding, ...]  # the active ones, worst first
+    rule_errors: tuple[str, ...] = ()  # "target: rule: error", once each
+    insufficient: tuple[str, ...] = ()  # "target table:NAME": too young to judge
+    # (target, table) -> series -> its throughput baseline now
+    baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
+        default_factory=dict)
+    diagnosed: frozenset[Key] = frozenset()  # what the diagnosis named (held ones aside)
+
+    def of(self, target: str) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.target == target)
+
+
+def with_held_baselines(inputs: Inputs) -> TargetView:
+    """The view, with the baselines its open throughput drops were judged against: a drop
+    that outlasts half the look-back would otherwise become its own baseline."""
+    held = {f.table: held_baselines(f.evidence) for f in inputs.active_before
+            if f.kind == Name.THROUGHPUT_DROP and f.table}
+    return dataclasses.replace(inputs.view, held_baselines=held) if held else inputs.view
+
+
+def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now: float,
+                thresholds: Thresholds | None = None) -> Verdict:
+    """The cycle's verdict (module docstring); `thresholds` re-judges under others."""
+    found: list[Finding] = []
+    errors: list[str] = []
+    insufficient: list[str] = []
+    baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
+    diagnosed: set[Key] = set()
+    for target, i in sorted(inputs.items()):
+        d = diagnose(with_held_baselines(i), thresholds or i.thresholds, now,
+                     stacks=i.stacks or None, layout=i.layout)
+        seen = {f.key for f in d.findings}
+        diagnosed |= seen
+        # A held incident the diagnosis names again is an ordinary finding from now on.
+        found += [*d.findings, *(f for f in i.held if f.key not in seen)]
+        errors += [f"{target}: {e}" for e in dict.fromkeys(d.rule_errors)]
+        insufficient += [f"{target} {name}" for name in d.insufficient]
+        baselines.update({(target, table): s for table, s in d.baselines.items()})
+    result = reconcile(dict(active), found, set(inputs), now)
+    # Findings of targets no longer watched (a reloaded targets file) resolve too.
+    gone = [f for f in result.active.values() if f.target not in inputs]
+    transitions = (*result.transitions,
+                   *(Transition("resolved", dataclasses.replace(f, resolved_at=now))
+                     for f in gone))
+    kept = {k: f for k, f in result.active.items() if f.target in inputs}
+    return Verdict(kept, transitions, worst_first(kept.values()), tuple(errors),
+                   tuple(insufficient), baselines, frozenset(diagnosed))
