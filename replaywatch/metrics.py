@@ -21,9 +21,10 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from replaywatch.metric_families import Group, Row, counter, gauge
+from replaywatch.diagnosis.ratelimiter import TableDerived
+from replaywatch.metric_families import Family, Group, Row, counter, gauge
 from replaywatch.metrics_probes import actor_rows, owners, role_of, trainer_rows
-from replaywatch.model import SourceKind, TableWorkerTime
+from replaywatch.model import SourceKind, TableSnapshot, TableWorkerTime
 from replaywatch.state import Published
 
 TABLE = ("target", "table")
@@ -38,23 +39,36 @@ POLLS = counter("polls", "Polls of the source.", SOURCE)
 FAILURES = counter("poll_failures", "Failed polls of the source.", SOURCE)
 LATE = counter("late_polls", "Polls skipped because the previous one still ran.", SOURCE)
 
-# Every table has a sample in each of these, in this order (the values in _table_rows).
-TABLE_GAUGES = (
-    gauge("table_size_items", "Items in the table (current_size).", TABLE),
-    gauge("table_max_size_items", "The table's max_size.", TABLE),
-    gauge("table_episodes", "Episodes referenced by items.", TABLE),
-    gauge("table_samples_per_insert", "Configured samples_per_insert.", TABLE),
-    gauge("table_rate_limiter_min_diff", "Rate limiter min_diff.", TABLE),
-    gauge("table_rate_limiter_max_diff",
-          "Rate limiter max_diff (float max: insert blocking disabled).", TABLE),
-    gauge("table_min_size_to_sample", "Rate limiter min_size_to_sample.", TABLE),
-    gauge("table_rate_limiter_cursor", "inserts * samples_per_insert - samples.", TABLE),
-    gauge("table_sample_headroom", "cursor - min_diff: samples the limiter still allows.", TABLE),
-    gauge("table_insert_headroom", "max_diff - cursor, in sample units.", TABLE),
-    gauge("table_can_sample", "1 if one item could be sampled now.", TABLE),
-    gauge("table_can_insert", "1 if one item could be inserted now.", TABLE),
-    gauge("table_insert_blocking_disabled", "1 if max_diff is float max (synchronous layout).",
-          TABLE),
+# Every table has a sample in each of these: each family with what reads its value from the
+# table's snapshot and its derived numbers.
+TableValue = Callable[[TableSnapshot, TableDerived], float]
+TABLE_GAUGES: tuple[tuple[Family, TableValue], ...] = (
+    (gauge("table_size_items", "Items in the table (current_size).", TABLE),
+     lambda s, d: s.current_size),
+    (gauge("table_max_size_items", "The table's max_size.", TABLE), lambda s, d: s.max_size),
+    (gauge("table_episodes", "Episodes referenced by items.", TABLE),
+     lambda s, d: s.num_episodes),
+    (gauge("table_samples_per_insert", "Configured samples_per_insert.", TABLE),
+     lambda s, d: s.rate_limiter.samples_per_insert),
+    (gauge("table_rate_limiter_min_diff", "Rate limiter min_diff.", TABLE),
+     lambda s, d: s.rate_limiter.min_diff),
+    (gauge("table_rate_limiter_max_diff",
+           "Rate limiter max_diff (float max: insert blocking disabled).", TABLE),
+     lambda s, d: s.rate_limiter.max_diff),
+    (gauge("table_min_size_to_sample", "Rate limiter min_size_to_sample.", TABLE),
+     lambda s, d: s.rate_limiter.min_size_to_sample),
+    (gauge("table_rate_limiter_cursor", "inserts * samples_per_insert - samples.", TABLE),
+     lambda s, d: d.cursor),
+    (gauge("table_sample_headroom", "cursor - min_diff: samples the limiter still allows.",
+           TABLE), lambda s, d: d.sample_headroom),
+    (gauge("table_insert_headroom", "max_diff - cursor, in sample units.", TABLE),
+     lambda s, d: d.insert_headroom),
+    (gauge("table_can_sample", "1 if one item could be sampled now.", TABLE),
+     lambda s, d: d.can_sample),
+    (gauge("table_can_insert", "1 if one item could be inserted now.", TABLE),
+     lambda s, d: d.can_insert),
+    (gauge("table_insert_blocking_disabled", "1 if max_diff is float max (synchronous layout).",
+           TABLE), lambda s, d: d.insert_blocking_disabled),
 )
 RATE_BASELINE = gauge(
     "table_rate_baseline_per_second",
@@ -67,11 +81,15 @@ RATE_BAND_LOW = gauge(
     "throughput_drop_for_s is a throughput_drop.", (*TABLE, "series"))
 OBSERVED_SPI = gauge("table_observed_samples_per_insert",
                      "Samples per insert observed over the rate window.", TABLE)
-TABLE_COUNTERS = (
-    counter("table_inserts", "Completed inserts (insert_stats).", TABLE),
-    counter("table_samples", "Completed samples (sample_stats).", TABLE),
-    counter("table_deleted_episodes", "num_deleted_episodes.", TABLE),
-    counter("table_unique_samples", "num_unique_samples.", TABLE),
+TABLE_COUNTERS: tuple[tuple[Family, TableValue], ...] = (
+    (counter("table_inserts", "Completed inserts (insert_stats).", TABLE),
+     lambda s, d: s.rate_limiter.inserts),
+    (counter("table_samples", "Completed samples (sample_stats).", TABLE),
+     lambda s, d: s.rate_limiter.samples),
+    (counter("table_deleted_episodes", "num_deleted_episodes.", TABLE),
+     lambda s, d: s.num_deleted_episodes),
+    (counter("table_unique_samples", "num_unique_samples.", TABLE),
+     lambda s, d: s.num_unique_samples),
 )
 WORKER = counter("table_worker_seconds", "Table worker time by state (table_worker_time).",
                  (*TABLE, "state"))
@@ -140,25 +158,13 @@ def _source_rows(state: Published) -> Group:
 
 
 def _table_rows(state: Published) -> Group:
-    keys = list(state.tables)
-    per_table = []  # one tuple per table: the TABLE_GAUGES' values, then the TABLE_COUNTERS'
-    observed: list[Row] = []
-    for key, snap in state.tables.items():
-        d = state.derived[key]
-        rl = snap.rate_limiter
-        per_table.append((
-            snap.current_size, snap.max_size, snap.num_episodes, rl.samples_per_insert,
-            rl.min_diff, rl.max_diff, rl.min_size_to_sample, d.cursor, d.sample_headroom,
-            d.insert_headroom, d.can_sample, d.can_insert, d.insert_blocking_disabled,
-            rl.inserts, rl.samples, snap.num_deleted_episodes, snap.num_unique_samples))
-        if d.observed_samples_per_insert is not None:
-            observed.append((key, d.observed_samples_per_insert))
-    # Transposed in C (zip), not appended one sample at a time: 4250 rows per 50x5 render.
-    columns = [list(zip(keys, column)) for column in zip(*per_table)] or [
-        [] for _ in range(len(TABLE_GAUGES) + len(TABLE_COUNTERS))]
-    yield from zip(TABLE_GAUGES, columns)
-    yield OBSERVED_SPI, observed
-    yield from zip(TABLE_COUNTERS, columns[len(TABLE_GAUGES):])
+    tables = [(key, snap, state.derived[key]) for key, snap in state.tables.items()]
+    for family, value in TABLE_GAUGES:
+        yield family, [(key, value(snap, d)) for key, snap, d in tables]
+    yield OBSERVED_SPI, [(key, d.observed_samples_per_insert) for key, _, d in tables
+                         if d.observed_samples_per_insert is not None]
+    for family, value in TABLE_COUNTERS:
+        yield family, [(key, value(snap, d)) for key, snap, d in tables]
     worker: list[Row] = [((*key, st), snap.worker_time.ms(st) / 1000.0)
                          for key, snap in state.tables.items() for st in TableWorkerTime.STATES]
     yield WORKER, worker

@@ -150,6 +150,26 @@ def _three_threads_of_32(address: str) -> Any:
                                                 deterministic=False).batch(64, True)
 
 
+def _in_section() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    # A learner inside a section it marks ("evaluate") for longer than the stall window.
+    server = reverb.Server([table(reverb.rate_limiters.MinSize(1))], port=None)
+    probe = TrainerProbe(table="replay", listen="127.0.0.1:0", batch_size=4)
+    probe.start()
+    leave = threading.Event()
+
+    def evaluate() -> None:
+        with probe.section("evaluate"):
+            leave.wait(30)
+
+    threading.Thread(target=evaluate, daemon=True).start()
+    try:
+        yield server.port, str(probe.url), {}
+    finally:
+        leave.set()
+        probe.stop()
+        server.stop()
+
+
 CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]] = {
     # sync-ratio, 2 workers of 16, error_buffer 20: the grid's hang, predicted from the
     # declared dataset before any batch.
@@ -167,6 +187,7 @@ CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]
     "declared_pipeline_differs": _probed(reverb.rate_limiters.MinSize(1),
                                          _three_threads_of_32, batch_size=64,
                                          num_parallel_calls=12),
+    "in_section": _in_section,
 }
 
 

@@ -64,3 +64,55 @@ def test_comments_say_why_not_which_issue() -> None:
              for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
              if cites.search(line) and "github.com" not in line]
     assert found == []
+
+
+def test_architecture_names_every_module() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "replaywatch").rglob("*.py")
+                     if p.name != "__init__.py")
+    assert [m for m in modules if m not in text] == []
+
+
+def test_the_findings_keeper_keeps_memory_and_io_only() -> None:
+    source = (ROOT / "replaywatch" / "findings.py").read_text()
+    assert len(source.splitlines()) < 140
+    assert "rules_" not in source and "reconcile(" not in source and "diagnose(" not in source
+    # One function judges a cycle: nothing else reconciles and sorts a diagnosis.
+    callers = [p.relative_to(ROOT).as_posix() for p in (ROOT / "replaywatch").rglob("*.py")
+               if "reconcile(" in p.read_text() and p.name not in ("lifecycle.py", "cycle.py")]
+    assert callers == []
+
+
+def test_a_kind_is_in_every_file_the_recipe_names() -> None:
+    from replaywatch.diagnosis import kinds
+    from replaywatch.model import Severity
+
+    text = DOC.read_text()
+    listed = text[text.index("<!-- kind-files:begin -->"):text.index("<!-- kind-files:end -->")]
+    named = set(re.findall(r"`([A-Za-z_./<>-]+\.(?:py|md|yml|yaml|libsonnet))`", listed))
+    assert named >= {"replaywatch/model.py", "replaywatch/diagnosis/kinds.py",
+                     "replaywatch/diagnosis/rules_<family>.py", "tests/test_bundle_kinds.py",
+                     "docs/runbooks/<kind>.md", "README.md", "dashboards/mixin/kinds.libsonnet",
+                     "dashboards/prometheus/alerts.yml", "dashboards/prometheus/alerts_test.yml",
+                     "deploy/kubernetes/base/prometheusrule.yaml"}, named
+    rule_modules = [p.read_text() for p in (ROOT / "replaywatch" / "diagnosis").glob("rules_*.py")]
+    tests = [p.read_text() for p in (ROOT / "tests").glob("test_*.py")
+             if p.name != "test_bundle_kinds.py"]
+    for k in kinds.ALL:
+        name, const = str(k.name), k.name.name
+        every = {
+            "replaywatch/model.py": f'{const} = "{name}"',
+            "replaywatch/diagnosis/kinds.py": f"Name.{const}",
+            "tests/test_bundle_kinds.py": f'"{name}"',
+            f"docs/runbooks/{name}.md": f"# {name} (",
+            "README.md": f"`{name}`",
+        }
+        if k.severity is Severity.CRITICAL:
+            every.update({f: name for f in (
+                "dashboards/mixin/kinds.libsonnet", "dashboards/prometheus/alerts.yml",
+                "dashboards/prometheus/alerts_test.yml",
+                "deploy/kubernetes/base/prometheusrule.yaml")})
+        for path, needle in every.items():
+            assert needle in (ROOT / path).read_text(), (name, path)
+        assert any(f"kinds.{const}" in m for m in rule_modules), (name, "its rule")
+        assert any(name in t for t in tests), (name, "a test case")

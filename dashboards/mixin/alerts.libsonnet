@@ -1,9 +1,10 @@
 // replaywatch alerts: the engine's verdict, plus raw fallbacks so a broken engine cannot hide
 // an outage.
 //
-// - One alert per critical finding kind, on replaywatch_finding_active{kind=...}: an entry in
-//   `findings` below. Its name (prefix + CamelCase kind), expr and runbook_url follow from the
-//   kind; `for` is _config.criticalFor.
+// - One alert per critical finding kind, on replaywatch_finding_active{kind=...}: every kind
+//   declared critical in replaywatch/diagnosis/kinds.py (kinds.libsonnet, generated). Its name
+//   (prefix + CamelCase kind), expr and runbook_url follow from the kind; `for` is
+//   _config.criticalFor.
 // - One alert for every warning kind (severity="warning", by the finding's own severity label),
 //   slower and not paging: a warning kind needs no entry here. Info kinds have no alert.
 // - Raw fallbacks: the sidecar's own scrape (`up`) and the Reverb server's reachability
@@ -15,67 +16,23 @@
 // (_config.dashboardUrl, with the alert's target and table picked in the dashboard's
 // variables). The promtool tests of the built rules are in ../prometheus/alerts_test.yml.
 //
-// To add an alert for a new critical kind: add an entry to `findings`, run
-// `python dashboards/mixin/build.py`, add a promtool case to alerts_test.yml.
+// A new critical kind needs no edit here: declare it (with its `alert` texts) in kinds.py,
+// run `python dashboards/mixin/build.py`, add a promtool case to alerts_test.yml.
 {
   local c = $._config,
 
-  // The finding kinds that page, one entry each:
-  //   kind         the kind as declared in replaywatch/diagnosis/kinds.py
-  //   severity     'critical' (its declared severity)
-  //   for          how long the finding must stay open
-  //   summary      one line; name {{ $labels.target }} and {{ $labels.table }}
-  //   description  what stopped and where the evidence is; same labels
+  // The finding kinds that page, one entry each, from their declaration in
+  // replaywatch/diagnosis/kinds.py (kinds.libsonnet, which build.py writes): the kind, its
+  // summary and description (name {{ $labels.target }} and {{ $labels.table }}).
   findings:: [
     {
-      kind: 'worker_starvation',
+      kind: k.kind,
       severity: 'critical',
       'for': c.criticalFor,
-      summary: 'Learner starved by its batching workers: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'The learner reading table {{ $labels.table }} on {{ $labels.target }} has been blocked in next() while parallel batching workers hold samples that no batch completes; training has stopped. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
-    {
-      kind: 'sample_blocked',
-      severity: 'critical',
-      'for': c.criticalFor,
-      summary: 'Sampling blocked, inserts stopped: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'The rate limiter of table {{ $labels.table }} on {{ $labels.target }} refuses samples and no actor inserts: the actors are dead, stuck or too slow, and the learner waits. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
-    {
-      kind: 'insert_blocked',
-      severity: 'critical',
-      'for': c.criticalFor,
-      summary: 'Inserts blocked at max_diff, sampling stopped: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} and the learner draws nothing: the learner stopped consuming. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
-    {
-      kind: 'learner_stalled',
-      severity: 'critical',
-      'for': c.criticalFor,
-      summary: 'Learner update step hung: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'The learner takes no batch and no step although its iterator on table {{ $labels.table }} of {{ $labels.target }} has data: its update step hangs. The stacks are kept with the incident: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
-    {
-      kind: 'batch_exceeds_headroom',
-      severity: 'critical',
-      'for': c.criticalFor,
-      summary: 'Configuration will hang the learner in next(): {{ $labels.target }} table {{ $labels.table }}',
-      description: 'Once inserting stops, the rate limiter of table {{ $labels.table }} on {{ $labels.target }} releases fewer samples than one batch (or a policy-lag bound frees less than a batch a step): the learner will block in next() for good. The released samples and the fixes the budget model proves: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
-    {
-      kind: 'warmup_impossible',
-      severity: 'critical',
-      'for': c.criticalFor,
-      summary: 'Table can never fill to min_size_to_sample: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'Table {{ $labels.table }} on {{ $labels.target }} holds at most max_size items, fewer than its min_size_to_sample: the learner can never sample and the job never starts training. Which number to change to what: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
-    {
-      kind: 'writer_stalled',
-      severity: 'critical',
-      'for': c.criticalFor,
-      summary: 'Actor stuck in a Reverb writer call: {{ $labels.target }} table {{ $labels.table }}',
-      description: 'An actor writing to table {{ $labels.table }} on {{ $labels.target }} has been inside create_item/flush/end_episode for the stall window while the limiter would accept its inserts (or the server is down): its writer or connection is stuck, not throttled. The call, how long and the items pending: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
-    },
+      summary: k.summary,
+      description: k.description,
+    }
+    for k in (import 'kinds.libsonnet')
   ],
 
   // Every warning kind, by the severity label the sidecar puts on its findings. The runbook is

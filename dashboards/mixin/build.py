@@ -4,7 +4,10 @@
     python dashboards/mixin/build.py --check   # exit 1 if alerts.yml is stale, write nothing
 
 The mixin is the source of the alert rules: edit alerts.libsonnet (or config.libsonnet), run
-this, and commit the result. It runs the Debian `jsonnet` (v0.18), orders each rule's keys as
+this, and commit the result. The critical kinds that page, with their alerts' summary and
+description, come from their declaration (replaywatch/diagnosis/kinds.py): this writes them
+to kinds.libsonnet first, so a new critical kind has its alert with no edit here. It runs
+the Debian `jsonnet` (v0.18), orders each rule's keys as
 Prometheus users read them (jsonnet sorts keys), and writes YAML under a header saying the
 file is generated. Then it runs deploy/kubernetes/generate.py, whose PrometheusRule copies
 alerts.yml. The dashboard is not written: dashboards/grafana/replaywatch.json is the source
@@ -26,7 +29,12 @@ import yaml
 
 MIXIN = Path(__file__).resolve().parent
 ROOT = MIXIN.parents[1]
+sys.path.insert(0, str(ROOT))
+from replaywatch.diagnosis import kinds  # noqa: E402  (the repository's, not an installed one)
+from replaywatch.model import Severity  # noqa: E402
+
 ALERTS = ROOT / "dashboards" / "prometheus" / "alerts.yml"
+KINDS = MIXIN / "kinds.libsonnet"
 GENERATE = ROOT / "deploy" / "kubernetes" / "generate.py"
 COMMAND = "python dashboards/mixin/build.py"
 
@@ -43,12 +51,23 @@ HEADER = f"""\
 """
 
 
-def evaluate(expression: str, timeout_s: float = 30) -> Any:
-    """The value of a jsonnet expression over the mixin (imports resolve in this folder)."""
+def kinds_libsonnet(declared: tuple[kinds.Kind, ...] | None = None) -> str:
+    """The critical kinds in precedence order, each with its alert's summary and description
+    (`Kind.page`), as the mixin imports them."""
+    pages = [{"kind": str(k.name), "summary": k.page[0], "description": k.page[1]}
+             for k in (kinds.ALL if declared is None else declared)
+             if k.severity is Severity.CRITICAL]
+    return (f"// GENERATED from replaywatch/diagnosis/kinds.py by `{COMMAND}`: the critical\n"
+            "// kinds that page. Do not edit; declare a kind there.\n"
+            + json.dumps(pages, indent=2) + "\n")
+
+
+def evaluate(expression: str, timeout_s: float = 30, folder: Path = MIXIN) -> Any:
+    """The value of a jsonnet expression over the mixin (imports resolve in `folder`)."""
     jsonnet = shutil.which("jsonnet")
     if jsonnet is None:
         raise OSError("jsonnet not found: apt-get install jsonnet (or make system-deps)")
-    done = subprocess.run([jsonnet, "-J", str(MIXIN), "-e", expression], capture_output=True,
+    done = subprocess.run([jsonnet, "-J", str(folder), "-e", expression], capture_output=True,
                           text=True, timeout=timeout_s)
     if done.returncode != 0:
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
@@ -116,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="only report a stale alerts.yml (exit 1), write nothing")
     args = parser.parse_args(argv)
+    declared = kinds_libsonnet()
+    kinds_stale = not KINDS.exists() or KINDS.read_text(encoding="utf-8") != declared
+    if kinds_stale and args.check:
+        print(f"{KINDS.relative_to(ROOT)} is stale: run {COMMAND}", file=sys.stderr)
+        return 1
+    if kinds_stale:
+        KINDS.write_text(declared, encoding="utf-8")
+        print(f"wrote {KINDS.relative_to(ROOT)}")
     try:
         text = alerts_yml(mixin("prometheusAlerts"))
     except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as e:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from replaywatch.diagnosis.ratelimiter import TableDerived
-from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.model import ActorSnapshot, Finding, Name, ProbeSnapshot, TableSnapshot
 from replaywatch.state import SourceStatus
 
 
@@ -102,7 +102,7 @@ class ProbesOut(BaseModel):
 
 class FindingOut(BaseModel):
     id: str
-    kind: str
+    kind: Name  # its string in JSON; the schema lists every kind
     severity: str
     target: str
     table: str
@@ -132,7 +132,7 @@ class IncidentOut(BaseModel):
 
     id: int
     finding_id: str
-    kind: str
+    kind: str  # the log may hold a kind an older or newer sidecar wrote
     severity: str
     target: str
     table: str

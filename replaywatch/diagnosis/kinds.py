@@ -36,6 +36,20 @@ class Kind:
     fix: str
     # Kinds this one replaces on the same table: the more specific cause wins.
     supersedes: tuple[Name, ...] = ()
+    # A critical kind's page: (summary, description) of its Prometheus alert, in alert
+    # template words ({{ $labels.target }}, {{ $labels.table }}, {{ $labels.instance }}).
+    # Unsaid, they are made from its name and meaning (`page`).
+    alert: tuple[str, str] | None = None
+
+    @property
+    def page(self) -> tuple[str, str]:
+        """Its alert's summary and description (the mixin's alerts are built from these)."""
+        if self.alert is not None:
+            return self.alert
+        where = "{{ $labels.target }} table {{ $labels.table }}"
+        return (f"{self.name.replace('_', ' ').capitalize()}: {where}",
+                f"On {where}: {self.meaning} Evidence and the fix: GET /api/v1/findings on "
+                "the sidecar {{ $labels.instance }}.")
 
     @property
     def runbook(self) -> str:
@@ -61,13 +75,24 @@ WORKER_STARVATION = Kind(
     fix="Synchronous loop: `num_parallel_calls=1`. Otherwise widen the limiter's slack (the "
         "finding computes the `error_buffer`) or loosen the actors' policy-lag bound.",
     # Starvation *is* a blocked sample with its cause named.
-    supersedes=(Name.SAMPLE_BLOCKED,))
+    supersedes=(Name.SAMPLE_BLOCKED,),
+    alert=('Learner starved by its batching workers: {{ $labels.target }} table {{ '
+           '$labels.table }}',
+           'The learner reading table {{ $labels.table }} on {{ $labels.target }} has been '
+           'blocked in next() while parallel batching workers hold samples that no batch '
+           'completes; training has stopped. Evidence and the fix: GET /api/v1/findings on '
+           'the sidecar {{ $labels.instance }}.'))
 LEARNER_STALLED = Kind(
     Name.LEARNER_STALLED, Severity.CRITICAL, needs_probe=True,
     meaning="The iterator has data (ready, or the table can sample a batch) but the learner took "
             "no batch or step for the stall window: hung compute, e.g. a pmap deadlock. Needs "
             "the probe.",
-    fix="Look at the stored stacks.")
+    fix="Look at the stored stacks.",
+    alert=('Learner update step hung: {{ $labels.target }} table {{ $labels.table }}',
+           'The learner takes no batch and no step although its iterator on table {{ '
+           '$labels.table }} of {{ $labels.target }} has data: its update step hangs. The '
+           'stacks are kept with the incident: GET /api/v1/findings on the sidecar {{ '
+           '$labels.instance }}.'))
 SAMPLE_BLOCKED = Kind(
     Name.SAMPLE_BLOCKED, Severity.CRITICAL, needs_probe=False,
     meaning="Sampling is blocked by the rate limiter and inserts stopped, and no circular wait "
@@ -75,12 +100,23 @@ SAMPLE_BLOCKED = Kind(
             "that no longer inserts. Where the layout is unknown the two readings stand side "
             "by side with what settles them (the loop's writer wrapped by the TrainerProbe, "
             "`--layout`, ActorProbe, `--trainer-pid` stacks).",
-    fix="Restart or unblock the actors (synchronous: the loop); check their logs.")
+    fix="Restart or unblock the actors (synchronous: the loop); check their logs.",
+    alert=('Sampling blocked, inserts stopped: {{ $labels.target }} table {{ $labels.table '
+           '}}',
+           'The rate limiter of table {{ $labels.table }} on {{ $labels.target }} refuses '
+           'samples and no actor inserts: the actors are dead, stuck or too slow, and the '
+           'learner waits. Evidence and the fix: GET /api/v1/findings on the sidecar {{ '
+           '$labels.instance }}.'))
 INSERT_BLOCKED = Kind(
     Name.INSERT_BLOCKED, Severity.CRITICAL, needs_probe=False,
     meaning="Inserts are blocked at `max_diff` and sampling stopped: the learner is not "
             "consuming.",
-    fix="Find what the learner waits on (the stacks are in the incident).")
+    fix="Find what the learner waits on (the stacks are in the incident).",
+    alert=('Inserts blocked at max_diff, sampling stopped: {{ $labels.target }} table {{ '
+           '$labels.table }}',
+           'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} '
+           'and the learner draws nothing: the learner stopped consuming. Evidence and the '
+           'fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.'))
 WRITER_STALLED = Kind(
     Name.WRITER_STALLED, Severity.CRITICAL, needs_probe=True,
     meaning="An actor has been inside a Reverb writer call (`create_item`, `flush`, "
@@ -90,7 +126,14 @@ WRITER_STALLED = Kind(
     fix="Check the Reverb server and the actor's connection; restart its client; pass "
         "`timeout_ms` to `flush`/`end_episode`.",
     # The actor stuck in its writer is why inserts stopped and sampling is blocked.
-    supersedes=(Name.SAMPLE_BLOCKED,))
+    supersedes=(Name.SAMPLE_BLOCKED,),
+    alert=('Actor stuck in a Reverb writer call: {{ $labels.target }} table {{ '
+           '$labels.table }}',
+           'An actor writing to table {{ $labels.table }} on {{ $labels.target }} has been '
+           'inside create_item/flush/end_episode for the stall window while the limiter '
+           'would accept its inserts (or the server is down): its writer or connection is '
+           'stuck, not throttled. The call, how long and the items pending: GET '
+           '/api/v1/findings on the sidecar {{ $labels.instance }}.'))
 BATCH_EXCEEDS_HEADROOM = Kind(
     Name.BATCH_EXCEEDS_HEADROOM, Severity.CRITICAL, needs_probe=True,
     meaning="The budget model's `will_hang`, with the layout known (probe, loop writer or "
@@ -101,7 +144,14 @@ BATCH_EXCEEDS_HEADROOM = Kind(
             "before the first `next()`.",
     fix="Apply one of the fixes the finding lists (each proven by the model).",
     # A batch that never fits is the certain form of the predicted risk.
-    supersedes=(Name.DEADLOCK_RISK,))
+    supersedes=(Name.DEADLOCK_RISK,),
+    alert=('Configuration will hang the learner in next(): {{ $labels.target }} table {{ '
+           '$labels.table }}',
+           'Once inserting stops, the rate limiter of table {{ $labels.table }} on {{ '
+           '$labels.target }} releases fewer samples than one batch (or a policy-lag bound '
+           'frees less than a batch a step): the learner will block in next() for good. '
+           'The released samples and the fixes the budget model proves: GET '
+           '/api/v1/findings on the sidecar {{ $labels.instance }}.'))
 WARMUP_IMPOSSIBLE = Kind(
     Name.WARMUP_IMPOSSIBLE, Severity.CRITICAL, needs_probe=False,
     meaning="The table can never hold `min_size_to_sample` items (`max_size < "
@@ -110,7 +160,13 @@ WARMUP_IMPOSSIBLE = Kind(
     fix="Raise `max_size` to at least `min_size_to_sample`, or lower `min_size_to_sample` "
         "(Acme: `min_replay_size`) to at most `max_size` (values given).",
     # A table that cannot fill is not filling up, and its blocked sampling has this cause.
-    supersedes=(Name.SAMPLE_BLOCKED, Name.WARMUP))
+    supersedes=(Name.SAMPLE_BLOCKED, Name.WARMUP),
+    alert=('Table can never fill to min_size_to_sample: {{ $labels.target }} table {{ '
+           '$labels.table }}',
+           'Table {{ $labels.table }} on {{ $labels.target }} holds at most max_size '
+           'items, fewer than its min_size_to_sample: the learner can never sample and the '
+           'job never starts training. Which number to change to what: GET '
+           '/api/v1/findings on the sidecar {{ $labels.instance }}.'))
 TARGET_DOWN = Kind(
     Name.TARGET_DOWN, Severity.WARNING, needs_probe=False,
     meaning="The Reverb server did not answer for more than `down_polls` (2) polls.",

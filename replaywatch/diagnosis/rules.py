@@ -6,15 +6,17 @@ explanation (summary, evidence, fix); the kind's severity comes from its declara
 `kinds`. The rules live by family, each ending with its `RULES` (registry.Rule: kind, rule,
 shape):
 
-    rules_stalls    sample_blocked, insert_blocked, spi_drift, warmup, stale_data (Reverb)
-    rules_learner   learner_stalled                                      (need the probe)
-    rules_actors    worker_starvation, writer_stalled   (a proven circular wait; actor probes)
-    rules_config    batch_exceeds_headroom, deadlock_risk                (settings that hang)
-    rules_liveness  target_down, probe_down, too_many_threads            (whole target)
-    rules_startup   warmup_impossible, learner_starting, server_restarted, reconnecting
-    rules_queue     drained                                    (queue tables, on-policy)
-    rules_throughput throughput_drop                  (rates against their own baseline)
-    rules_windows   in_section                        (what the learned windows hold back)
+    rules_stalls     what Reverb alone shows: blocked sampling or inserts, a stale table
+    rules_learner    what needs the trainer probe
+    rules_actors     causes only the loop or the actor probes prove
+    rules_config     settings that will hang (the budget model)
+    rules_liveness   a whole target: down, too many threads
+    rules_startup    start-up and restarts
+    rules_queue      queue tables (on-policy)
+    rules_throughput rates against their own baseline
+    rules_windows    what the learned stall windows hold back
+
+Which kinds each produces is its `RULES`, nowhere else.
 
 Adding a kind: declare it in `kinds` (its place in `ALL` is its precedence) and append its
 `Rule` to its family's `RULES`; nothing else in replaywatch/ names it.
