@@ -57,9 +57,22 @@ def kinds_libsonnet(declared: tuple[kinds.Kind, ...] | None = None) -> str:
     pages = [{"kind": str(k.name), "summary": k.page[0], "description": k.page[1]}
              for k in (kinds.ALL if declared is None else declared)
              if k.severity is Severity.CRITICAL]
-    return (f"// GENERATED from replaywatch/diagnosis/kinds.py by `{COMMAND}`: the critical\n"
+    text = (f"// GENERATED from replaywatch/diagnosis/kinds.py by `{COMMAND}`: the critical\n"
             "// kinds that page. Do not edit; declare a kind there.\n"
             + json.dumps(pages, indent=2) + "\n")
+    return _formatted(text)
+
+
+def _formatted(text: str) -> str:
+    """As jsonnetfmt writes it (the mixin's sources are kept so: tests/test_mixin.py)."""
+    jsonnetfmt = shutil.which("jsonnetfmt")
+    if jsonnetfmt is None:
+        raise OSError("jsonnetfmt not found: apt-get install jsonnet (or make system-deps)")
+    done = subprocess.run([jsonnetfmt, "-"], input=text, capture_output=True, text=True,
+                          timeout=30)
+    if done.returncode != 0:
+        raise ValueError(f"jsonnetfmt failed: {done.stderr.strip()}")
+    return done.stdout
 
 
 def evaluate(expression: str, timeout_s: float = 30, folder: Path = MIXIN) -> Any:

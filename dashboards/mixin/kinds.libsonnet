@@ -2,38 +2,38 @@
 // kinds that page. Do not edit; declare a kind there.
 [
   {
-    "kind": "worker_starvation",
-    "summary": "Learner starved by its batching workers: {{ $labels.target }} table {{ $labels.table }}",
-    "description": "The learner reading table {{ $labels.table }} on {{ $labels.target }} has been blocked in next() while parallel batching workers hold samples that no batch completes; training has stopped. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
+    kind: 'worker_starvation',
+    summary: 'Learner starved by its batching workers: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'The learner reading table {{ $labels.table }} on {{ $labels.target }} has been blocked in next() while parallel batching workers hold samples that no batch completes; training has stopped. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
-    "kind": "learner_stalled",
-    "summary": "Learner update step hung: {{ $labels.target }} table {{ $labels.table }}",
-    "description": "The learner takes no batch and no step although its iterator on table {{ $labels.table }} of {{ $labels.target }} has data: its update step hangs. The stacks are kept with the incident: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
+    kind: 'learner_stalled',
+    summary: 'Learner update step hung: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'The learner takes no batch and no step although its iterator on table {{ $labels.table }} of {{ $labels.target }} has data: its update step hangs. The stacks are kept with the incident: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
-    "kind": "warmup_impossible",
-    "summary": "Table can never fill to min_size_to_sample: {{ $labels.target }} table {{ $labels.table }}",
-    "description": "Table {{ $labels.table }} on {{ $labels.target }} holds at most max_size items, fewer than its min_size_to_sample: the learner can never sample and the job never starts training. Which number to change to what: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
+    kind: 'warmup_impossible',
+    summary: 'Table can never fill to min_size_to_sample: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'Table {{ $labels.table }} on {{ $labels.target }} holds at most max_size items, fewer than its min_size_to_sample: the learner can never sample and the job never starts training. Which number to change to what: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
-    "kind": "writer_stalled",
-    "summary": "Actor stuck in a Reverb writer call: {{ $labels.target }} table {{ $labels.table }}",
-    "description": "An actor writing to table {{ $labels.table }} on {{ $labels.target }} has been inside create_item/flush/end_episode for the stall window while the limiter would accept its inserts (or the server is down): its writer or connection is stuck, not throttled. The call, how long and the items pending: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
+    kind: 'writer_stalled',
+    summary: 'Actor stuck in a Reverb writer call: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'An actor writing to table {{ $labels.table }} on {{ $labels.target }} has been inside create_item/flush/end_episode for the stall window while the limiter would accept its inserts (or the server is down): its writer or connection is stuck, not throttled. The call, how long and the items pending: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
-    "kind": "sample_blocked",
-    "summary": "Sampling blocked, inserts stopped: {{ $labels.target }} table {{ $labels.table }}",
-    "description": "The rate limiter of table {{ $labels.table }} on {{ $labels.target }} refuses samples and no actor inserts: the actors are dead, stuck or too slow, and the learner waits. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
+    kind: 'sample_blocked',
+    summary: 'Sampling blocked, inserts stopped: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'The rate limiter of table {{ $labels.table }} on {{ $labels.target }} refuses samples and no actor inserts: the actors are dead, stuck or too slow, and the learner waits. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
-    "kind": "insert_blocked",
-    "summary": "Inserts blocked at max_diff, sampling stopped: {{ $labels.target }} table {{ $labels.table }}",
-    "description": "Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} and the learner draws nothing: the learner stopped consuming. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
+    kind: 'insert_blocked',
+    summary: 'Inserts blocked at max_diff, sampling stopped: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} and the learner draws nothing: the learner stopped consuming. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
-    "kind": "batch_exceeds_headroom",
-    "summary": "Configuration will hang the learner in next(): {{ $labels.target }} table {{ $labels.table }}",
-    "description": "Once inserting stops, the rate limiter of table {{ $labels.table }} on {{ $labels.target }} releases fewer samples than one batch (or a policy-lag bound frees less than a batch a step): the learner will block in next() for good. The released samples and the fixes the budget model proves: GET /api/v1/findings on the sidecar {{ $labels.instance }}."
-  }
+    kind: 'batch_exceeds_headroom',
+    summary: 'Configuration will hang the learner in next(): {{ $labels.target }} table {{ $labels.table }}',
+    description: 'Once inserting stops, the rate limiter of table {{ $labels.table }} on {{ $labels.target }} releases fewer samples than one batch (or a policy-lag bound frees less than a batch a step): the learner will block in next() for good. The released samples and the fixes the budget model proves: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+  },
 ]
