@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles system-deps venv launchpad-venv clean
+.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -134,6 +134,12 @@ bench-grid-fixes: $(STAMP)
 bench-long:
 	@$(MAKE) --no-print-directory -j2 venv system-deps
 	$(PY) -m bench.long --results bench/RESULTS.md
+
+# The replay's memory against a real cgroup v1 limit (about 7 minutes, as root): a table that
+# cannot fit (memory_exhaustion's lead and time left, the OOM kill) and one that fits (five
+# minutes full, no finding), and what reading the memory costs a poll.
+bench-memory: $(STAMP)
+	$(PY) -m bench.memory --results bench/RESULTS.md
 
 # Every real-Reverb reproduction's bundles: sizes, and each replayed against the live verdict
 # (about 3 minutes).

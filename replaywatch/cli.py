@@ -73,6 +73,9 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", action="append", default=[], metavar="[TARGET=]URL",
                    help="a TrainerProbe or ActorProbe URL (its documents say which); TARGET= "
                         "names its Reverb server (repeatable)")
+    p.add_argument("--reverb-pid", action="append", default=[], metavar="[TARGET=]PID",
+                   help="the Reverb server's process, for its memory and limit (default: the "
+                        "process listening on a local target's port)")
     p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
                    help="poll interval (default 1.0)")
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
@@ -186,6 +189,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
         layout=declared_layout(args),
         bundle_dir=getattr(args, "bundle_dir", None),
         bundle_keep=getattr(args, "bundle_keep", 20),
+        reverb_pids=cfg.reverb_pids(getattr(args, "reverb_pid", []), targets),
     )
 
 

@@ -144,6 +144,9 @@ class WatchConfig:
     layout: str | None = None
     bundle_dir: str | None = None  # None: `bundles` next to the incident log
     bundle_keep: int = 20  # the newest bundles kept; 0 writes none
+    # (target, pid) of Reverb servers whose process is named (--reverb-pid); a local
+    # target's is found by its port (sources/memory.py)
+    reverb_pids: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.bundle_keep < 0:
@@ -173,6 +176,24 @@ class WatchConfig:
                 raise ConfigError(f"probe {probe.url}: target {probe.target} is not a --reverb")
             resolved.append(probe)
         object.__setattr__(self, "probes", tuple(resolved))
+
+
+def reverb_pids(given: Sequence[str], targets: Sequence[str]) -> tuple[tuple[str, int], ...]:
+    """`--reverb-pid [TARGET=]PID` as (target, pid); a bare PID names the only target."""
+    out = []
+    for text in given:
+        target, sep, pid = text.rpartition("=")
+        if not sep:
+            if len(targets) != 1:
+                raise ConfigError(f"--reverb-pid {text}: name its target (TARGET=PID) when "
+                                  "there is more than one --reverb")
+            target = targets[0]
+        if target not in targets:
+            raise ConfigError(f"--reverb-pid {text}: {target} is not a --reverb")
+        if not pid.isdigit() or int(pid) < 1:
+            raise ConfigError(f"--reverb-pid {text}: {pid!r} is not a process id")
+        out.append((target, int(pid)))
+    return tuple(out)
 
 
 def thresholds_from(values: Mapping[str, Any], base: Thresholds = Thresholds()) -> Thresholds:

@@ -8,7 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from replaywatch.diagnosis.window import PollRecord, TargetView
-from replaywatch.model import ActorSnapshot, PollOutcome, ProbeSnapshot, TableSnapshot
+from replaywatch.model import (
+    ActorSnapshot,
+    MemorySnapshot,
+    PollOutcome,
+    ProbeSnapshot,
+    TableSnapshot,
+)
 
 _SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
 COARSE_EVERY_S = 10.0  # the throughput baselines' bucket
@@ -59,6 +65,7 @@ class History:
         self._tables: dict[tuple[str, str], collections.deque[TableSnapshot]] = {}
         self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
         self._actors: dict[str, collections.deque[ActorSnapshot]] = {}
+        self._memory: dict[str, collections.deque[MemorySnapshot]] = {}
         self._records = 0
 
     def _deque(self, store: dict[Any, Any], key: Any) -> collections.deque[Any]:
@@ -72,6 +79,9 @@ class History:
         record = PollRecord(outcome.started_at, outcome.ok, outcome.duration_s, outcome.error)
         with self._lock:
             _append(self._deque(self._polls, outcome.source), record, oldest, _poll_at)
+            if outcome.memory is not None:
+                _append(self._deque(self._memory, outcome.source), outcome.memory, oldest,
+                        _observed_at)
             for table in outcome.tables:
                 points = self._deque(self._tables, (table.target, table.name))
                 _append(points, table, oldest, _observed_at)
@@ -104,7 +114,8 @@ class History:
 
     def _sweep(self, oldest: float) -> None:
         """Drops sources and tables that stopped reporting (removed, renamed)."""
-        stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes, self._actors]
+        stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes, self._actors,
+                                        self._memory]
         coarse_oldest = oldest + self._max_age_s - self._coarse_age_s
         for store, cut in [*((st, oldest) for st in stores),
                            (self._coarse_tables, coarse_oldest),
@@ -168,6 +179,10 @@ class History:
                 probe_polls={
                     p: tuple(r for r in self._polls.get(p, ()) if r.at >= start) for p in probes
                 },
+                # Over the long look-back where asked: an item's bytes are measured over the
+                # table's fill, which takes longer than a stall window.
+                memory=tuple(m for m in self._memory.get(target, ())
+                             if m.observed_at >= (cstart if coarse else start)),
                 coarse_tables={
                     name: tuple(s for s in points if s.observed_at >= cstart)
                     for (tgt, name), points in self._coarse_tables.items()

@@ -316,6 +316,31 @@ class ActorSnapshot:
         return self.waiting_on is not None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    """The replay process's memory and its limit at `observed_at` (sidecar's clock), read on
+    its host: /proc for the process, its cgroup (v1 or v2) for the limit, else the host's."""
+
+    target: str
+    observed_at: float
+    pid: int | None  # None: the process is gone (its cgroup is still read)
+    rss_bytes: int | None  # resident memory (None: gone)
+    limit_bytes: int  # what it may use before the kernel kills it
+    limit_from: str  # "cgroup v1", "cgroup v2" or "host"
+    cgroup_usage_bytes: int | None = None  # the cgroup's own count (page cache included)
+    oom_kills: int | None = None  # the cgroup's OOM kills so far (None: not readable)
+    found_by: str = ""  # "listening on port 8000", "--reverb-pid"
+    # What counts against a cgroup's limit: its anonymous memory (page cache is reclaimed
+    # before the OOM killer acts, and shared library pages are charged to whoever loaded
+    # them first). None: the process's resident memory counts (a host limit).
+    cgroup_anon_bytes: int | None = None
+
+    @property
+    def counted_bytes(self) -> int | None:
+        """The memory judged against the limit."""
+        return self.cgroup_anon_bytes if self.cgroup_anon_bytes is not None else self.rss_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class PollOutcome:
     """What one poll of one source produced: data, or the error that replaced it."""
@@ -328,6 +353,7 @@ class PollOutcome:
     probe: ProbeSnapshot | None = None  # a trainer probe's document
     error: str | None = None
     actor: ActorSnapshot | None = None  # an actor probe's document
+    memory: MemorySnapshot | None = None  # a Reverb target's process, where it can be read
 
     @property
     def ok(self) -> bool:
@@ -371,6 +397,7 @@ class Name(enum.StrEnum):
     WARMUP = "warmup"
     DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
     IN_SECTION = "in_section"
+    MEMORY_EXHAUSTION = "memory_exhaustion"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,13 @@ from replaywatch.model import LAYOUTS
 
 INT_KEYS = ("min_size_to_sample", "batch_size", "num_parallel_calls", "max_in_flight",
             "prefetch", "max_policy_lag", "iterators_per_worker", "item_bytes",
-            "first_step_at", "max_items_ahead", "cycle_length", "workers_per_iterator")
+            "first_step_at", "max_items_ahead", "cycle_length", "workers_per_iterator",
+            "max_size")
 FLOAT_KEYS = ("samples_per_insert", "error_buffer", "min_diff", "max_diff", "inserts_per_step")
-STR_KEYS = ("layout", "gate", "pipeline")
+STR_KEYS = ("layout", "gate", "pipeline", "memory_limit")
+SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+              "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+FIT_SHARE = 0.9  # as memory_exhaustion's fix: a tenth of the limit left to the process
 GATE_FLAGS = {"can-sample": budget.CAN_SAMPLE, "schedule": budget.SCHEDULE}
 # Each framework's own pipeline: Acme's make_reverb_dataset batches per worker (in flight
 # 2 x batch); TF-Agents' as_dataset interleaves min(B, 32) datasets (3 x B / cycle in
@@ -80,6 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterators-per-worker", type=int, metavar="N",
                    help="3 for Acme's make_reverb_dataset before acme dea9307 (default 1)")
     p.add_argument("--item-bytes", type=int, metavar="N")
+    p.add_argument("--max-size", type=int, metavar="N",
+                   help="the table's max_size: with --memory-limit, whether it fits")
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="the replay process's memory limit (24GiB, 512MiB, bytes)")
     p.add_argument("--reverb", metavar="HOST:PORT", help="read the limiter from this server")
     p.add_argument("--table", metavar="NAME", help="with --reverb: the table (default: its "
                    "only table)")
@@ -197,9 +205,9 @@ def layout_from(s: dict[str, Any]) -> budget.Layout:
 
 
 def server_table(address: str, table: str | None, timeout_s: float = 2.0
-                 ) -> tuple[budget.Limiter, int | None]:
-    """The named (or only) table's limiter and item size (by its signature) from a running
-    server's ServerInfo."""
+                 ) -> tuple[budget.Limiter, int | None, int]:
+    """The named (or only) table's limiter, item size (by its signature) and max_size from a
+    running server's ServerInfo."""
     # Imported here: grpc costs a few hundred ms that the offline form never pays.
     from replaywatch.sources.reverb import ReverbSource, snapshots_from_response
 
@@ -216,7 +224,36 @@ def server_table(address: str, table: str | None, timeout_s: float = 2.0
     chosen = next((t for t in tables if table is None or t.name == table), None)
     if chosen is None:
         raise ConfigError(f"--reverb {address} has no table {table!r} (tables: {names})")
-    return limiter_of(chosen), chosen.item_bytes
+    return limiter_of(chosen), chosen.item_bytes, chosen.max_size
+
+
+def memory_bytes(text: str) -> int:
+    """`24GiB`, `512MiB`, `1.5GB` or bytes; ConfigError otherwise."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if m is None or m.group(2).lower() not in SIZE_UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"--memory-limit {text!r}: a size such as 24GiB, 512MiB or bytes")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
+
+
+def memory_fit(max_size: int, item_bytes: int, limit: int) -> dict[str, Any]:
+    """Whether `max_size` items of `item_bytes` fit under the limit (the items alone: the
+    process's own memory comes on top), and the largest max_size that leaves a tenth."""
+    projected = max_size * item_bytes
+    return {"max_size": max_size, "item_bytes": item_bytes, "limit_bytes": limit,
+            "projected_bytes": projected, "fits": projected <= FIT_SHARE * limit,
+            "fits_max_size": int(FIT_SHARE * limit // item_bytes)}
+
+
+def render_memory(m: dict[str, Any], out: IO[str]) -> None:
+    gib = float(1 << 30)
+    words = "fits" if m["fits"] else "does not fit"
+    print(f"memory: {words}: {m['max_size']:,} items of {m['item_bytes']:,} bytes take "
+          f"{m['projected_bytes'] / gib:.1f} GiB against a limit of {m['limit_bytes'] / gib:.1f} "
+          f"GiB (the items alone; chunks are compressed and shared, so the signature's size "
+          f"is an upper bound); fits up to max_size={m['fits_max_size']:,} "
+          f"({FIT_SHARE:.0%} of the limit)", file=out)
 
 
 def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
@@ -302,8 +339,10 @@ def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
     s = settings(args)
     if args.probe:
         s = {**probe_settings(args.probe), **s}  # flags win over what the probe says
-    server, signature_bytes = (server_table(args.reverb, args.table) if args.reverb
-                               else (None, None))
+    server, signature_bytes, max_size = (server_table(args.reverb, args.table) if args.reverb
+                                         else (None, None, None))
+    if max_size and "max_size" not in s:
+        s["max_size"] = max_size
     if signature_bytes and "item_bytes" not in s:
         s["item_bytes"] = signature_bytes
     if server is not None and any(k in s for k in ("samples_per_insert", "error_buffer",
@@ -312,13 +351,21 @@ def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
         raise ConfigError("--reverb reads the limiter; leave out the limiter's flags")
     if args.table and not args.reverb:
         raise ConfigError("--table goes with --reverb")
+    limit = memory_bytes(s["memory_limit"]) if "memory_limit" in s else None
+    if limit is not None and not (s.get("max_size") and s.get("item_bytes")):
+        raise ConfigError("--memory-limit needs --max-size and --item-bytes (or --reverb)")
     try:
         doc = document(limiter_from(s, server), dataset_from(s), layout_from(s))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if limit is not None:
+        doc["memory"] = memory_fit(s["max_size"], s["item_bytes"], limit)
     if args.json:
         json.dump(doc, out)
         print(file=out)
     else:
         render_text(doc, out)
-    return 0 if doc["verdict"] == budget.SAFE else 1
+        if "memory" in doc:
+            render_memory(doc["memory"], out)
+    fits = doc.get("memory", {}).get("fits", True)
+    return 0 if doc["verdict"] == budget.SAFE and fits else 1

@@ -27,6 +27,7 @@ from replaywatch.findings import FindingsKeeper
 from replaywatch.history import COARSE_EVERY_S, History
 from replaywatch.incidents import IncidentLog
 from replaywatch.poller import Poller, SourceBinding, targets_of
+from replaywatch.sources.memory import MemoryWatch, is_local, port_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.reverb import ReverbSource
 from replaywatch.stack_taker import StackTaker
@@ -41,18 +42,28 @@ Reload = Callable[[], list[SourceBinding] | None]
 def make_bindings(config: WatchConfig) -> list[SourceBinding]:
     """The sources named on the command line."""
     timeout = config.poll.effective_timeout_s
-    bindings = [SourceBinding(ReverbSource(t, timeout), t) for t in config.targets]
+    pids = dict(config.reverb_pids)
+    bindings = [SourceBinding(ReverbSource(t, timeout, memory=memory_watch(t, pids.get(t))), t)
+                for t in config.targets]
     for probe in config.probes:
         assert probe.target is not None  # resolved by WatchConfig
         bindings.append(SourceBinding(HttpProbeSource(probe.url, timeout), probe.target))
     return bindings
 
 
+def memory_watch(target: str, pid: int | None) -> MemoryWatch | None:
+    """The server's process where this host can read it: named, or a local target's."""
+    if pid is None and not is_local(target):
+        return None
+    return MemoryWatch(target, port_of(target), pid)
+
+
 def bindings_from_file(parsed: ParsedTargets, timeout: float) -> list[SourceBinding]:
     out = []
     for entry in parsed.entries:
-        out.append(SourceBinding(ReverbSource(entry.address, timeout), entry.address,
-                                 entry.labels))
+        out.append(SourceBinding(ReverbSource(entry.address, timeout,
+                                              memory=memory_watch(entry.address, None)),
+                                 entry.address, entry.labels))
         for url in entry.probe_urls:  # trainer and actor probes alike
             out.append(SourceBinding(HttpProbeSource(url, timeout), entry.address,
                                      entry.labels))

@@ -53,7 +53,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 REPRODUCED_ELSEWHERE = {
     "learner_starting", "learner_stalled", "insert_blocked", "stale_data", "target_down",
     "server_restarted", "reconnecting", "warmup_impossible", "sample_blocked",
-    "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop"}
+    "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop",
+    "memory_exhaustion"}  # tests/test_memory_cgroup.py replays each of its cycles
 
 
 def _probed(limiter: reverb.rate_limiters.RateLimiter,

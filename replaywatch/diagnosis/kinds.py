@@ -274,6 +274,15 @@ DECLARED_PIPELINE_DIFFERS = Kind(
             "the read value is what every verdict uses, the declared one is shown beside it.",
     fix="Correct the declaration or leave it out (the probe reads the pipeline itself); the "
         "verdicts already use the read values.")
+MEMORY_EXHAUSTION = Kind(
+    Name.MEMORY_EXHAUSTION, Severity.WARNING, needs_probe=False,
+    meaning="The replay server's process will not fit: its table filled to `max_size` (an item's "
+            "bytes measured from the process's memory against `current_size` as it fills) "
+            "takes it past its memory limit (its cgroup's, else the host's). Named while the "
+            "table fills, with the time left at the current insert rate; needs the server's "
+            "host (a local target, `--reverb-pid`).",
+    fix="Lower `max_size` to the value given (it fits under 90% of the limit), or raise the "
+        "limit.")
 IN_SECTION = Kind(
     Name.IN_SECTION, Severity.INFO, needs_probe=False,
     meaning="A learner (or every actor) is inside a section its code marks "
@@ -291,7 +300,8 @@ WARMUP = Kind(
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, SPI_DRIFT, STALE_DATA, THROUGHPUT_DROP,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, SPI_DRIFT, STALE_DATA,
+    THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
     DECLARED_PIPELINE_DIFFERS, IN_SECTION,

@@ -15,6 +15,7 @@ shape):
     rules_queue      queue tables (on-policy)
     rules_throughput rates against their own baseline
     rules_windows    what the learned stall windows hold back
+    rules_memory     the replay process's memory against its limit
 
 Which kinds each produces is its `RULES`, nowhere else.
 
@@ -32,6 +33,7 @@ from replaywatch.diagnosis import (
     rules_config,
     rules_learner,
     rules_liveness,
+    rules_memory,
     rules_queue,
     rules_stalls,
     rules_startup,
@@ -43,7 +45,8 @@ from replaywatch.diagnosis.registry import Rule, Shape
 
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
-                         *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES)
+                         *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES,
+                         *rules_memory.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

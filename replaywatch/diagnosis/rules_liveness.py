@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
+from replaywatch.diagnosis.memory import killed_at_limit
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView, failed_polls_at_end
@@ -29,12 +30,26 @@ def is_target_down(view: TargetView, th: Thresholds, now: float) -> Finding | No
 
 def _target_down(view: TargetView, first: PollRecord, now: float) -> Finding:
     ok = [r.at for r in view.polls if r.ok]
-    evidence = {"failed_polls": sum(1 for r in view.polls if r.at >= first.at),
-                "last_error": view.polls[-1].error, "last_ok_at": ok[-1] if ok else None}
-    return kinds.TARGET_DOWN.finding(
-        view.target, "", f"The Reverb server '{view.target}' does not answer.", evidence,
-        f"Check that the replay process runs and is reachable at {view.target}.",
-        since=first.at, last_seen=now)
+    evidence: dict[str, object] = {
+        "failed_polls": sum(1 for r in view.polls if r.at >= first.at),
+        "last_error": view.polls[-1].error, "last_ok_at": ok[-1] if ok else None}
+    summary = f"The Reverb server '{view.target}' does not answer."
+    fix = f"Check that the replay process runs and is reachable at {view.target}."
+    killed = killed_at_limit(view.memory)
+    if killed is not None:
+        alive = [m for m in view.memory if m.rss_bytes is not None]
+        last = alive[-1].rss_bytes if alive else None
+        evidence.update(killed_at_memory_limit=True, oom_kills=killed.oom_kills,
+                        limit_bytes=killed.limit_bytes, limit_from=killed.limit_from,
+                        last_memory_bytes=last)
+        summary = (f"The Reverb server '{view.target}' does not answer: killed at its memory "
+                   f"limit ({killed.limit_bytes / (1 << 30):.2f} GiB, {killed.limit_from}: "
+                   "its OOM kill count rose).")
+        fix = ("Restart it with a max_size that fits under its memory limit (memory_exhaustion "
+               "gives the value) or a larger limit; the incident's bundle has its memory "
+               "series.")
+    return kinds.TARGET_DOWN.finding(view.target, "", summary, evidence, fix,
+                                     since=first.at, last_seen=now)
 
 
 def is_probe_down(view: TargetView, th: Thresholds, now: float) -> Finding | None:

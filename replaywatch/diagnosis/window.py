@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.rhythm import Rhythm
-from replaywatch.model import ActorSnapshot, ProbeSnapshot, TableSnapshot
+from replaywatch.model import ActorSnapshot, MemorySnapshot, ProbeSnapshot, TableSnapshot
 
 T = TypeVar("T", TableSnapshot, ProbeSnapshot)
 
@@ -60,6 +60,8 @@ class TargetView:
     # By series ("samples NAME", "inserts NAME", "probe URL", "actor URL"): the job's rhythm
     # as learned so far (the keeper's memory, diagnosis/rhythm.py), which sets the windows.
     rhythms: dict[str, Rhythm] = dataclasses.field(default_factory=dict)
+    # The Reverb server's process memory and its limit, where its host could be read.
+    memory: tuple[MemorySnapshot, ...] = ()
 
     def table_named(self, table: str | None) -> str | None:
         """The table a probe names, or, when it names none, the target's only table."""

@@ -20,6 +20,7 @@ from replaywatch.errors import SourceProtocolError, SourceTimeout, SourceUnreach
 from replaywatch.model import (
     NO_ANSWER,
     KeyDistributionOptions,
+    MemorySnapshot,
     PollOutcome,
     RateLimiterInfo,
     SourceKind,
@@ -27,6 +28,7 @@ from replaywatch.model import (
     TableWorkerTime,
 )
 from replaywatch.sources import PolledSource, reverb_wire
+from replaywatch.sources.memory import MemoryWatch
 
 # Reconnect quickly after a server restart: gRPC's default backoff grows to
 # two minutes, far longer than a person watching a restarted job will wait.
@@ -119,10 +121,13 @@ class ReverbSource(PolledSource):
         timeout_s: float,
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
+        memory: MemoryWatch | None = None,
     ):
         super().__init__(address, timeout_s, clock, perf)
         self._channel: grpc.Channel | None = None
         self._call: Any = None
+        # The server's process, where this host can read it (sources/memory.py).
+        self._memory = memory
 
     def _stub(self) -> Any:
         # The channel is made lazily so that constructing a source does no I/O.
@@ -177,10 +182,21 @@ class ReverbSource(PolledSource):
         except SourceTimeout as e:
             # A frozen server can leave the channel wedged; start afresh next time.
             self.close()
-            return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e))
+            return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e),
+                               memory=self._read_memory(started_at))
         except Exception as e:  # a failed poll is data, never a crash
-            return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e))
-        return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, tables=tables)
+            return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, error=str(e),
+                               memory=self._read_memory(started_at))
+        return PollOutcome(self.name, self.kind, started_at, self._perf() - t0, tables=tables,
+                           memory=self._read_memory(started_at))
+
+    def _read_memory(self, at: float) -> MemorySnapshot | None:
+        if self._memory is None:
+            return None
+        try:
+            return self._memory.read(at)
+        except Exception:  # the memory's read must never cost the server's poll
+            return None
 
     def close(self) -> None:
         if self._channel is not None:

@@ -1,0 +1,164 @@
+"""The replay's memory: an item's bytes measured, memory_exhaustion judged, a kill at the
+limit named; the process and its cgroup read from this host's /proc and cgroup files;
+`predict` says whether a table fits. Real cgroups and a real OOM kill:
+tests/test_memory_cgroup.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from replaywatch.cli import main as cli_main
+from replaywatch.diagnosis import memory as mem
+from replaywatch.diagnosis import rules_memory
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import MemorySnapshot, Severity
+from replaywatch.sources import memory as src
+from tests.builders import TARGET, polls, table_snapshot
+
+TH = Thresholds()
+FRAME = 63_504
+MIB = 1 << 20
+
+
+def filling(seconds: int, rate: float, per_item: float, limit: int, max_size: int,
+            base: int = 200 * MIB, pid: int | None = 77, kills: int = 0
+            ) -> tuple[TargetView, float]:
+    """A table filling at `rate` items/s whose process grows `per_item` bytes an item."""
+    tables, memory = [], []
+    for i in range(seconds + 1):
+        t = 1000.0 + i
+        size = min(max_size, int(rate * i))
+        tables.append(table_snapshot(t, size, 0, max_size=max_size, size=size,
+                                     item_bytes=FRAME))
+        memory.append(MemorySnapshot(TARGET, t, pid, base + int(per_item * size), limit,
+                                     "cgroup v1", None, kills, "listening on port 8000"))
+    view = TargetView(TARGET, polls([s.observed_at for s in tables]), {"replay": tuple(tables)},
+                      {}, {}, coarse_tables={"replay": tuple(tables[::10])},
+                      memory=tuple(memory))
+    return view, tables[-1].observed_at
+
+
+# (what, the view, the kind it shows or None)
+MEMORY_CASES = [
+    ("64 KiB items towards 20,000 in 1 GiB: does not fit",
+     filling(60, 50.0, 64 * 1024, 1 << 30, 20_000), "memory_exhaustion"),
+    ("the same table with 2,000 items: fits", filling(60, 50.0, 64 * 1024, 1 << 30, 2_000), None),
+    ("too little growth to measure (30 items): nothing said",
+     filling(60, 0.5, 64 * 1024, 1 << 30, 20_000), None),
+    ("full and over: not judged here (the limit is what kills it)",
+     filling(60, 50.0, 64 * 1024, 100 * MIB, 1_000), None),
+]
+
+
+def test_each_memory_case_shows_its_kind() -> None:
+    for what, (view, now), kind in MEMORY_CASES:
+        found = [f.kind for f in diagnose(view, TH, now).findings if f.kind == "memory_exhaustion"]
+        assert found == ([kind] if kind else []), what
+
+
+def test_the_exhaustion_says_what_an_item_costs_the_time_left_and_the_size_that_fits() -> None:
+    view, now = filling(60, 50.0, 64 * 1024, 1 << 30, 20_000)
+    f = rules_memory.is_memory_exhaustion(view, TH, now)
+    assert f is not None and f.severity is Severity.WARNING
+    ev = f.evidence
+    assert abs(ev["bytes_per_item"] - 64 * 1024) < 64  # measured, not the signature's
+    assert ev["bytes_per_item_from"] == "measured over 3000 items"
+    # 1 GiB - (200 MiB + 3000 x 64 KiB) left, at 50 items/s of 64 KiB: about 200 s.
+    left = ((1 << 30) - (200 * MIB + 3000 * 64 * 1024)) / (50 * 64 * 1024)
+    assert abs(ev["seconds_left"] - left) <= 0.02 * left
+    fits = 3000 + int((0.9 * (1 << 30) - (200 * MIB + 3000 * 64 * 1024)) // (64 * 1024))
+    assert ev["fits_max_size"] == fits and f"{fits:,}" in f.fix
+
+
+def test_a_kill_at_the_limit_reads_as_target_down_with_the_oom_evidence() -> None:
+    view, now = filling(20, 50.0, 64 * 1024, 1 << 30, 20_000)
+    gone = MemorySnapshot(TARGET, now + 1, None, None, 1 << 30, "cgroup v1", None, 1, "")
+    down = polls([now + 1, now + 2, now + 3], ok=False)
+    view = TargetView(TARGET, (*view.polls, *down), view.tables, {}, {},
+                      memory=(*view.memory, gone))
+    (f,) = [f for f in diagnose(view, TH, now + 3).findings if f.kind == "target_down"]
+    assert f.evidence["killed_at_memory_limit"] is True and f.evidence["oom_kills"] == 1
+    assert "killed at its memory limit" in f.summary
+    assert mem.killed_at_limit(view.memory[:-1]) is None  # alive: no kill
+
+
+def test_the_process_listening_on_a_port_and_its_cgroup_are_read_from_proc(tmp_path: Path
+                                                                           ) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "net").mkdir(parents=True)
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt" \
+             "   uid  timeout inode\n"
+    (proc / "net" / "tcp").write_text(
+        header + "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000"
+                 "     0        0 424242 1 0000000000000000 100 0 0 10 0\n")
+    (proc / "net" / "tcp6").write_text(header)
+    fd = proc / "321" / "fd"
+    fd.mkdir(parents=True)
+    os.symlink("socket:[424242]", fd / "7")
+    (proc / "321" / "statm").write_text("1000 2560 0 0 0 0 0\n")
+    (proc / "321" / "cgroup").write_text("4:memory:/jobs/replay\n0::/\n")
+    (proc / "meminfo").write_text("MemTotal:       24000000 kB\n")
+    group = root / "memory" / "jobs" / "replay"
+    group.mkdir(parents=True)
+    (group / "memory.limit_in_bytes").write_text(f"{512 * MIB}\n")
+    (group / "memory.usage_in_bytes").write_text(f"{20 * MIB}\n")
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    (group / "memory.stat").write_text(f"cache {5 * MIB}\nrss {8 * MIB}\ntotal_rss {8 * MIB}\n")
+    assert src.listening_inodes(8000, proc) == {424242}
+    assert src.pid_holding({424242}, proc) == 321
+    watch = src.MemoryWatch("127.0.0.1:8000", 8000, proc=proc, root=root)
+    m = watch.read(5.0)
+    assert m is not None and (m.pid, m.rss_bytes) == (321, 2560 * os.sysconf("SC_PAGE_SIZE"))
+    assert (m.limit_bytes, m.limit_from, m.oom_kills) == (512 * MIB, "cgroup v1", 2)
+    # Against a cgroup's limit its anonymous memory counts, not the process's resident.
+    assert m.counted_bytes == 8 * MIB
+    assert m.found_by == "listening on port 8000"
+    # Gone: the cgroup it was in is still read (its OOM count says how it ended).
+    (proc / "321" / "statm").unlink()
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    gone = watch.read(6.0)
+    assert gone is not None and (gone.pid, gone.rss_bytes, gone.oom_kills) == (None, None, 3)
+    # No limit in the cgroup: the host's memory is the limit.
+    (group / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    host = src.limit_of(src.Cgroup(1, group), proc)
+    assert (host.bytes, host.source) == (24_000_000 * 1024, "host")
+    # cgroup v2: memory.max, memory.events.
+    v2 = root / "job"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{256 * MIB}\n")
+    (v2 / "memory.current").write_text("1\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    (v2 / "memory.stat").write_text(f"anon {9 * MIB}\nfile {3 * MIB}\n")
+    (proc / "321" / "cgroup").write_text("0::/job\n")
+    assert src.cgroup_of(321, proc, root) == src.Cgroup(2, v2)
+    assert src.limit_of(src.Cgroup(2, v2), proc) == src.Limit(256 * MIB, "cgroup v2", 1, 1,
+                                                               9 * MIB)
+
+
+def test_this_process_is_found_by_its_own_listening_port() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        m = src.MemoryWatch(f"127.0.0.1:{port}", port).read(1.0)
+    assert m is not None and m.pid == os.getpid() and m.rss_bytes and m.rss_bytes > 10 * MIB
+    assert src.is_local("127.0.0.1:8000") and not src.is_local("replay-0.svc:8000")
+
+
+def test_predict_says_whether_the_seed_table_fits_in_its_memory(capsys) -> None:
+    seed = ["--samples-per-insert", "128", "--min-size-to-sample", "2000", "--error-buffer",
+            "25600", "--batch-size", "256", "--num-parallel-calls", "1", "--layout", "sync",
+            "--gate", "can-sample", "--item-bytes", str(FRAME)]
+    code = cli_main(["predict", *seed, "--max-size", "1000000", "--memory-limit", "24GiB"])
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "max_size=" in out
+    fits = int(0.9 * 24 * (1 << 30) // FRAME)
+    assert f"max_size={fits:,}" in out or f"max_size={fits}" in out
+    assert code == 1
+    code = cli_main(["predict", *seed, "--max-size", "100000", "--memory-limit", "24GiB"])
+    assert "fits" in capsys.readouterr().out and code == 0
