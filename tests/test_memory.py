@@ -5,6 +5,7 @@ tests/test_memory_cgroup.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -41,6 +42,15 @@ def filling(seconds: int, rate: float, per_item: float, limit: int, max_size: in
     return view, tables[-1].observed_at
 
 
+def compiling(seconds: int = 60) -> tuple[TargetView, float]:
+    """A table of small items filling beside a process that grows on its own: a learner's
+    first compile in the same process, 800 MiB at once."""
+    view, now = filling(seconds, 50.0, 100, 1 << 30, 100_000)
+    memory = tuple(dataclasses.replace(m, rss_bytes=m.rss_bytes + (800 * MIB if i >= 30 else 0))
+                   for i, m in enumerate(view.memory))
+    return dataclasses.replace(view, memory=memory), now
+
+
 # (what, the view, the kind it shows or None)
 MEMORY_CASES = [
     ("64 KiB items towards 20,000 in 1 GiB: does not fit",
@@ -48,6 +58,8 @@ MEMORY_CASES = [
     ("the same table with 2,000 items: fits", filling(60, 50.0, 64 * 1024, 1 << 30, 2_000), None),
     ("too little growth to measure (30 items): nothing said",
      filling(60, 0.5, 64 * 1024, 1 << 30, 20_000), None),
+    ("memory that grows on its own, not in step with the table: not an item's cost",
+     compiling(), None),
     ("full and over: not judged here (the limit is what kills it)",
      filling(60, 50.0, 64 * 1024, 100 * MIB, 1_000), None),
 ]

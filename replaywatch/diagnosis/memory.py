@@ -5,8 +5,9 @@ An item's bytes in the server are its chunks', compressed (zstd) and shared betw
 overlapping items (reverb/cc/chunk_store.cc), so the table signature's size is an upper
 bound, not the truth. So they are measured: the process's resident memory against the
 table's `current_size` while it fills, a least-squares slope over the polls where both were
-read (the same poll reads both, so they pair exactly), once the table has grown by
-`MIN_ITEMS` items and the memory by `MIN_BYTES`:
+read (the same poll reads both, so they pair exactly) over the newest `MEASURE_SPAN_S`, once
+the table has grown by `MIN_ITEMS` items and the memory by `MIN_BYTES` in step with it
+(r squared at least `MIN_R2`):
 
     bytes per item   = slope(rss, current_size)
     at max_size      = rss now + bytes per item x (max_size - current_size)
@@ -30,6 +31,11 @@ MIN_ITEMS = 100  # the table's growth a measurement needs ...
 MIN_BYTES = 4 << 20  # ... and the memory's: below, allocator noise is the slope
 FIT_SHARE = 0.9  # a max_size that fits leaves a tenth of the limit to the rest
 RATE_SPAN_S = 120.0  # the insert rate the time left is judged at
+# Measured over the newest stretch, and only where the memory follows the table: a process
+# that also grows for its own reasons (a learner's first compile beside an in-process
+# server) does not move in step with current_size, and its one-off growth ages out.
+MEASURE_SPAN_S = 300.0
+MIN_R2 = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +49,16 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
                ) -> ItemBytes | None:
     """Bytes an item costs the process: measured while the table filled, else its signature."""
     rss = {m.observed_at: m.counted_bytes for m in memory if m.counted_bytes is not None}
+    newest = table[-1].observed_at if table else 0.0
     pairs = [(float(t.current_size), float(rss[t.observed_at])) for t in table
-             if t.observed_at in rss]
+             if t.observed_at in rss and t.observed_at >= newest - MEASURE_SPAN_S]
     if pairs:
         sizes = [s for s, _ in pairs]
         grown = max(sizes) - min(sizes)
-        slope = _slope(pairs)
-        if grown >= MIN_ITEMS and slope is not None and slope * grown >= MIN_BYTES:
-            return ItemBytes(slope, f"measured over {grown:.0f} items", True)
+        fit = _fit(pairs)
+        if (grown >= MIN_ITEMS and fit is not None and fit[0] * grown >= MIN_BYTES
+                and fit[1] >= MIN_R2):
+            return ItemBytes(fit[0], f"measured over {grown:.0f} items", True)
     latest = table[-1] if table else None
     if latest is not None and latest.item_bytes:
         return ItemBytes(float(latest.item_bytes), "the table's signature (uncompressed: an "
@@ -58,14 +66,17 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
     return None
 
 
-def _slope(pairs: Sequence[tuple[float, float]]) -> float | None:
+def _fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """The least-squares slope and its r squared."""
     n = len(pairs)
     mx = sum(x for x, _ in pairs) / n
     my = sum(y for _, y in pairs) / n
     sxx = sum((x - mx) ** 2 for x, _ in pairs)
-    if sxx == 0:
+    syy = sum((y - my) ** 2 for _, y in pairs)
+    if sxx == 0 or syy == 0:
         return None
-    return sum((x - mx) * (y - my) for x, y in pairs) / sxx
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    return sxy / sxx, sxy * sxy / (sxx * syy)
 
 
 def fill_rate(table: Sequence[TableSnapshot], now: float) -> float | None:
