@@ -145,6 +145,11 @@ class History:
         with self._lock:
             return [s for s in self._actors.get(source, ()) if s.observed_at >= start]
 
+    def latest_memory(self) -> dict[str, MemorySnapshot]:
+        """Each Reverb target's newest memory reading, where its process could be read."""
+        with self._lock:
+            return {t: points[-1] for t, points in self._memory.items() if points}
+
     def latest_actors(self, sources: Sequence[str]) -> dict[str, ActorSnapshot]:
         """Each actor probe's newest snapshot (kept while the probe is down, like probes')."""
         with self._lock:

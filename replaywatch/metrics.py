@@ -94,6 +94,16 @@ TABLE_COUNTERS: tuple[tuple[Family, TableValue], ...] = (
 WORKER = counter("table_worker_seconds", "Table worker time by state (table_worker_time).",
                  (*TABLE, "state"))
 
+MEMORY = gauge("replay_memory_bytes", "The Reverb server's memory that counts against its "
+               "limit (its cgroup's anonymous memory, else its resident memory), where its "
+               "host can be read.", ("target",))
+MEMORY_RSS = gauge("replay_resident_bytes", "The Reverb server process's resident memory.",
+                   ("target",))
+MEMORY_LIMIT = gauge("replay_memory_limit_bytes", "The Reverb server's memory limit (its "
+                     "cgroup's, else the host's).", ("target",))
+OOM_KILLS = counter("replay_oom_kills", "OOM kills in the Reverb server's memory cgroup.",
+                    ("target",))
+
 FINDING = ("kind", "severity", "target", "table")
 ACTIVE = gauge("finding_active", "1 for each active finding.", FINDING)
 SINCE = gauge("finding_since_timestamp_seconds", "Onset of each active finding.", FINDING)
@@ -118,6 +128,7 @@ def families(state: Published) -> Group:
     owner = owners(state)
     yield from _source_rows(state)
     yield from _table_rows(state)
+    yield from _memory_rows(state)
     yield from trainer_rows(state, owner)
     yield from actor_rows(state, owner)
     active: list[Row] = []
@@ -135,6 +146,15 @@ def families(state: Published) -> Group:
     yield BUNDLE_FAILURES, [((), state.bundle_failures)]
     yield RULE_ERRORS, [((), float(len(state.rule_errors)))]
     yield LATE_CYCLES, [((), state.late_cycles)]
+
+
+def _memory_rows(state: Published) -> Group:
+    memory = sorted(state.memory.items())
+    yield MEMORY, [((t,), float(m.counted_bytes)) for t, m in memory
+                   if m.counted_bytes is not None and m.pid is not None]
+    yield MEMORY_RSS, [((t,), float(m.rss_bytes)) for t, m in memory if m.rss_bytes is not None]
+    yield MEMORY_LIMIT, [((t,), float(m.limit_bytes)) for t, m in memory]
+    yield OOM_KILLS, [((t,), float(m.oom_kills)) for t, m in memory if m.oom_kills is not None]
 
 
 def _source_rows(state: Published) -> Group:

@@ -247,6 +247,7 @@ class Poller:
             derived=derived,
             probes=probes,
             actors=self._history.latest_actors([b.source.name for b in self.bindings]),
+            memory=self._history.latest_memory(),
             findings=found.findings,
             insufficient=found.insufficient,
             incident_ids=found.incident_ids,

@@ -12,7 +12,14 @@ import threading
 
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.ratelimiter import TableDerived
-from replaywatch.model import ActorSnapshot, Finding, ProbeSnapshot, SourceKind, TableSnapshot
+from replaywatch.model import (
+    ActorSnapshot,
+    Finding,
+    MemorySnapshot,
+    ProbeSnapshot,
+    SourceKind,
+    TableSnapshot,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +65,8 @@ class Published:
     rule_errors: tuple[str, ...] = ()
     # actor probes' latest documents, by URL (trainer probes' are in `probes`)
     actors: dict[str, ActorSnapshot] = dataclasses.field(default_factory=dict)
+    # each Reverb target's process memory and its limit, where its host could be read
+    memory: dict[str, MemorySnapshot] = dataclasses.field(default_factory=dict)
     # (target, table) -> series -> the throughput baseline (rules_throughput.table_baselines)
     baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
         default_factory=dict)

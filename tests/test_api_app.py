@@ -19,7 +19,7 @@ from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.metrics import make_registry
-from replaywatch.model import Finding, PollOutcome, Severity
+from replaywatch.model import Finding, MemorySnapshot, PollOutcome, Severity
 from replaywatch.state import Published, SourceStatus, StateStore
 from tests.builders import actor_snapshot, probe_snapshot, table_history
 
@@ -168,3 +168,17 @@ def test_probes_list_both_roles_with_the_actor_step_rate(tmp_path: Path) -> None
     assert f'replaywatch_actor_in_writer_call{{call="create_item",probe="{actor}",target="{T}"}} ' \
            "1.0" in metrics
     assert f'replaywatch_probe_up{{probe="{never}",role="unknown",target="{T}"}} 0.0' in metrics
+
+
+def test_the_replays_memory_is_served_with_what_counts_against_its_limit(
+        client_for: Callable[..., TestClient]) -> None:
+    m = MemorySnapshot(T, 2.0, 77, 600 << 20, 1 << 30, "cgroup v1", 700 << 20, 1,
+                       "--reverb-pid", 500 << 20)
+    client = client_for(published(memory={T: m}))
+    (doc,) = client.get("/api/v1/memory").json()["memory"]
+    assert (doc["target"], doc["counted_bytes"], doc["limit_from"]) == (T, 500 << 20,
+                                                                       "cgroup v1")
+    metrics = client.get("/metrics").text
+    assert f'replaywatch_replay_memory_bytes{{target="{T}"}} 5.24288e+08' in metrics
+    assert f'replaywatch_replay_oom_kills_total{{target="{T}"}} 1.0' in metrics
+    assert client_for(published()).get("/api/v1/memory").json() == {"memory": []}

@@ -17,7 +17,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
-from replaywatch.model import Finding, Severity
+from replaywatch.model import Finding, MemorySnapshot, Severity
 from replaywatch.state import Published, SourceStatus
 from tests.builders import ACTOR, actor_snapshot, probe_snapshot, table_history
 
@@ -56,6 +56,9 @@ def full_picture() -> Published:
                      derived={(target, table.name): derive(history)}, probes={url: probe},
                      actors={ACTOR: actor_snapshot(2.0, 30, in_call="flush", blocked_for=1.0)},
                      findings=(finding,), late_cycles=1, incident_log_dropped=1,
+                     memory={target: MemorySnapshot(target, 2.0, 77, 300 << 20, 1 << 30,
+                                                    "cgroup v1", 350 << 20, 0,
+                                                    "listening on port 8000", 280 << 20)},
                      baselines={(target, table.name): {
                          "inserts": Baseline(100.0, 5.0, 600.0, 50.0)}})
 

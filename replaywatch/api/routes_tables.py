@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Query, Response
 from replaywatch.api.deps import ApiError, CacheDep, HistoryDep, PublishedDep
 from replaywatch.api.schemas import (
     HistoryOut,
+    MemoryOut,
     ProbeOut,
     ProbesOut,
     TableOut,
@@ -33,6 +35,14 @@ def targets(state: PublishedDep) -> TargetsOut:
         probes=[TargetOut.of(s) for s in statuses if s.kind == SourceKind.PROBE],
         config_errors=list(state.config_errors),
     )
+
+
+@router.get("/memory", response_model=MemoryOut)
+def memory(state: PublishedDep) -> MemoryOut:
+    """Each Reverb target's process memory and its limit, where its host could be read (the
+    sidecar on the server's host, or --reverb-pid)."""
+    return MemoryOut(memory=[dataclasses.asdict(m) | {"counted_bytes": m.counted_bytes}
+                             for _, m in sorted(state.memory.items())])
 
 
 @router.get("/tables", response_model=TablesOut)

@@ -37,6 +37,12 @@ class TargetOut(BaseModel):
         return cls(**doc)
 
 
+class MemoryOut(BaseModel):
+    """model.MemorySnapshot per target, with `counted_bytes`: what counts against the limit."""
+
+    memory: list[dict[str, Any]]
+
+
 class TargetsOut(BaseModel):
     targets: list[TargetOut]
     probes: list[TargetOut]
