@@ -1,6 +1,6 @@
 """make bench-memory: the replay's memory against a real cgroup limit, and what reading it costs.
 
-Each run starts tests/support/memory_hog.py in a cgroup v1 memory group made here (as root:
+Each run starts harness/memory_hog.py in a cgroup v1 memory group made here (as root:
 where none can be made this fails in one line): a Reverb server filled with incompressible
 63,504-byte frames at RATE items a second by a real writer. The limit is set HEADROOM above
 what the group uses once the server is up. The sidecar's own poller watches it (--reverb-pid).
@@ -42,7 +42,7 @@ HEADING = "## Replay memory against a real cgroup limit"
 def run(name: str, max_size: int, tmp: Path, watch_full_s: float) -> dict[str, Any]:
     group = V1 / f"replaywatch-bench-{os.getpid()}-{name}"
     group.mkdir()
-    hog = Proc([PYTHON, "tests/support/memory_hog.py", "--cgroup", str(group), "--max-size",
+    hog = Proc([PYTHON, "harness/memory_hog.py", "--cgroup", str(group), "--max-size",
                 str(max_size), "--rate", str(RATE)], stdout_path=tmp / f"{name}.log")
     try:
         start = hog.announce(timeout_s=120)

@@ -1,7 +1,7 @@
 """memory_exhaustion and a kill at the limit, on a real Reverb server in a real memory cgroup.
 
 The test makes a cgroup v1 memory group as root (where none can be made it says so in one
-line and skips), starts tests/support/memory_hog.py in it (a Reverb server filled with
+line and skips), starts harness/memory_hog.py in it (a Reverb server filled with
 incompressible 63,504-byte frames at 90 items a second by a real writer, towards a max_size
 that cannot fit), sets the limit 512 MiB above what the group uses once the server is up,
 and watches it with the sidecar's own poller, the server's process named by --reverb-pid.
@@ -59,7 +59,7 @@ def cgroup() -> Iterator[Path]:
 
 def test_a_table_that_cannot_fit_is_named_long_before_the_kill(
         spawn: Callable[..., Proc], cgroup: Path, tmp_path: Path) -> None:
-    hog = spawn([PYTHON, "tests/support/memory_hog.py", "--cgroup", str(cgroup),
+    hog = spawn([PYTHON, "harness/memory_hog.py", "--cgroup", str(cgroup),
                  "--max-size", str(MAX_SIZE), "--rate", str(RATE)], name="memory-hog")
     start = hog.announce(timeout_s=120)
     used = int((cgroup / "memory.usage_in_bytes").read_text())

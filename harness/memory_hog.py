@@ -1,6 +1,6 @@
 """A Reverb server inside a memory cgroup, filled with frame-sized items by a real writer.
 
-    python tests/support/memory_hog.py --cgroup /sys/fs/cgroup/memory/X --max-size 30000 \
+    python harness/memory_hog.py --cgroup /sys/fs/cgroup/memory/X --max-size 30000 \
         --rate 50
 
 It joins the cgroup before anything big is loaded (its own pid into cgroup.procs), starts a
