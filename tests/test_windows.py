@@ -28,8 +28,8 @@ from replaywatch.wiring import Sidecar, build_sidecar
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEP_S = 12.0
-HANG_AT_S = 75.0  # after about five steps
-RESTART_AT_S = 40.0
+HANG_AT_S = 50.0  # after about four steps
+RESTART_AT_S = 30.0
 JOB = ["harness/loop_workload.py", "--layout", "async", "--workers", "1", "--batch-size", "16",
        "--samples-per-insert", "4", "--min-size", "100", "--error-buffer", "64",
        "--learner-step-s", str(STEP_S), "--learner-hang-at-s", str(HANG_AT_S),
@@ -59,7 +59,9 @@ def test_a_12_s_learner_is_never_paged_and_its_hang_is_named_within_3_steps(
         inner = ExitStack()
         cars["every probe"] = start(inner, "every probe")
         try:
-            while time.monotonic() - began < HANG_AT_S + 3 * STEP_S + 15:
+            named = set()  # the probe sidecars that named the hang: then it is done
+            while (time.monotonic() - began < HANG_AT_S + 3 * STEP_S + 15
+                   and named != {"trainer probe", "every probe"}):
                 at = time.monotonic() - began
                 if not restarted and at >= RESTART_AT_S:
                     inner.close()  # the sidecar stops; a new one opens its incident log
@@ -70,6 +72,8 @@ def test_a_12_s_learner_is_never_paged_and_its_hang_is_named_within_3_steps(
                     for f in car.poller.tick().findings:
                         if f.severity >= Severity.WARNING:
                             paged[mode].append((at, f.kind, f.evidence.get("window_why", "")))
+                        if f.kind == "learner_stalled" and at > HANG_AT_S:
+                            named.add(mode)
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - began) % 1.0))
         finally:
             inner.close()
