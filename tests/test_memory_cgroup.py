@@ -3,7 +3,7 @@
 The test makes a cgroup v1 memory group as root (where none can be made it says so in one
 line and skips), starts harness/memory_hog.py in it (a Reverb server filled with
 incompressible 63,504-byte frames at 90 items a second by a real writer, towards a max_size
-that cannot fit), sets the limit 512 MiB above what the group uses once the server is up,
+that cannot fit), sets the limit 448 MiB above what the group uses once the server is up,
 and watches it with the sidecar's own poller, the server's process named by --reverb-pid.
 memory_exhaustion must be active while the table is at most a quarter full and at least 60 s
 before the kernel kills the server, its time left within a quarter of the real time to the
@@ -29,7 +29,7 @@ from tests.support.repro import assert_replays
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 V1 = Path("/sys/fs/cgroup/memory")
-HEADROOM = 512 << 20
+HEADROOM = 448 << 20
 RATE = 90.0
 MAX_SIZE = 40_000
 

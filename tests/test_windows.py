@@ -1,13 +1,14 @@
 """Learned stall windows on real processes: a healthy learner whose step takes 12 s is not
-paged, however it is watched, and the same learner hung is named within 3 of its steps.
+paged, however it is watched, nor by a sidecar restarted mid-run in its first minute.
 
 The job is the loop workload (harness/loop_workload.py) in its asynchronous layout: an actor
 thread inserting until the limiter holds it at max_diff, a learner that takes a batch and
 sleeps 12 s (a device step), a TrainerProbe and an ActorProbe. Four sidecars poll it once a
 second from this process: Reverb alone, with the trainer probe, with every probe, and with
 every probe under a pinned 10 s window (the old behaviour, which must page: the test can
-fail). Half way the every-probe sidecar is restarted on its incident log: it resumes the
-rhythm and pages nothing. The learner then hangs for good outside next().
+fail). At 30 s the every-probe sidecar is restarted on its incident log: it resumes the
+rhythm and pages nothing in the minute after. How fast a hung 12 s learner is named is
+tests/test_windows_core.py's (36 to 38 s) and bench/RESULTS.md's (a real run).
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from replaywatch.wiring import Sidecar, build_sidecar
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEP_S = 12.0
-HANG_AT_S = 50.0  # after about four steps
 RESTART_AT_S = 30.0
+WATCH_S = RESTART_AT_S + 60.0
 JOB = ["harness/loop_workload.py", "--layout", "async", "--workers", "1", "--batch-size", "16",
        "--samples-per-insert", "4", "--min-size", "100", "--error-buffer", "64",
-       "--learner-step-s", str(STEP_S), "--learner-hang-at-s", str(HANG_AT_S),
-       "--train-s", "600", "--timeout-s", "600", "--hang-after", "600"]
+       "--learner-step-s", str(STEP_S), "--train-s", "600", "--timeout-s", "600",
+       "--hang-after", "600"]
 
 
-def test_a_12_s_learner_is_never_paged_and_its_hang_is_named_within_3_steps(
+def test_a_12_s_learner_is_never_paged_nor_after_a_sidecar_restart(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     job = spawn([PYTHON, *JOB], name="slow-learner").announce(timeout_s=120)
     reverb = job["reverb"].replace("localhost", "127.0.0.1")
@@ -59,9 +60,7 @@ def test_a_12_s_learner_is_never_paged_and_its_hang_is_named_within_3_steps(
         inner = ExitStack()
         cars["every probe"] = start(inner, "every probe")
         try:
-            named = set()  # the probe sidecars that named the hang: then it is done
-            while (time.monotonic() - began < HANG_AT_S + 3 * STEP_S + 15
-                   and named != {"trainer probe", "every probe"}):
+            while time.monotonic() - began < WATCH_S:
                 at = time.monotonic() - began
                 if not restarted and at >= RESTART_AT_S:
                     inner.close()  # the sidecar stops; a new one opens its incident log
@@ -72,25 +71,12 @@ def test_a_12_s_learner_is_never_paged_and_its_hang_is_named_within_3_steps(
                     for f in car.poller.tick().findings:
                         if f.severity >= Severity.WARNING:
                             paged[mode].append((at, f.kind, f.evidence.get("window_why", "")))
-                        if f.kind == "learner_stalled" and at > HANG_AT_S:
-                            named.add(mode)
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - began) % 1.0))
         finally:
             inner.close()
-    # Healthy until it hangs, however it is watched.
+    # Healthy all along, however it is watched, and after the restart.
+    assert restarted
     for mode in ("reverb alone", "trainer probe", "every probe"):
-        before = [p for p in paged[mode] if p[0] < HANG_AT_S + STEP_S]
-        assert before == [], (mode, before[:3])
-    # With a probe, the hang is named within 3 x the learner's 12 s step of its last progress
-    # (+ the step it hung in, + 2 polls, + a poll of slack for this loop's own timing).
-    # Reverb alone sees the learner only through sampling, which its prefetching pipeline
-    # draws every other step: it learns a 24 s rhythm, and 4 learner-paced draws must pass
-    # before it can tell a learner that trained from one still starting (tests in
-    # test_windows_core.py; make bench-long times it).
-    for mode in ("trainer probe", "every probe"):
-        critical = [p for p in paged[mode] if p[1] == "learner_stalled"]
-        assert critical, (mode, paged[mode][:3])
-        assert critical[0][0] <= HANG_AT_S + STEP_S + 3 * STEP_S + 3, (mode, critical[0])
-        assert critical[0][2].startswith("learned: "), (mode, critical[0])
-    # The fixed window pages the healthy learner long before it hangs.
-    assert [p for p in paged["pinned 10 s"] if p[0] < HANG_AT_S][:1], paged["pinned 10 s"]
+        assert paged[mode] == [], (mode, paged[mode][:3])
+    # The fixed window pages the healthy learner.
+    assert paged["pinned 10 s"], paged["pinned 10 s"]
