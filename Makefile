@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory system-deps venv launchpad-venv clean
+.PHONY: demo test test-cgroup test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -91,6 +91,11 @@ test:
 	REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
 	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The real-cgroup test of the replay's memory (as root, cgroup v1): a server filled until the
+# kernel kills it, about 90 s; apart from make test for its time.
+test-cgroup: $(STAMP)
+	REPLAYWATCH_CGROUP_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_memory_cgroup.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)

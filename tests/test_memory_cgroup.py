@@ -27,7 +27,13 @@ from replaywatch.model import Finding
 from replaywatch.wiring import build_sidecar
 from tests.support.repro import assert_replays
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.slow, pytest.mark.timeout(300),
+    # 80 s of a filling server beside the agent lane cost make test its 8 minutes: it runs in
+    # `make test-cgroup` (and `make bench-memory` runs the same with the figures).
+    pytest.mark.skipif(os.environ.get("REPLAYWATCH_CGROUP_TESTS") != "1",
+                       reason="the real-cgroup OOM test runs in make test-cgroup"),
+]
 
 V1 = Path("/sys/fs/cgroup/memory")
 HEADROOM = 448 << 20
