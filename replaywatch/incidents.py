@@ -27,7 +27,7 @@ import enum
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from replaywatch import codec
@@ -160,17 +160,11 @@ class IncidentLog:
             conn = self._connection()  # also clears last_error once the file is usable again
             if conn is None or not self._pending:
                 return
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for t, c in self._pending:
-                        self._write(conn, t, c)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-            except (sqlite3.Error, OSError) as e:
-                self.last_error = f"{type(e).__name__}: {e} ({self.path})"
+            def write() -> None:
+                for t, c in self._pending:
+                    self._write(conn, t, c)
+
+            if not self._transaction(conn, write):
                 return
             self._pending.clear()
             self.last_error = None
@@ -218,23 +212,32 @@ class IncidentLog:
             conn = self._connection()
             if conn is None:
                 return False
+            values = [(t, k, json.dumps(codec.encode(r)), at) for t, k, r in rows]
+
+            def write() -> None:
+                conn.executemany(
+                    "INSERT INTO rhythms (target, series, rhythm, updated_at) VALUES"
+                    " (?,?,?,?) ON CONFLICT (target, series) DO UPDATE SET"
+                    " rhythm=excluded.rhythm, updated_at=excluded.updated_at", values)
+                conn.execute("DELETE FROM rhythms WHERE updated_at < ?", (forget_before,))
+
+            return self._transaction(conn, write)
+
+    def _transaction(self, conn: sqlite3.Connection, write: Callable[[], object]) -> bool:
+        """`write` in one transaction, rolled back if it raises; False (and `last_error`)
+        when the database refused it. Called with the lock held."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.executemany(
-                        "INSERT INTO rhythms (target, series, rhythm, updated_at) VALUES"
-                        " (?,?,?,?) ON CONFLICT (target, series) DO UPDATE SET"
-                        " rhythm=excluded.rhythm, updated_at=excluded.updated_at",
-                        [(t, k, json.dumps(codec.encode(r)), at) for t, k, r in rows])
-                    conn.execute("DELETE FROM rhythms WHERE updated_at < ?", (forget_before,))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-            except (sqlite3.Error, OSError) as e:
-                self.last_error = f"{type(e).__name__}: {e} ({self.path})"
-                return False
-            return True
+                write()
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except (sqlite3.Error, OSError) as e:
+            self.last_error = f"{type(e).__name__}: {e} ({self.path})"
+            return False
+        return True
 
     def load_rhythms(self) -> dict[str, dict[str, Rhythm]]:
         """By target, then series: the rhythms a sidecar before this one learned."""
