@@ -60,6 +60,9 @@ MEMORY_CASES = [
      filling(60, 0.5, 64 * 1024, 1 << 30, 20_000), None),
     ("memory that grows on its own, not in step with the table: not an item's cost",
      compiling(), None),
+    ("memory growing far faster than the items' data (600 KiB for 63,504-byte frames): the "
+     "process's own growth, not an item's cost", filling(60, 50.0, 600 * 1024, 1 << 30, 20_000),
+     None),
     ("full and over: not judged here (the limit is what kills it)",
      filling(60, 50.0, 64 * 1024, 100 * MIB, 1_000), None),
 ]

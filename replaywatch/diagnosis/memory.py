@@ -36,6 +36,12 @@ RATE_SPAN_S = 120.0  # the insert rate the time left is judged at
 # server) does not move in step with current_size, and its one-off growth ages out.
 MEASURE_SPAN_S = 300.0
 MIN_R2 = 0.9
+# An item costs at most its data (the signature's uncompressed size) and the chunk and
+# item bookkeeping around it (measured: 74,787 bytes for a 63,504-byte frame): a slope far
+# above that is the process growing beside the table (a learner's JAX buffers in the same
+# process, seen on the demo's healthy sync agent while its table filled), not the items.
+OVERHEAD_FACTOR = 2.0
+ITEM_OVERHEAD_BYTES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +62,11 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
         sizes = [s for s, _ in pairs]
         grown = max(sizes) - min(sizes)
         fit = _fit(pairs)
+        signature = table[-1].item_bytes
+        bound = (None if not signature
+                 else OVERHEAD_FACTOR * signature + ITEM_OVERHEAD_BYTES)
         if (grown >= MIN_ITEMS and fit is not None and fit[0] * grown >= MIN_BYTES
-                and fit[1] >= MIN_R2):
+                and fit[1] >= MIN_R2 and (bound is None or fit[0] <= bound)):
             return ItemBytes(fit[0], f"measured over {grown:.0f} items", True)
     latest = table[-1] if table else None
     if latest is not None and latest.item_bytes:
