@@ -133,6 +133,22 @@ AGENT_LANE = frozenset({
 })
 
 
+# Modules with tests of 15 s or more (sleep-bound sidecars over learned windows, browsers, real
+# faults), handed out first: xdist hands tests out in collection order, and the 100 s one
+# in test_windows.py, collected near the end, made its lane the last to finish by minutes.
+LONG_FIRST = (
+    "test_windows.py", "test_watch.py", "test_status_page.py", "test_faults.py",
+    "test_load_smoke.py", "test_loop_layout.py", "test_repro_startup.py", "test_wheel.py",
+    "test_repro_throughput.py", "test_api_fuzz.py",
+)
+
+
+def _handed_out(item: pytest.Item) -> int:
+    """The agent lane first (one group, one worker), then the long modules, then the rest."""
+    name = Path(str(item.fspath)).name
+    return 0 if name in AGENT_LANE else 1 if name in LONG_FIRST else 2
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks process-starting tests slow and agent tests for their lane; drops haiku's shim.
@@ -148,6 +164,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if Path(str(item.fspath)).name in AGENT_LANE:
             item.add_marker(pytest.mark.xdist_group("agents"))
+    items.sort(key=_handed_out)  # stable: each module's own order is kept
     shim = sys.modules.get("haiku.experimental.flax")
     if shim is not None and type(shim).__name__ == "FlaxNotInstalled":
         del sys.modules["haiku.experimental.flax"]
