@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-cgroup test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory system-deps venv launchpad-venv clean
+.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -92,10 +92,12 @@ test:
 	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-# The real-cgroup test of the replay's memory (as root, cgroup v1): a server filled until the
-# kernel kills it, about 90 s; apart from make test for its time.
-test-cgroup: $(STAMP)
-	REPLAYWATCH_CGROUP_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_memory_cgroup.py
+# The replay's memory on real servers, apart from make test for their time (about 7 minutes):
+# a server in a real cgroup (as root, cgroup v1) filled until the kernel kills it, and a writer
+# that keeps its episode alive (memory_leak) beside a full table in steady state (none).
+test-memory: $(STAMP)
+	REPLAYWATCH_MEMORY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 \
+		tests/test_memory_cgroup.py tests/test_memory_leak.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)

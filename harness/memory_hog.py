@@ -8,6 +8,14 @@ server with one table (`max_size`, MinSize(1), FIFO), prints {"reverb": ADDR, "p
 then inserts 84x84x9 random uint8 frames (63,504 bytes, incompressible, as camera frames are
 to zstd) at `--rate` items a second until the table is full (then keeps inserting: FIFO
 evicts) or the kernel kills it.
+
+    python harness/memory_hog.py --max-size 500 --rate 20 --keep-episode --actor-probe
+
+`--keep-episode`: the writer is made with num_keep_alive_refs 1,000,000 and never ends its
+episode (a continuing task), so the server keeps every chunk alive with its table full: a
+leak. `--actor-probe`: the writer is made through an ActorProbe's wrapped client, whose URL
+is printed as "actor_probe". `--replay-probe`: a ReplayProbe serves the process's memory,
+its URL printed as "replay_probe".
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ def main() -> None:
     p.add_argument("--cgroup", type=Path, default=None)
     p.add_argument("--max-size", type=int, required=True)
     p.add_argument("--rate", type=float, required=True)
+    p.add_argument("--keep-episode", action="store_true")
+    p.add_argument("--actor-probe", action="store_true")
+    p.add_argument("--replay-probe", action="store_true")
     args = p.parse_args()
     if args.cgroup is not None:
         (args.cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
@@ -35,11 +46,27 @@ def main() -> None:
         "replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), args.max_size,
         reverb.rate_limiters.MinSize(1))], port=None)
     client = reverb.Client(f"127.0.0.1:{server.port}")
-    print(json.dumps({"reverb": f"127.0.0.1:{server.port}", "pid": os.getpid()}), flush=True)
+    start = {"reverb": f"127.0.0.1:{server.port}", "pid": os.getpid()}
+    probe = None
+    if args.replay_probe:
+        from replaywatch.probe import ReplayProbe
+
+        replay = ReplayProbe()
+        replay.start()
+        start["replay_probe"] = replay.url
+    if args.actor_probe:
+        from replaywatch.probe import ActorProbe
+
+        probe = ActorProbe(table="replay", name="actor-0")
+        probe.start()
+        client = probe.wrap_client(client)
+        start["actor_probe"] = probe.url
+    print(json.dumps(start), flush=True)
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (84, 84, 9), np.uint8) for _ in range(64)]
     started, n = time.monotonic(), 0
-    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+    keep = 1_000_000 if args.keep_episode else 1
+    with client.trajectory_writer(num_keep_alive_refs=keep) as writer:
         while True:
             # Each item its own bytes: a frame with a counter written in, so no two chunks
             # are alike and none is shared.
@@ -48,6 +75,8 @@ def main() -> None:
             writer.append({"x": frame})
             writer.create_item("replay", 1.0, {"x": writer.history["x"][-1]})
             writer.flush()
+            if probe is not None:
+                probe.step()
             n += 1
             ahead = started + n / args.rate - time.monotonic()
             if ahead > 0:

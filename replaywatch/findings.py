@@ -120,15 +120,15 @@ class FindingsKeeper:
         self._last = {t: (i, verdict.of(t)) for t, i in inputs.items()}
         self._evidence.after_cycle(verdict, history, targets, self._last)
         log_error, dropped, ids = None, 0, {}
-        if self._incidents is not None:
-            ids = self._incidents.open_incident_ids()
-            log_error, dropped = self._incidents.last_error, self._incidents.dropped
+        if (book := self._incidents) is not None:
+            ids, log_error, dropped = book.open_incident_ids(), book.last_error, book.dropped
         return CycleFindings(
             findings=verdict.findings, insufficient=verdict.insufficient, incident_ids=ids,
             incident_log_error=log_error, incident_log_dropped=dropped,
             bundles_written=self._bundles.written if self._bundles else 0,
             bundle_failures=self._bundles.failed if self._bundles else 0,
-            rule_errors=verdict.rule_errors, baselines=verdict.baselines)
+            rule_errors=verdict.rule_errors, baselines=verdict.baselines,
+            table_memory=verdict.memory)
 
 
 def _by_target(findings: Iterable[Finding]) -> dict[str, tuple[Finding, ...]]:

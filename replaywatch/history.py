@@ -13,6 +13,7 @@ from replaywatch.model import (
     MemorySnapshot,
     PollOutcome,
     ProbeSnapshot,
+    SourceKind,
     TableSnapshot,
 )
 
@@ -66,6 +67,9 @@ class History:
         self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
         self._actors: dict[str, collections.deque[ActorSnapshot]] = {}
         self._memory: dict[str, collections.deque[MemorySnapshot]] = {}
+        # Targets whose replay probe serves their memory, and the probes' URLs: read from
+        # inside the process, it is kept over what the sidecar reads of a local one.
+        self._memory_probed: dict[str, str] = {}
         self._records = 0
 
     def _deque(self, store: dict[Any, Any], key: Any) -> collections.deque[Any]:
@@ -80,8 +84,12 @@ class History:
         with self._lock:
             _append(self._deque(self._polls, outcome.source), record, oldest, _poll_at)
             if outcome.memory is not None:
-                _append(self._deque(self._memory, outcome.source), outcome.memory, oldest,
-                        _observed_at)
+                target = outcome.memory.target
+                if outcome.kind == SourceKind.PROBE:
+                    self._memory_probed[target] = outcome.source
+                if outcome.kind == SourceKind.PROBE or target not in self._memory_probed:
+                    _append(self._deque(self._memory, target), outcome.memory, oldest,
+                            _observed_at)
             for table in outcome.tables:
                 points = self._deque(self._tables, (table.target, table.name))
                 _append(points, table, oldest, _observed_at)
@@ -160,6 +168,7 @@ class History:
         """An immutable slice since `start` for one target and its probes; with
         `coarse_start`, the coarse copy since then too."""
         with self._lock:
+            replay_probes = set(self._memory_probed.values())
             coarse = coarse_start is not None
             cstart = coarse_start if coarse_start is not None else 0.0
             tables = {
@@ -175,7 +184,7 @@ class History:
                 # until then (never answered) it counts as a trainer probe, as before.
                 probes={
                     p: tuple(s for s in self._probes.get(p, ()) if s.observed_at >= start)
-                    for p in probes if p not in self._actors
+                    for p in probes if p not in self._actors and p not in replay_probes
                 },
                 actors={
                     p: tuple(s for s in self._actors[p] if s.observed_at >= start)

@@ -19,10 +19,10 @@ Group = Iterator[tuple["Family", list[Row]]]
 
 # The only labels a family may declare: each has a bounded set of values (a target, a table,
 # a probe's URL, a source, a worker state, a kind, a severity, a role, a writer call, a
-# throughput series). A label of free text (what an actor waits on) would make a series per
-# value; it goes to the API instead.
+# throughput series, whether a value was measured or read from a declaration). A label of free
+# text (what an actor waits on) would make a series per value; it goes to the API instead.
 LABELS = frozenset({"target", "table", "probe", "source", "state", "kind", "severity", "role",
-                    "call", "series"})
+                    "call", "series", "measured"})
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 

@@ -6,7 +6,7 @@ disappears stops being reported and a target that is down still answers with
 `replaywatch_target_up 0`. Names follow
 Prometheus conventions: `replaywatch_` prefix, base units (`_seconds`), `_total`
 for counters, and only the bounded labels `target`, `table`, `probe`, `source`, `state`,
-`kind`, `severity`, `role` (trainer, actor, unknown) and `call` (the fixed set of
+`kind`, `severity`, `role` (trainer, actor, replay, unknown) and `call` (the fixed set of
 writer calls). What an actor waits on is the user's free text: it goes to the
 API, never into a label.
 """
@@ -31,8 +31,8 @@ TABLE = ("target", "table")
 SOURCE = ("target", "source")
 
 UP = gauge("target_up", "1 if the last ServerInfo poll of the target succeeded.", ("target",))
-PROBE_UP = gauge("probe_up", "1 if the last poll of the probe (trainer or actor) succeeded; role "
-                 "unknown until it first answered.", ("target", "probe", "role"))
+PROBE_UP = gauge("probe_up", "1 if the last poll of the probe (trainer, actor or replay) "
+                 "succeeded; role unknown until it first answered.", ("target", "probe", "role"))
 DURATION = gauge("poll_duration_seconds", "Duration of the source's last poll.", SOURCE)
 LAST = gauge("last_poll_timestamp_seconds", "When the source was last polled.", SOURCE)
 POLLS = counter("polls", "Polls of the source.", SOURCE)
@@ -103,6 +103,13 @@ MEMORY_LIMIT = gauge("replay_memory_limit_bytes", "The Reverb server's memory li
                      "cgroup's, else the host's).", ("target",))
 OOM_KILLS = counter("replay_oom_kills", "OOM kills in the Reverb server's memory cgroup.",
                     ("target",))
+ITEM_BYTES = gauge("replay_item_bytes", "What an item of the table costs the server's memory: "
+                   "measured from the memory's growth against current_size while the table "
+                   "fills (measured=\"true\"), else the signature's uncompressed size, an "
+                   "upper bound (measured=\"false\").", (*TABLE, "measured"))
+PROJECTED = gauge("replay_memory_projected_bytes", "The server's memory with the table at "
+                  "max_size: its memory now plus an item's bytes for each item still to come.",
+                  TABLE)
 
 FINDING = ("kind", "severity", "target", "table")
 ACTIVE = gauge("finding_active", "1 for each active finding.", FINDING)
@@ -155,6 +162,11 @@ def _memory_rows(state: Published) -> Group:
     yield MEMORY_RSS, [((t,), float(m.rss_bytes)) for t, m in memory if m.rss_bytes is not None]
     yield MEMORY_LIMIT, [((t,), float(m.limit_bytes)) for t, m in memory]
     yield OOM_KILLS, [((t,), float(m.oom_kills)) for t, m in memory if m.oom_kills is not None]
+    tables = sorted(state.table_memory.items())
+    yield ITEM_BYTES, [((t, n, "true" if tm.measured else "false"), tm.bytes_per_item)
+                       for (t, n), tm in tables]
+    yield PROJECTED, [((t, n), tm.projected_bytes) for (t, n), tm in tables
+                      if tm.projected_bytes is not None]
 
 
 def _source_rows(state: Published) -> Group:

@@ -10,7 +10,7 @@ long) becomes a metric; the API shows on what.
 from __future__ import annotations
 
 from replaywatch.metric_families import Group, Row, counter, gauge
-from replaywatch.model import WRITER_CALLS
+from replaywatch.model import WRITER_CALLS, MemorySnapshot
 from replaywatch.state import Published
 
 
@@ -18,7 +18,15 @@ def role_of(state: Published, url: str) -> str:
     """A probe's role as its latest document said; "unknown" before any answered."""
     if url in state.actors:
         return "actor"
-    return "trainer" if url in state.probes else "unknown"
+    if url in state.probes:
+        return "trainer"
+    return "replay" if replay_probe(state, url) is not None else "unknown"
+
+
+def replay_probe(state: Published, url: str) -> MemorySnapshot | None:
+    """The memory reading a replay probe at `url` served last, if that is what it is."""
+    return next((m for m in state.memory.values() if m.found_by == f"replay probe {url}"),
+                None)
 
 
 LABELS = ("target", "probe")

@@ -310,6 +310,8 @@ class ActorSnapshot:
     max_items_ahead: int | None = None  # items it may insert ahead of what was consumed
     section: Section | None = None
     sections: tuple[SectionStat, ...] = ()
+    episode_appends: int | None = None  # append calls since the last end_episode
+    keep_alive_refs: int | None = None  # the writers' largest num_keep_alive_refs, where seen
 
     @property
     def waiting(self) -> bool:
@@ -398,6 +400,7 @@ class Name(enum.StrEnum):
     DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
     IN_SECTION = "in_section"
     MEMORY_EXHAUSTION = "memory_exhaustion"
+    MEMORY_LEAK = "memory_leak"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from replaywatch.config import RATE_WINDOW_S
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.model import Finding, PollOutcome, SourceKind
@@ -45,6 +46,8 @@ class CycleFindings:
     # (target, table) -> series ("inserts", "samples") -> its throughput baseline now
     baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
         default_factory=dict)
+    # (target, table) -> what the table costs its process's memory
+    table_memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
 
 
 class Diagnoser(Protocol):
@@ -257,6 +260,7 @@ class Poller:
             bundle_failures=found.bundle_failures,
             rule_errors=found.rule_errors,
             baselines=found.baselines,
+            table_memory=found.table_memory,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,

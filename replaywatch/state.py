@@ -11,6 +11,7 @@ import dataclasses
 import threading
 
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import (
     ActorSnapshot,
@@ -70,6 +71,8 @@ class Published:
     # (target, table) -> series -> the throughput baseline (rules_throughput.table_baselines)
     baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
         default_factory=dict)
+    # (target, table) -> an item's bytes and the process at max_size (diagnosis/memory.py)
+    table_memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})

@@ -47,7 +47,8 @@ def make_bindings(config: WatchConfig) -> list[SourceBinding]:
                 for t in config.targets]
     for probe in config.probes:
         assert probe.target is not None  # resolved by WatchConfig
-        bindings.append(SourceBinding(HttpProbeSource(probe.url, timeout), probe.target))
+        bindings.append(SourceBinding(HttpProbeSource(probe.url, timeout, target=probe.target),
+                                      probe.target))
     return bindings
 
 
@@ -64,9 +65,9 @@ def bindings_from_file(parsed: ParsedTargets, timeout: float) -> list[SourceBind
         out.append(SourceBinding(ReverbSource(entry.address, timeout,
                                               memory=memory_watch(entry.address, None)),
                                  entry.address, entry.labels))
-        for url in entry.probe_urls:  # trainer and actor probes alike
-            out.append(SourceBinding(HttpProbeSource(url, timeout), entry.address,
-                                     entry.labels))
+        for url in entry.probe_urls:  # trainer, actor and replay probes alike
+            out.append(SourceBinding(HttpProbeSource(url, timeout, target=entry.address),
+                                     entry.address, entry.labels))
     return out
 
 

@@ -181,4 +181,4 @@ def test_the_replays_memory_is_served_with_what_counts_against_its_limit(
     metrics = client.get("/metrics").text
     assert f'replaywatch_replay_memory_bytes{{target="{T}"}} 5.24288e+08' in metrics
     assert f'replaywatch_replay_oom_kills_total{{target="{T}"}} 1.0' in metrics
-    assert client_for(published()).get("/api/v1/memory").json() == {"memory": []}
+    assert client_for(published()).get("/api/v1/memory").json() == {"memory": [], "tables": []}

@@ -54,7 +54,8 @@ REPRODUCED_ELSEWHERE = {
     "learner_starting", "learner_stalled", "insert_blocked", "stale_data", "target_down",
     "server_restarted", "reconnecting", "warmup_impossible", "sample_blocked",
     "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop",
-    "memory_exhaustion"}  # tests/test_memory_cgroup.py replays each of its cycles
+    # tests/test_memory_cgroup.py and test_memory_leak.py (make test-memory) replay theirs
+    "memory_exhaustion", "memory_leak"}
 
 
 def _probed(limiter: reverb.rate_limiters.RateLimiter,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, MemorySnapshot, Severity
@@ -60,7 +61,10 @@ def full_picture() -> Published:
                                                     "cgroup v1", 350 << 20, 0,
                                                     "listening on port 8000", 280 << 20)},
                      baselines={(target, table.name): {
-                         "inserts": Baseline(100.0, 5.0, 600.0, 50.0)}})
+                         "inserts": Baseline(100.0, 5.0, 600.0, 50.0)}},
+                     table_memory={(target, table.name): TableMemory(
+                         74_787.0, "measured over 3000 items", True, 300 << 20, 2.0 * (1 << 30),
+                         1 << 30, 9_000)})
 
 
 def metrics_table() -> str:

@@ -70,7 +70,7 @@ def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
                                 *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
                                 *q.QUEUE_CASES, *tp.THROUGHPUT_CASES, *w.WINDOW_CASES,
-                                *mm.MEMORY_CASES]}
+                                *mm.MEMORY_CASES, *mm.LEAK_CASES]}
     assert expected - {None} == set(BY_NAME)
 
 

@@ -17,7 +17,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import MemorySnapshot, Severity
 from replaywatch.sources import memory as src
-from tests.builders import TARGET, polls, table_snapshot
+from tests.builders import TARGET, actor_snapshot, polls, table_snapshot
 
 TH = Thresholds()
 FRAME = 63_504
@@ -66,6 +66,79 @@ MEMORY_CASES = [
     ("full and over: not judged here (the limit is what kills it)",
      filling(60, 50.0, 64 * 1024, 100 * MIB, 1_000), None),
 ]
+
+
+def full(seconds: int, grow: float, saw: int = 0, limit: int = 8 << 30, step_at: int | None = None,
+         actors: dict[str, tuple[int | None, int | None]] | None = None,
+         max_size: int = 5_000) -> tuple[TargetView, float]:
+    """A full table inserted into at 50 items/s for `seconds`, its process growing `grow`
+    bytes/s, its memory a saw of `saw` bytes (freed items released on the next insert
+    call), or a one-off step of 800 MiB at `step_at`; `actors`: name -> (episode_appends at
+    the end, keep_alive_refs), each appending 50 steps/s without end_episode when its
+    episode is at least the stretch long."""
+    tables, memory, docs = [], [], {}
+    for i in range(seconds + 1):
+        t = 1000.0 + i
+        tables.append(table_snapshot(t, 50 * i, 0, max_size=max_size, size=max_size,
+                                     item_bytes=FRAME))
+        rss = (2 << 30) + int(grow * i) + (saw if i % 7 < 3 else 0) + (
+            800 * MIB if step_at is not None and i >= step_at else 0)
+        memory.append(MemorySnapshot(TARGET, t, 77, rss, limit, "cgroup v1", None, 0,
+                                     "listening on port 8000"))
+    for name, (episode, keep) in (actors or {}).items():
+        docs[f"http://{name}"] = tuple(
+            dataclasses.replace(
+                actor_snapshot(1000.0 + i, 50 * i, url=f"http://{name}", name=name),
+                appends_total=50 * i, episode_appends=max(0, episode - 50 * (seconds - i)),
+                keep_alive_refs=keep)
+            for i in range(0, seconds + 1, 5))
+    view = TargetView(TARGET, polls([s.observed_at for s in tables]), {"replay": tuple(tables)},
+                      {}, {}, actors=docs, coarse_tables={"replay": tuple(tables[::10])},
+                      memory=tuple(memory))
+    return view, tables[-1].observed_at
+
+
+LEAK_CASES = [
+    ("full, its memory a saw of 40 MiB for 10 min: the delayed release, no leak",
+     full(600, 0.0, saw=40 * MIB), None),
+    ("full, growing 1 MiB/s for 6 min: a leak", full(360, MIB), "memory_leak"),
+    ("full, growing 1 MiB/s for 4 min: not yet the stretch a leak needs", full(240, MIB), None),
+    ("full, a one-off 800 MiB step (a learner's compile beside the server): no leak",
+     full(600, 0.0, step_at=300), None),
+    ("full, growing 0.1 MiB/s for 10 min: 60 MiB, inside the band", full(600, 0.1 * MIB),
+     None),
+    ("filling, growing with its items: memory_exhaustion's, not a leak",
+     filling(400, 10.0, 64 * 1024, 64 << 30, 100_000), None),
+]
+
+
+def test_each_leak_case_shows_its_kind() -> None:
+    for what, (view, now), kind in LEAK_CASES:
+        found = [f.kind for f in diagnose(view, TH, now).findings if f.kind == "memory_leak"]
+        assert found == ([kind] if kind else []), what
+
+
+def test_a_leak_names_the_writer_that_keeps_its_episode_alive_or_says_both_causes() -> None:
+    view, now = full(360, MIB, actors={"actor-0": (30_000, 100_000), "actor-1": (20, 2)})
+    f = rules_memory.is_memory_leak(view, TH, now)
+    assert f is not None and f.severity is Severity.WARNING
+    assert f.evidence["cause"] == "writer"
+    assert "actor-0 has appended 30,000 steps without end_episode under num_keep_alive_refs " \
+           "100,000" in f.summary and "actor-1" not in f.summary
+    assert "end_episode()" in f.fix and "num_keep_alive_refs" in f.fix
+    assert abs(f.evidence["bytes_per_s"] - MIB) < 0.01 * MIB
+    left = ((8 << 30) - ((2 << 30) + 360 * MIB)) / MIB
+    assert abs(f.evidence["seconds_to_limit"] - left) <= 1
+    # Every actor probed, none holding its episode: the server on its own.
+    view, now = full(360, MIB, actors={"actor-0": (20, 2), "actor-1": (30_000, 16)})
+    f = rules_memory.is_memory_leak(view, TH, now)
+    assert f is not None and f.evidence["cause"] == "server"
+    assert "grows on its own" in f.summary
+    # No actor probed: both readings, and what tells them apart.
+    view, now = full(360, MIB)
+    f = rules_memory.is_memory_leak(view, TH, now)
+    assert f is not None and f.evidence["cause"] == "writer or server"
+    assert "Two causes" in f.summary and "ActorProbe" in f.fix
 
 
 def test_each_memory_case_shows_its_kind() -> None:
@@ -163,6 +236,8 @@ def test_this_process_is_found_by_its_own_listening_port() -> None:
         m = src.MemoryWatch(f"127.0.0.1:{port}", port).read(1.0)
     assert m is not None and m.pid == os.getpid() and m.rss_bytes and m.rss_bytes > 10 * MIB
     assert src.is_local("127.0.0.1:8000") and not src.is_local("replay-0.svc:8000")
+    assert src.is_local("127.0.1.1:8000") and src.is_local("[::1]:8000")
+    assert not src.is_local("10.0.0.7:8000")
 
 
 def test_predict_says_whether_the_seed_table_fits_in_its_memory(capsys) -> None:

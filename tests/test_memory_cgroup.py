@@ -30,9 +30,9 @@ from tests.support.repro import assert_replays
 pytestmark = [
     pytest.mark.slow, pytest.mark.timeout(300),
     # 80 s of a filling server beside the agent lane cost make test its 8 minutes: it runs in
-    # `make test-cgroup` (and `make bench-memory` runs the same with the figures).
-    pytest.mark.skipif(os.environ.get("REPLAYWATCH_CGROUP_TESTS") != "1",
-                       reason="the real-cgroup OOM test runs in make test-cgroup"),
+    # `make test-memory` (and `make bench-memory` runs the same with the figures).
+    pytest.mark.skipif(os.environ.get("REPLAYWATCH_MEMORY_TESTS") != "1",
+                       reason="the real-cgroup OOM test runs in make test-memory"),
 ]
 
 V1 = Path("/sys/fs/cgroup/memory")
@@ -77,6 +77,7 @@ def test_a_table_that_cannot_fit_is_named_long_before_the_kill(
     first: tuple[float, Finding] | None = None
     down: Finding | None = None
     killed_at = None
+    after_kill = None
     began = time.monotonic()
     with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as sidecar:
         while time.monotonic() - began < 240 and down is None:
@@ -84,7 +85,10 @@ def test_a_table_that_cannot_fit_is_named_long_before_the_kill(
             state = sidecar.poller.tick()
             if hog.returncode is not None or (first is None and any(
                     f.kind == "memory_exhaustion" for f in state.findings)):
-                assert_replays(sidecar, state)  # when it opens, and each cycle after the kill
+                # when it opens, and each cycle after the kill
+                [bundle] = assert_replays(sidecar, state)
+                if hog.returncode is not None and bundle.inputs.view.memory:
+                    after_kill = bundle.inputs.view.memory[-1]
             if killed_at is None and hog.returncode is not None:
                 killed_at = time.monotonic()
             for f in state.findings:
@@ -104,3 +108,5 @@ def test_a_table_that_cannot_fit_is_named_long_before_the_kill(
     assert to_kill >= 60, to_kill
     assert abs(ev["seconds_left"] - to_kill) <= 0.25 * to_kill, (ev["seconds_left"], to_kill)
     assert down.evidence["oom_kills"] >= 1
+    # The bundle of the cycle after the kill carries the memory series it was judged on.
+    assert after_kill is not None and after_kill.pid is None and after_kill.oom_kills >= 1

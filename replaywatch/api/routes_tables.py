@@ -22,6 +22,7 @@ from replaywatch.api.schemas import (
 from replaywatch.config import MAX_HISTORY_S, RATE_WINDOW_S
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.ratelimiter import derive
+from replaywatch.metrics_probes import replay_probe
 from replaywatch.model import SourceKind
 
 router = APIRouter(prefix="/api/v1")
@@ -40,9 +41,13 @@ def targets(state: PublishedDep) -> TargetsOut:
 @router.get("/memory", response_model=MemoryOut)
 def memory(state: PublishedDep) -> MemoryOut:
     """Each Reverb target's process memory and its limit, where its host could be read (the
-    sidecar on the server's host, or --reverb-pid)."""
-    return MemoryOut(memory=[dataclasses.asdict(m) | {"counted_bytes": m.counted_bytes}
-                             for _, m in sorted(state.memory.items())])
+    sidecar on the server's host, or --reverb-pid), and what each table costs it: an item's
+    bytes (measured as the table fills, else the signature's) and the process at max_size."""
+    return MemoryOut(
+        memory=[dataclasses.asdict(m) | {"counted_bytes": m.counted_bytes}
+                for _, m in sorted(state.memory.items())],
+        tables=[{"target": t, "table": n} | dataclasses.asdict(tm)
+                for (t, n), tm in sorted(state.table_memory.items())])
 
 
 @router.get("/tables", response_model=TablesOut)
@@ -93,14 +98,18 @@ def table_history(
 
 @router.get("/probes", response_model=ProbesOut)
 def probes(state: PublishedDep, history: HistoryDep) -> ProbesOut:
-    """Trainer and actor probes alike; `role` says which, from the probe's own document."""
+    """Trainer, actor and replay probes alike; `role` says which, from the probe's own
+    document (a replay probe's is its target's memory, `GET /api/v1/memory`)."""
     statuses = sorted((s for s in state.sources.values() if s.kind == SourceKind.PROBE),
                       key=lambda s: s.name)
     out = []
     for s in statuses:
         actor = state.actors.get(s.name)
         if actor is None:
-            out.append(ProbeOut.of(s, state.probes.get(s.name)))
+            probe = ProbeOut.of(s, state.probes.get(s.name))
+            if probe.role == "unknown" and replay_probe(state, s.name) is not None:
+                probe.role = "replay"
+            out.append(probe)
             continue
         window = win.actor_since_last_restart(history.actor(s.name, state.at - RATE_WINDOW_S))
         steps = win.rate([(a.observed_at, float(a.steps_total)) for a in window])

@@ -38,9 +38,11 @@ class TargetOut(BaseModel):
 
 
 class MemoryOut(BaseModel):
-    """model.MemorySnapshot per target, with `counted_bytes`: what counts against the limit."""
+    """model.MemorySnapshot per target, with `counted_bytes`: what counts against the limit;
+    per table, diagnosis.memory.TableMemory with its target and table."""
 
     memory: list[dict[str, Any]]
+    tables: list[dict[str, Any]] = []
 
 
 class TargetsOut(BaseModel):

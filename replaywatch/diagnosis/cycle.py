@@ -7,6 +7,7 @@ construction.
     verdict.active, verdict.transitions       # the keeper's memory and its incident log
     verdict.findings                          # worst first
     verdict.rule_errors, verdict.baselines    # for the page, /readyz and /metrics
+    verdict.memory                            # each table's cost to its process's memory
 
 Diagnose each target (its open throughput drops' baselines handed back to the rule), add the
 incidents held open after a restart, reconcile against what was open, resolve what belongs
@@ -22,6 +23,7 @@ from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Transition, reconcile
+from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.rules_throughput import held_baselines
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -57,6 +59,8 @@ class Verdict:
     baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
         default_factory=dict)
     diagnosed: frozenset[Key] = frozenset()  # what the diagnosis named (held ones aside)
+    # (target, table) -> what the table costs its process's memory
+    memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
 
     def of(self, target: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.target == target)
@@ -77,6 +81,7 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
     errors: list[str] = []
     insufficient: list[str] = []
     baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
+    memory: dict[tuple[str, str], TableMemory] = {}
     diagnosed: set[Key] = set()
     for target, i in sorted(inputs.items()):
         d = diagnose(with_held_baselines(i), thresholds or i.thresholds, now,
@@ -88,6 +93,7 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
         errors += [f"{target}: {e}" for e in dict.fromkeys(d.rule_errors)]
         insufficient += [f"{target} {name}" for name in d.insufficient]
         baselines.update({(target, table): s for table, s in d.baselines.items()})
+        memory.update({(target, table): m for table, m in d.memory.items()})
     result = reconcile(dict(active), found, set(inputs), now)
     # Findings of targets no longer watched (a reloaded targets file) resolve too.
     gone = [f for f in result.active.values() if f.target not in inputs]
@@ -96,4 +102,4 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
                      for f in gone))
     kept = {k: f for k, f in result.active.items() if f.target in inputs}
     return Verdict(kept, transitions, worst_first(kept.values()), tuple(errors),
-                   tuple(insufficient), baselines, frozenset(diagnosed))
+                   tuple(insufficient), baselines, frozenset(diagnosed), memory)

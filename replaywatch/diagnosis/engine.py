@@ -19,13 +19,14 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from replaywatch.diagnosis import rules, rules_startup, rules_throughput
+from replaywatch.diagnosis import rules, rules_memory, rules_startup, rules_throughput
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
+from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.registry import Shape
 from replaywatch.diagnosis.rhythm import Window
 from replaywatch.diagnosis.stacks import StackVerdict
@@ -36,13 +37,15 @@ from replaywatch.model import Finding, Name, TableSnapshot
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """Findings worst first, the tables/probes too young to judge ("table:NAME"), and each
-    table's throughput baselines now (by series: what /metrics draws the band from)."""
+    """Findings worst first, the tables/probes too young to judge ("table:NAME"), each
+    table's throughput baselines now (by series: what /metrics draws the band from) and
+    what each table costs its process's memory (where an item's bytes are known)."""
 
     findings: tuple[Finding, ...]
     insufficient: tuple[str, ...]
     rule_errors: tuple[str, ...] = ()
     baselines: dict[str, dict[str, Baseline]] = dataclasses.field(default_factory=dict)
+    memory: dict[str, TableMemory] = dataclasses.field(default_factory=dict)
 
 
 def _judged(rule: Callable[..., Any], errors: list[str], *args: Any) -> Finding | None:
@@ -153,7 +156,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
-                     tuple(errors), rules_throughput.table_baselines(view, th, now))
+                     tuple(errors), rules_throughput.table_baselines(view, th, now),
+                     rules_memory.table_memories(view))
 
 
 def _judging(th: Thresholds, window: Window) -> Thresholds:

@@ -283,6 +283,16 @@ MEMORY_EXHAUSTION = Kind(
             "host (a local target, `--reverb-pid`).",
     fix="Lower `max_size` to the value given (it fits under 90% of the limit), or raise the "
         "limit.")
+MEMORY_LEAK = Kind(
+    Name.MEMORY_LEAK, Severity.WARNING, needs_probe=False,
+    meaning="The replay server's memory rose through five minutes or more while every table "
+            "was full (or its size flat): not its items. Read from the lows of its memory (a "
+            "full table's memory is a saw: freed items are released on the next insert call). "
+            "With ActorProbes it says whether an actor's writer keeps its episode's chunks "
+            "alive (an episode that never ends under a large `num_keep_alive_refs`) or the "
+            "server grows on its own; without, both.",
+    fix="End episodes or lower `num_keep_alive_refs` where a writer holds them; else restart "
+        "the replay from a checkpoint before the time left.")
 IN_SECTION = Kind(
     Name.IN_SECTION, Severity.INFO, needs_probe=False,
     meaning="A learner (or every actor) is inside a section its code marks "
@@ -300,7 +310,7 @@ WARMUP = Kind(
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, SPI_DRIFT, STALE_DATA,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, SPI_DRIFT, STALE_DATA,
     THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,

@@ -5,7 +5,8 @@ An item's bytes in the server are its chunks', compressed (zstd) and shared betw
 overlapping items (reverb/cc/chunk_store.cc), so the table signature's size is an upper
 bound, not the truth. So they are measured: the process's resident memory against the
 table's `current_size` while it fills, a least-squares slope over the polls where both were
-read (the same poll reads both, so they pair exactly) over the newest `MEASURE_SPAN_S`, once
+read in one poll cycle (a local server's are read by the same poll; a replay probe's beside
+it, within `PAIR_WITHIN_S`) over the newest `MEASURE_SPAN_S`, once
 the table has grown by `MIN_ITEMS` items and the memory by `MIN_BYTES` in step with it
 (r squared at least `MIN_R2`):
 
@@ -17,11 +18,20 @@ the table has grown by `MIN_ITEMS` items and the memory by `MIN_BYTES` in step w
 Freed items' memory is released later, on clients' insert calls (table.cc), so a full
 table's memory moves in steps; none of this is judged once the table is full.
 
+Once every table of the process is full, or its size flat, its memory has no items to grow
+with: growth then is a leak (`steady_growth`). The delayed release makes a full table's
+memory a saw whose teeth are one insert call apart, so growth is read from the lows: the
+lowest reading of each third of the flat stretch (at least `LEAK_SPAN_S` long) rises above
+the last third's by a quarter of the band, and the newest third's above the oldest's by the
+band, max(`LEAK_MIN_BYTES`, `LEAK_LIMIT_SHARE` of the limit). A one-off step (a learner's
+compile beside an in-process server) rises once, not in every third.
+
 Pure: the snapshots are the only input.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
 
@@ -36,12 +46,20 @@ RATE_SPAN_S = 120.0  # the insert rate the time left is judged at
 # server) does not move in step with current_size, and its one-off growth ages out.
 MEASURE_SPAN_S = 300.0
 MIN_R2 = 0.9
+PAIR_WITHIN_S = 0.5  # a table snapshot and a memory reading of one poll cycle
 # An item costs at most its data (the signature's uncompressed size) and the chunk and
 # item bookkeeping around it (measured: 74,787 bytes for a 63,504-byte frame): a slope far
 # above that is the process growing beside the table (a learner's JAX buffers in the same
 # process, seen on the demo's healthy sync agent while its table filled), not the items.
 OVERHEAD_FACTOR = 2.0
 ITEM_OVERHEAD_BYTES = 4096
+# Leak: the flat stretch judged, and the growth that counts. Measured on a full table of
+# frames in steady state: its lows held within 11 MiB over 25 s of inserts at 400/s while
+# the saw moved; a writer keeping its whole episode alive grew the same server 25 MB/s.
+LEAK_SPAN_S = 300.0
+LEAK_MIN_BYTES = 64 << 20
+LEAK_LIMIT_SHARE = 0.01
+FLAT_SHARE = 0.01  # a table whose size stays within 1% of max_size is flat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +72,11 @@ class ItemBytes:
 def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
                ) -> ItemBytes | None:
     """Bytes an item costs the process: measured while the table filled, else its signature."""
-    rss = {m.observed_at: m.counted_bytes for m in memory if m.counted_bytes is not None}
     newest = table[-1].observed_at if table else 0.0
-    pairs = [(float(t.current_size), float(rss[t.observed_at])) for t in table
-             if t.observed_at in rss and t.observed_at >= newest - MEASURE_SPAN_S]
+    times = [m.observed_at for m in memory]
+    pairs = [(float(t.current_size), float(b)) for t in table
+             if t.observed_at >= newest - MEASURE_SPAN_S
+             and (b := _read_with(t.observed_at, times, memory)) is not None]
     if pairs:
         sizes = [s for s, _ in pairs]
         grown = max(sizes) - min(sizes)
@@ -73,6 +92,47 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
         return ItemBytes(float(latest.item_bytes), "the table's signature (uncompressed: an "
                          "upper bound)", False)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TableMemory:
+    """What one table costs its process: an item's bytes, and the process at max_size."""
+
+    bytes_per_item: float
+    source: str  # ItemBytes.source
+    measured: bool
+    memory_bytes: int | None  # the process now (None: its host not read)
+    projected_bytes: float | None  # the process with this table at max_size
+    limit_bytes: int | None
+    fits_max_size: int | None  # the largest max_size under FIT_SHARE of the limit
+
+
+def table_memory(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
+                 ) -> TableMemory | None:
+    """An item's bytes (measured, else the signature's) and where the table takes the
+    process at max_size, against the newest reading of the process's memory."""
+    m = next((x for x in reversed(memory) if x.counted_bytes is not None), None)
+    per = item_bytes(table, [x for x in memory if m is not None and x.pid == m.pid])
+    if per is None or not table:
+        return None
+    if m is None or m.counted_bytes is None:
+        return TableMemory(per.value, per.source, per.measured, None, None, None, None)
+    latest = table[-1]
+    projected = m.counted_bytes + per.value * max(0, latest.max_size - latest.current_size)
+    fits = fitting_max_size(latest.current_size, m.counted_bytes, m.limit_bytes, per.value)
+    return TableMemory(per.value, per.source, per.measured, m.counted_bytes, projected,
+                       m.limit_bytes, fits)
+
+
+def _read_with(at: float, times: Sequence[float], memory: Sequence[MemorySnapshot]
+               ) -> int | None:
+    """The memory read in the same poll cycle as a table snapshot taken at `at`: the same
+    poll (a local server's) or a replay probe's, polled beside it within PAIR_WITHIN_S."""
+    i = bisect.bisect_left(times, at - PAIR_WITHIN_S)
+    near = [m for m in memory[i:i + 3] if abs(m.observed_at - at) <= PAIR_WITHIN_S
+            and m.counted_bytes is not None]
+    best = min(near, key=lambda m: abs(m.observed_at - at), default=None)
+    return None if best is None else best.counted_bytes
 
 
 def _fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
@@ -112,3 +172,55 @@ def killed_at_limit(memory: Sequence[MemorySnapshot]) -> MemorySnapshot | None:
     if before is None or memory[-1].oom_kills <= before:
         return None
     return memory[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Growth:
+    """Memory that rose through a stretch in which no table grew."""
+
+    since: float  # the flat stretch's first reading
+    span_s: float
+    lows: tuple[int, int, int]  # the lowest reading of each third, oldest first
+    rate: float  # bytes per second, least squares over the stretch
+    now_bytes: int
+
+
+def flat_since(tables: Sequence[Sequence[TableSnapshot]], now: float) -> float | None:
+    """When the newest stretch began over which every table stayed within FLAT_SHARE of
+    its max_size of its newest size (full, or not inserted into); None: one is growing now."""
+    since = float("-inf")
+    for points in tables:
+        if not points:
+            continue
+        newest = points[-1]
+        band = max(1.0, FLAT_SHARE * newest.max_size)
+        start = newest.observed_at
+        for t in reversed(points):
+            if abs(t.current_size - newest.current_size) > band:
+                break
+            start = t.observed_at
+        if start >= now:
+            return None
+        since = max(since, start)
+    return None if since == float("-inf") else since
+
+
+def steady_growth(memory: Sequence[MemorySnapshot], since: float, limit: int
+                  ) -> Growth | None:
+    """The process's growth since `since` (module docstring), when it rose in every third."""
+    pid = memory[-1].pid if memory else None
+    points = [(m.observed_at, m.counted_bytes) for m in memory
+              if m.pid == pid and m.counted_bytes is not None and m.observed_at >= since]
+    if pid is None or len(points) < 6 or points[-1][0] - points[0][0] < LEAK_SPAN_S:
+        return None
+    start, end = points[0][0], points[-1][0]
+    third = (end - start) / 3
+    lows = tuple(min(b for t, b in points if start + i * third <= t <= start + (i + 1) * third)
+                 for i in range(3))
+    band = max(LEAK_MIN_BYTES, LEAK_LIMIT_SHARE * limit)
+    if lows[1] - lows[0] < band / 4 or lows[2] - lows[1] < band / 4 or lows[2] - lows[0] < band:
+        return None
+    fit = _fit([(t - start, float(b)) for t, b in points])
+    if fit is None or fit[0] <= 0:
+        return None
+    return Growth(start, end - start, (lows[0], lows[1], lows[2]), fit[0], points[-1][1])

@@ -1,7 +1,10 @@
-"""The replay's memory: memory_exhaustion.
+"""The replay's memory: memory_exhaustion, memory_leak.
 
     memory_exhaustion   filling towards max_size, the process will not fit under its limit:
                         named while the table fills, long before the kernel kills it
+    memory_leak         every table full (or its size flat), and the process's memory rose
+                        through LEAK_SPAN_S all the same: an actor's writer keeping its
+                        episode's chunks alive, or the server growing on its own
 
 Read from the view's memory readings (the server's process, where its host can be read) and
 the coarse copy of the table's snapshots, which reach back over the fill (diagnosis/memory.py
@@ -19,35 +22,44 @@ from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import Finding
 
 GIB = float(1 << 30)
+MIB = float(1 << 20)
+
+
+def table_memories(view: TargetView) -> dict[str, mem.TableMemory]:
+    """Each table's cost to its process (memory.table_memory), over the table's fill."""
+    out = {}
+    for name in sorted(view.tables):
+        points = win.since_last_reset(view.coarse_tables.get(name) or view.tables[name])
+        # The coarse copy lags up to 10 s: the newest snapshot is the one to project from.
+        if points and points[-1] is not view.tables[name][-1]:
+            points = (*points, view.tables[name][-1])
+        if (tm := mem.table_memory(points, view.memory)) is not None:
+            out[name] = tm
+    return out
 
 
 def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Finding | None:
     """The table that, filled to max_size, takes the process furthest past its limit."""
     m = view.memory[-1] if view.memory else None
-    if m is None or m.rss_bytes is None or m.counted_bytes is None:
+    if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
         return None
     rss = m.counted_bytes  # what counts against the limit (model.MemorySnapshot)
-    if now - m.observed_at > th.stall_window_s:
-        return None
-    found = []
-    for name in sorted(view.tables):
-        points = win.since_last_reset(view.coarse_tables.get(name) or view.tables[name])
-        latest = view.tables[name][-1]
-        per_item = mem.item_bytes(points, [x for x in view.memory if x.pid == m.pid])
-        if per_item is None or not per_item.measured:
-            continue  # the signature overstates compressed chunks: measured only
-        left = max(0, latest.max_size - latest.current_size)
-        projected = rss + per_item.value * left
-        if left > 0 and projected > m.limit_bytes:
-            found.append((projected, name, latest, per_item, points))
+    found = [(tm, name) for name, tm in table_memories(view).items()
+             # the signature overstates compressed chunks: measured only
+             if tm.measured and tm.projected_bytes is not None
+             and view.tables[name][-1].current_size < view.tables[name][-1].max_size
+             and tm.projected_bytes > m.limit_bytes]
     if not found:
         return None
-    projected, name, t, per_item, points = max(found, key=lambda f: f[0])
-    rate = mem.fill_rate(points, now)
-    grows = per_item.value * rate if rate and rate > 0 else None
+    tm, name = max(found, key=lambda f: f[0].projected_bytes or 0.0)
+    projected = tm.projected_bytes or 0.0
+    t = view.tables[name][-1]
+    rate = mem.fill_rate(win.since_last_reset(view.coarse_tables.get(name) or view.tables[name]),
+                         now)
+    grows = tm.bytes_per_item * rate if rate and rate > 0 else None
     seconds_left = (m.limit_bytes - rss) / grows if grows else None
-    fits = mem.fitting_max_size(t.current_size, rss, m.limit_bytes, per_item.value)
-    evidence = {"bytes_per_item": round(per_item.value), "bytes_per_item_from": per_item.source,
+    fits = tm.fits_max_size or 0
+    evidence = {"bytes_per_item": round(tm.bytes_per_item), "bytes_per_item_from": tm.source,
                 "memory_bytes": rss, "projected_bytes": round(projected),
                 "limit_bytes": m.limit_bytes, "limit_from": m.limit_from,
                 "current_size": t.current_size, "max_size": t.max_size,
@@ -57,7 +69,7 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
     when = (f"at {rate:.0f} items/s it reaches the limit in about {seconds_left:.0f} s"
             if seconds_left is not None else "it reaches the limit as the table fills")
     summary = (f"The replay server of '{view.target}' will not fit: table '{name}' full at "
-               f"{t.max_size:,} items of {per_item.value:,.0f} bytes ({per_item.source}) takes "
+               f"{t.max_size:,} items of {tm.bytes_per_item:,.0f} bytes ({tm.source}) takes "
                f"the process to {projected / GIB:.2f} GiB against its limit of "
                f"{m.limit_bytes / GIB:.2f} GiB ({m.limit_from}); {when}, then the kernel "
                "kills it.")
@@ -68,6 +80,89 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
                                            since=m.observed_at, last_seen=now)
 
 
+def is_memory_leak(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """The process's memory rose through a stretch in which no table grew (memory.py)."""
+    m = view.memory[-1] if view.memory else None
+    if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
+        return None
+    tables = {name: win.since_last_reset(view.coarse_tables.get(name) or points)
+              for name, points in view.tables.items()}
+    since = mem.flat_since(list(tables.values()), now)
+    if since is None:
+        return None
+    growth = mem.steady_growth(view.memory, since, m.limit_bytes)
+    if growth is None:
+        return None
+    rss = m.counted_bytes
+    seconds_left = max(0.0, (m.limit_bytes - rss) / growth.rate)
+    writers = _writers(view, growth.since)
+    holding = [w for w in writers if w["holds_episode"]]
+    evidence = {"growth_bytes": growth.lows[2] - growth.lows[0], "over_s": round(growth.span_s),
+                "lows_bytes": list(growth.lows), "bytes_per_s": round(growth.rate),
+                "memory_bytes": rss, "limit_bytes": m.limit_bytes, "limit_from": m.limit_from,
+                "seconds_to_limit": round(seconds_left),
+                "tables": {n: {"current_size": p[-1].current_size, "max_size": p[-1].max_size}
+                           for n, p in sorted(tables.items()) if p},
+                "writers": writers, "pid": m.pid, "found_by": m.found_by}
+    rose = (f"The replay server of '{view.target}' grew by "
+            f"{(growth.lows[2] - growth.lows[0]) / MIB:,.0f} MiB over {growth.span_s:.0f} s "
+            f"({growth.rate / MIB:.2f} MiB/s, its lows rising in every third) while no table "
+            f"grew; at this rate it reaches its limit of {m.limit_bytes / GIB:.2f} GiB "
+            f"({m.limit_from}) in about {seconds_left:.0f} s.")
+    if holding:
+        named = "; ".join(
+            f"{w['actor']} has appended {w['episode_appends']:,} steps without end_episode"
+            + (f" under num_keep_alive_refs {w['keep_alive_refs']:,}"
+               if w["keep_alive_refs"] else "") for w in holding)
+        summary = (f"{rose} An actor's writer keeps its episode's chunks alive in the server: "
+                   f"{named}.")
+        fix = ("End the episodes (a continuing task: call writer.end_episode() every N steps), "
+               "or make the writer keep no more steps alive than its longest item needs "
+               "(client.trajectory_writer(num_keep_alive_refs=<the longest item's length>)).")
+        cause = "writer"
+    elif writers:
+        summary = (f"{rose} The server grows on its own: no probed actor's writer keeps its "
+                   f"episode alive ({len(writers)} probed, each ended its episode or keeps "
+                   "few steps alive).")
+        fix = (f"Checkpoint and restart the replay before it reaches the limit (about "
+               f"{seconds_left:.0f} s at this rate); the growth is not the items nor a writer "
+               "(report it with the Reverb version).")
+        cause = "server"
+    else:
+        summary = (f"{rose} Two causes read the same from the server alone: an actor's writer "
+                   "keeping its episode's chunks alive (an episode that never ends under a "
+                   "large num_keep_alive_refs), or the server growing on its own.")
+        fix = ("Attach an ActorProbe to each actor (probe.wrap_client(client)): it reports each "
+               "writer's episode length and keep-alive, which tells the two apart. If an "
+               "episode never ends, end it every N steps or lower num_keep_alive_refs to the "
+               "longest item's length.")
+        cause = "writer or server"
+    evidence["cause"] = cause
+    return kinds.MEMORY_LEAK.finding(view.target, "", summary, evidence, fix,
+                                     since=growth.since, last_seen=now)
+
+
+def _writers(view: TargetView, since: float) -> list[dict[str, object]]:
+    """Each probed actor's writer: whether the steps it keeps alive grew all stretch long
+    (no end_episode since `since`, and a keep-alive longer than what it appended since)."""
+    out = []
+    for url, points in sorted(view.actors.items()):
+        newest = points[-1] if points else None
+        if newest is None or newest.episode_appends is None:
+            continue
+        appended = newest.appends_total - min(
+            (p.appends_total for p in points if p.observed_at >= since),
+            default=newest.appends_total)
+        keep = newest.keep_alive_refs
+        holds = (appended > 0 and newest.episode_appends >= appended
+                 and (keep is None or keep > appended))
+        out.append({"actor": newest.name or url, "episode_appends": newest.episode_appends,
+                    "keep_alive_refs": keep, "appended_in_stretch": appended,
+                    "holds_episode": holds})
+    return out
+
+
 RULES = (
     Rule(kinds.MEMORY_EXHAUSTION, is_memory_exhaustion, Shape.VIEW),
+    Rule(kinds.MEMORY_LEAK, is_memory_leak, Shape.VIEW),
 )

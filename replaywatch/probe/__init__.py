@@ -1,9 +1,9 @@
-"""Probes: what only the trainer and actor processes know, served over loopback HTTP.
+"""Probes: what only the trainer, actor and replay processes know, served over HTTP.
 
 Standard library only: a probe must be importable next to any trainer or
 actor without pulling TensorFlow, JAX, Reverb, Acme or a web framework.
 Read-only: no endpoint changes the process. Each probe serves `GET /probe`
-(a JSON document whose `role` is "trainer" or "actor") and `GET /stacks`
+(a JSON document whose `role` is "trainer", "actor" or "replay") and `GET /stacks`
 (every Python thread's stack) from a daemon thread, so it answers while the
 process's own loop is stuck.
 
@@ -39,13 +39,19 @@ An actor:
     port = probe.start()
     probe.stop()
 
-Both documents carry `role`, `pid`, `name`, `table`, `started_at`, `now` (wall
+The replay server, where the sidecar cannot read its host (replay.py):
+
+    from replaywatch.probe import ReplayProbe
+    ReplayProbe(listen="0.0.0.0:8002").start()  # in the process that runs reverb.Server
+
+Every document carries `role`, `pid`, `name`, `table`, `started_at`, `now` (wall
 clock, seconds), `thread_count` (Python threads) and `os_threads` (the
 process's OS threads from /proc/self/task; null off Linux). The rest of each
-is listed at `TrainerProbe.snapshot` and `ActorProbe.snapshot`.
+is listed at `TrainerProbe.snapshot`, `ActorProbe.snapshot` and `ReplayProbe.snapshot`.
 """
 
 from replaywatch.probe.actor import ActorProbe
+from replaywatch.probe.replay import ReplayProbe
 from replaywatch.probe.trainer import TrainerProbe
 
-__all__ = ["ActorProbe", "TrainerProbe"]
+__all__ = ["ActorProbe", "ReplayProbe", "TrainerProbe"]

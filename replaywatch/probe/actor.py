@@ -50,10 +50,13 @@ class _ProbedWriter:
         stats = probe._stats
         calls, errors, total, _ = stats["append"]
         stats["append"] = (calls + 1, errors, total + (end - start), end)
+        probe._episode += 1
         return result
 
     def append_sequence(self, *args: Any, **kwargs: Any) -> Any:
-        return self._probe._run("append", self._inner.append_sequence, args, kwargs)
+        result = self._probe._run("append", self._inner.append_sequence, args, kwargs)
+        self._probe._episode += 1
+        return result
 
     def create_item(self, *args: Any, **kwargs: Any) -> Any:
         result = self._probe._run("create_item", self._inner.create_item, args, kwargs)
@@ -71,10 +74,13 @@ class _ProbedWriter:
     def end_episode(self, *args: Any, **kwargs: Any) -> Any:
         result = self._probe._run("end_episode", self._inner.end_episode, args, kwargs)
         self._probe._pending = 0  # end_episode flushes every pending item first
+        self._probe._episode = 0  # ... and drops the episode's history, its chunks' refs
         return result
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
-        return self._probe._run("close", self._inner.close, args, kwargs)
+        result = self._probe._run("close", self._inner.close, args, kwargs)
+        self._probe._episode = 0
+        return result
 
     def __enter__(self) -> _ProbedWriter:
         self._inner.__enter__()
@@ -178,6 +184,12 @@ class ActorProbe(Served):
         self._waiting: tuple[str, float] | None = None  # (on what, since)
         self._wait_totals: tuple[int, float] = (0, 0.0)  # (completed waits, seconds)
         self._writers = 0
+        # Writer calls since the last end_episode, and the largest keep-alive the writers were
+        # made with: a TrajectoryWriter keeps the chunks of its newest `num_keep_alive_refs`
+        # steps alive in the server (reverb.Writer: `max_sequence_length`), so an episode
+        # that never ends under a large keep-alive grows the server with its table full.
+        self._episode = 0
+        self._keep_alive: int | None = None
         self._sections = Sections(monotonic)
 
     # -- the actor's side ---------------------------------------------------
@@ -204,7 +216,10 @@ class ActorProbe(Served):
         """
         if wrapped_by(client, self):
             return client
-        return ProbedClient(client, self, self.wrap_writer)
+        return ProbedClient(client, self, self.wrap_writer, on_keep_alive=self._kept_alive)
+
+    def _kept_alive(self, refs: int) -> None:
+        self._keep_alive = refs if self._keep_alive is None else max(self._keep_alive, refs)
 
     def waiting(self, on: str) -> _Waiting:
         """Context manager: the actor waits on `on` (e.g. "learner"), outside Reverb."""
@@ -249,6 +264,9 @@ class ActorProbe(Served):
         waiting, waiting_on, waiting_since, waiting_for_s, waits_total,
         waiting_seconds_total: `waiting(on)` blocks, current and past. max_policy_lag: the bound
         declared at construction (null: none declared).
+        episode_appends: append calls since the last end_episode (or close); keep_alive_refs:
+        the largest num_keep_alive_refs (max_sequence_length) of the writers made through
+        `wrap_client` (null: not seen).
         section, sections: the section it is inside now and each one's past (`section()`).
         """
         # Read each field once: the actor's thread may replace it meanwhile.
@@ -279,6 +297,8 @@ class ActorProbe(Served):
             items_created_total=stats["create_item"][0] - stats["create_item"][1],
             appends_total=stats["append"][0] - stats["append"][1],
             pending_items=self._pending,
+            episode_appends=self._episode,
+            keep_alive_refs=self._keep_alive,
             calls=calls,
             last_error=None if error is None else {
                 "call": error[0], "type": error[1], "message": error[2], "at": at(error[3])},

@@ -14,17 +14,29 @@ from typing import Any
 
 class ProbedClient:
     def __init__(self, inner: Any, owner: Any, wrap_writer: Callable[[Any], Any],
-                 on_insert: Callable[[], None] | None = None):
+                 on_insert: Callable[[], None] | None = None,
+                 on_keep_alive: Callable[[int], None] | None = None):
         self._inner = inner
         self._owner = owner  # the probe: wrapping the same client twice returns it as is
         self._wrap_writer = wrap_writer
         self._on_insert = on_insert
+        self._on_keep_alive = on_keep_alive
 
     def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
+        writer = self._wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
+        self._kept(args, kwargs, "num_keep_alive_refs")
+        return writer
 
     def writer(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrap_writer(self._inner.writer(*args, **kwargs))
+        writer = self._wrap_writer(self._inner.writer(*args, **kwargs))
+        self._kept(args, kwargs, "max_sequence_length")
+        return writer
+
+    def _kept(self, args: tuple, kwargs: dict, name: str) -> None:
+        """The steps whose chunks the writer keeps alive in the server: its first argument."""
+        refs = args[0] if args else kwargs.get(name)
+        if self._on_keep_alive is not None and isinstance(refs, int) and refs > 0:
+            self._on_keep_alive(refs)
 
     def insert(self, *args: Any, **kwargs: Any) -> Any:
         result = self._inner.insert(*args, **kwargs)

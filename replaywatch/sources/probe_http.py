@@ -28,6 +28,7 @@ from replaywatch.model import (
     NO_ANSWER,
     WRITER_CALLS,
     ActorSnapshot,
+    MemorySnapshot,
     NextStrides,
     PipelineShape,
     PollOutcome,
@@ -41,7 +42,7 @@ from replaywatch.sources import PolledSource
 
 _MAX_BODY = 4 * 1024 * 1024  # a /stacks document of a 500-thread trainer fits
 _MAX_TEXT = 200  # user-given strings (names, waiting_on, errors) kept per snapshot
-ROLES = ("trainer", "actor")
+ROLES = ("trainer", "actor", "replay")
 
 
 def _opt_float(doc: dict[str, Any], key: str) -> float | None:
@@ -243,6 +244,8 @@ def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> Act
             last_error_at=error_at,
             max_policy_lag=_opt_int(doc, "max_policy_lag"),
             max_items_ahead=_opt_int(doc, "max_items_ahead"),
+            episode_appends=_opt_int(doc, "episode_appends"),
+            keep_alive_refs=_opt_int(doc, "keep_alive_refs"),
             **_sections(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -250,12 +253,31 @@ def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> Act
             f"{probe}: not a replaywatch actor probe document ({e!r})"[:300]) from e
 
 
+def memory_from_probe(doc: dict[str, Any], probe: str, target: str, observed_at: float
+                      ) -> MemorySnapshot:
+    """A replay probe's `/probe` document as its target's memory reading; raises on a wrong
+    shape."""
+    try:
+        rss = _opt_int(doc, "rss_bytes")
+        return MemorySnapshot(
+            target=target, observed_at=observed_at,
+            pid=int(doc["pid"]) if rss is not None else None, rss_bytes=rss,
+            limit_bytes=int(doc["limit_bytes"]),
+            limit_from=str(doc.get("limit_from", "host"))[:_MAX_TEXT],
+            cgroup_usage_bytes=_opt_int(doc, "cgroup_usage_bytes"),
+            oom_kills=_opt_int(doc, "oom_kills"), found_by=f"replay probe {probe}"[:_MAX_TEXT],
+            cgroup_anon_bytes=_opt_int(doc, "cgroup_anon_bytes"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise SourceProtocolError(
+            f"{probe}: not a replaywatch replay probe document ({e!r})"[:300]) from e
+
+
 def role_of(doc: dict[str, Any], probe: str) -> str:
     """"trainer" or "actor"; a document without a role is an old trainer probe's."""
     role = doc.get("role", "trainer")
     if role not in ROLES:
         raise SourceProtocolError(
-            f"{probe}: unknown probe role {str(role)[:50]!r} (known: actor, trainer)")
+            f"{probe}: unknown probe role {str(role)[:50]!r} (known: actor, replay, trainer)")
     return str(role)
 
 
@@ -360,7 +382,8 @@ class _KeptAlive:
 
 
 class HttpProbeSource(PolledSource):
-    """Polls one probe over HTTP: a TrainerProbe or an ActorProbe, told apart by `role`."""
+    """Polls one probe over HTTP: a TrainerProbe, an ActorProbe or a ReplayProbe, told apart
+    by `role`."""
 
     kind = SourceKind.PROBE
 
@@ -370,8 +393,10 @@ class HttpProbeSource(PolledSource):
         timeout_s: float,
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
+        target: str = "",
     ):
         super().__init__(url.rstrip("/"), timeout_s, clock, perf)
+        self._target = target  # the Reverb target a replay probe's memory belongs to
         self._conn: _KeptAlive | None = None
         # The poller polls a source from one thread at a time; the lock keeps any
         # other caller off the shared connection (it gets a connection of its own).
@@ -394,6 +419,10 @@ class HttpProbeSource(PolledSource):
         started_at, t0 = self._clock(), self._perf()
         try:
             doc = self._get_probe()
+            if role_of(doc, self.name) == "replay":
+                memory = memory_from_probe(doc, self.name, self._target, started_at)
+                return PollOutcome(self.name, self.kind, started_at, self._perf() - t0,
+                                   memory=memory)
             if role_of(doc, self.name) == "actor":
                 actor = actor_from_probe(doc, self.name, started_at)
                 return PollOutcome(self.name, self.kind, started_at, self._perf() - t0,

@@ -1,0 +1,72 @@
+"""The ReplayProbe: a Reverb server's memory served from inside its process, for a sidecar
+that cannot read the server's host. A real server (harness/memory_hog.py) filling with frames,
+its probe read by the sidecar's own poller over HTTP: the memory, its limit and the table's
+bytes per item come from the probe (kept over the sidecar's own read of a local process),
+the probe is listed with role "replay" and never judged as a trainer's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from harness.procs import PYTHON, Proc, get_json
+from replaywatch.api.app import create_app
+from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
+from replaywatch.metrics import make_registry, render_published
+from replaywatch.probe import ReplayProbe
+from replaywatch.sources.probe_http import memory_from_probe
+from replaywatch.wiring import build_sidecar
+
+
+def test_a_replay_probe_serves_its_process_memory_and_limit() -> None:
+    probe = ReplayProbe(name="replay-0")
+    probe.start()
+    url = str(probe.url)
+    try:
+        status, doc = get_json(f"{url}/probe", 5.0)
+    finally:
+        probe.stop()
+    assert status == 200 and doc["role"] == "replay" and doc["name"] == "replay-0"
+    assert doc["rss_bytes"] > 10 << 20 and doc["limit_bytes"] >= doc["rss_bytes"]
+    assert doc["limit_from"] in ("host", "cgroup v1", "cgroup v2")
+    m = memory_from_probe(doc, url, "replay-0:8000", 5.0)
+    assert (m.target, m.rss_bytes, m.found_by) == ("replay-0:8000", doc["rss_bytes"],
+                                                   f"replay probe {url}")
+
+
+def test_the_sidecar_reads_a_servers_memory_from_its_replay_probe(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    hog = spawn([PYTHON, "harness/memory_hog.py", "--max-size", "20000", "--rate", "200",
+                 "--replay-probe"], name="replay")
+    start = hog.announce(timeout_s=120)
+    target, url = start["reverb"], start["replay_probe"]
+    config = WatchConfig(targets=(target,), probes=(ProbeTarget(url, target),),
+                         poll=PollConfig(interval_s=1.0, history_s=900.0))
+    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as sidecar:
+        began = time.monotonic()
+        while True:
+            t0 = time.monotonic()
+            state = sidecar.poller.tick()
+            tm = state.table_memory.get((target, "replay"))
+            if tm is not None and tm.measured or time.monotonic() - began > 60:
+                break
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+        m = state.memory[target]
+        assert m.found_by == f"replay probe {url}" and m.pid == start["pid"], m
+        assert tm is not None and tm.measured, tm  # 63,504-byte frames and their chunks
+        assert 60_000 <= tm.bytes_per_item <= 90_000 and tm.projected_bytes is not None
+        assert not state.findings, state.findings  # a replay probe is no trainer's
+        api = TestClient(create_app(sidecar.store, make_registry(sidecar.store.current),
+                                    sidecar.history, None))
+        [probe] = api.get("/api/v1/probes").json()["probes"]
+        assert (probe["probe"], probe["role"], probe["up"]) == (url, "replay", True)
+        [table] = api.get("/api/v1/memory").json()["tables"]
+        assert table["measured"] and table["bytes_per_item"] == tm.bytes_per_item
+        text = render_published(state).decode()
+        assert f'replaywatch_probe_up{{probe="{url}",role="replay",target="{target}"}} 1' in text
+        assert (f'replaywatch_replay_item_bytes{{measured="true",table="replay",'
+                f'target="{target}"}}') in text
