@@ -96,7 +96,7 @@ test:
 # a server in a real cgroup (as root, cgroup v1) filled until the kernel kills it, and a writer
 # that keeps its episode alive (memory_leak) beside a full table in steady state (none).
 test-memory: $(STAMP)
-	REPLAYWATCH_MEMORY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 \
+	REPLAYWATCH_MEMORY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 -rP $(PYTEST_ARGS) \
 		tests/test_memory_cgroup.py tests/test_memory_leak.py
 
 test-fast: $(STAMP)

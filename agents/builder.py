@@ -183,6 +183,17 @@ __all__ = [
 ]
 
 
+def start_replay_probe(listen: str | None) -> str | None:
+    """A ReplayProbe in this process, the one running the Reverb server; its URL."""
+    if listen is None:
+        return None
+    from replaywatch.probe import ReplayProbe
+
+    probe = ReplayProbe(listen=listen)
+    probe.start()
+    return probe.url
+
+
 def start_record(mode: str, reverb: str, probe: str | None, replay: ReplayConfig,
                  td3: TD3Config, actor_probes: list[str], **extra: Any) -> dict[str, Any]:
     """The first JSON line of a run: what `replaywatch watch` needs to attach.

@@ -223,6 +223,9 @@ class RunConfig:
     log_every_s: float = 5.0
     reverb_port: int = 0  # 0: any free port
     probe_listen: str = "127.0.0.1:0"
+    # A ReplayProbe in the process that runs the Reverb server (its memory and its limit, read
+    # from inside: where the sidecar cannot read that process's cgroup); None: none.
+    replay_probe_listen: str | None = None
     actor_update_period: int = 200  # distributed actors fetch parameters every N env steps
     replace_dead_actors_after_s: float = 10.0  # < 0: never replace a dead actor
     ray_address: str | None = None  # None: a local Ray started by ray.init()

@@ -69,6 +69,7 @@ class ReplayProcess:
         self._table = builder.make_replay_table(replay, spec, insert_blocking=True)
         self._server = reverb.Server([self._table], port=run.reverb_port or None,
                                      checkpointer=builder.make_checkpointer(run))
+        self._replay_probe = builder.start_replay_probe(run.replay_probe_listen)
         self._stop_checkpoints = threading.Event()
         if run.checkpoint_every_s:
             replay_lib.checkpoint_every(f"127.0.0.1:{self._server.port}",
@@ -80,7 +81,8 @@ class ReplayProcess:
         (the learner and actors may be elsewhere); a local Ray runs everything here, and
         Reverb listens on loopback too."""
         host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-        return {"reverb": f"{host}:{self._server.port}", "node_id": _node_id()}
+        return {"reverb": f"{host}:{self._server.port}", "node_id": _node_id(),
+                "replay_probe": self._replay_probe}
 
     def info(self) -> dict[str, Any]:
         return reporting.table_counts(self._table.info)
@@ -277,6 +279,7 @@ def _drive(
         "distributed", address, learner_at["probe"], replay, td3,
         actor_probes=[a["probe"] for a in actors_at if a["probe"]],
         num_actors=run.num_actors, ray_address=run.ray_address,
+        replay_probe=replay_at["replay_probe"],
         nodes={"driver": _node_id(), "replay": replay_at["node_id"],
                "learner": learner_at["node_id"], "actors": [a["node_id"] for a in actors_at]},
     ))

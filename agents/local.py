@@ -114,7 +114,8 @@ def run_sync(td3: TD3Config, replay: ReplayConfig, run: RunConfig, emit: Emit) -
     loop_probe = builder.make_actor_probe(replay.table, "loop", builder.any_port(run.probe_listen),
                                           enabled=run.actor_probes)
     emit(builder.start_record("sync", address, parts.probe.url, replay, td3,
-                              actor_probes=[loop_probe.url] if loop_probe.url else []))
+                              actor_probes=[loop_probe.url] if loop_probe.url else [],
+                              replay_probe=builder.start_replay_probe(run.replay_probe_listen)))
     learner = parts.learner
     # The learner's probe wraps the loop's client too: the thread that inserts is the one
     # that waits in next(), which tells the sidecar this is a synchronous loop.

@@ -69,6 +69,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--table", default=defaults_replay.table)
     add("--reverb-port", type=int, default=defaults_run.reverb_port, help="0: any free port")
     add("--probe-listen", default=defaults_run.probe_listen, metavar="HOST:PORT")
+    add("--replay-probe-listen", default=None, metavar="HOST:PORT",
+        help="serve a ReplayProbe (the Reverb server's memory and limit) from its process")
     add("--seed", type=int, default=defaults_run.seed)
     add("--pixels", action="store_true", help="rendered 64x64 frames, conv encoder (DrQ-v2)")
     add("--image-size", type=int, default=TD3Config().image_size)
@@ -171,6 +173,7 @@ def configs_from_args(
             log_every_s=args.log_every,
             reverb_port=args.reverb_port,
             probe_listen=args.probe_listen,
+            replay_probe_listen=args.replay_probe_listen,
             actor_update_period=args.actor_update_period,
             replace_dead_actors_after_s=args.replace_dead_actors_after,
             ray_address=args.ray_address,
@@ -192,6 +195,8 @@ def configs_from_args(
     except ValueError as error:
         parser.error(str(error))
     _check_listen(parser, run.probe_listen)
+    if run.replay_probe_listen is not None:
+        _check_listen(parser, run.replay_probe_listen)
     return td3, replay, run
 
 

@@ -17,10 +17,15 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
     # Long enough (~25 s idle) that the loop probe is still stepping when it is read twice:
     # with 1200 steps an idle machine finished the run between the two reads.
     with AgentProcess(
-        [*SMALL, "--steps", "3000", "--eval-every", "800", "--eval-episodes", "1"]
+        [*SMALL, "--steps", "3000", "--eval-every", "800", "--eval-episodes", "1",
+         "--replay-probe-listen", "127.0.0.1:0"]
     ) as agent:
         start = agent.start_line(timeout_s=120)
         assert start["mode"] == "sync" and start["table"] == "priority_table"
+        # The process that runs the Reverb server serves its memory and limit.
+        replay = get_json(f"{start['replay_probe']}/probe")[1]
+        assert (replay["role"], replay["pid"]) == ("replay", start["pid"])
+        assert replay["rss_bytes"] > 100 << 20 and replay["limit_bytes"] > replay["rss_bytes"]
         assert start["reverb"].startswith("127.0.0.1:") and start["probe"].startswith("http://")
         learning = agent.wait_for(
             lambda r: r["event"] == "progress" and r["learner_steps"] > 0, timeout_s=90

@@ -260,8 +260,12 @@ def test_sidecar_flags_parse_and_point_at_the_trainer_over_loopback() -> None:
     assert args.command == "watch"
     assert args.reverb == [f"127.0.0.1:{trainer_args.reverb_port}"]
     probe_host, probe_port = trainer_args.probe_listen.rsplit(":", 1)
-    assert probe_host == "127.0.0.1"
-    assert args.probe == [f"127.0.0.1:{trainer_args.reverb_port}=http://127.0.0.1:{probe_port}"]
+    replay_host, replay_port = trainer_args.replay_probe_listen.rsplit(":", 1)
+    assert probe_host == replay_host == "127.0.0.1"
+    assert args.probe == [f"127.0.0.1:{trainer_args.reverb_port}=http://127.0.0.1:{port}"
+                          for port in (probe_port, replay_port)]
+    # The sidecar reads the Reverb server's process: the pod shares its process namespace.
+    assert _pod(objects)["spec"]["shareProcessNamespace"] is True
     host, port = args.listen.rsplit(":", 1)
     assert host == "0.0.0.0"
     [named] = [p for p in sidecar["ports"] if p["name"] == "replaywatch"]

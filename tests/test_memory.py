@@ -161,6 +161,16 @@ def test_the_exhaustion_says_what_an_item_costs_the_time_left_and_the_size_that_
     assert ev["fits_max_size"] == fits and f"{fits:,}" in f.fix
 
 
+def test_opened_early_in_the_fill_it_already_has_the_time_left() -> None:
+    # 9 s in, the coarse copy (one per 10 s) holds one snapshot: the newest poll's completes
+    # the fill, for the rate as for the measurement.
+    view, now = filling(9, 50.0, 64 * 1024, 1 << 30, 20_000)
+    f = rules_memory.is_memory_exhaustion(view, TH, now)
+    assert f is not None and f.evidence["items_per_s"] == 50.0
+    left = ((1 << 30) - (200 * MIB + 450 * 64 * 1024)) / (50 * 64 * 1024)
+    assert abs(f.evidence["seconds_left"] - left) <= 0.02 * left
+
+
 def test_a_kill_at_the_limit_reads_as_target_down_with_the_oom_evidence() -> None:
     view, now = filling(20, 50.0, 64 * 1024, 1 << 30, 20_000)
     gone = MemorySnapshot(TARGET, now + 1, None, None, 1 << 30, "cgroup v1", None, 1, "")

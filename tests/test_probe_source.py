@@ -159,7 +159,8 @@ def test_a_document_without_a_role_is_an_old_trainer_probe(serve: Any) -> None:
 
 
 @pytest.mark.parametrize(("doc", "says"), [
-    ({**OLD_TRAINER, "role": "critic"}, "unknown probe role 'critic' (known: actor, replay, trainer)"),
+    ({**OLD_TRAINER, "role": "critic"},
+     "unknown probe role 'critic' (known: actor, replay, trainer)"),
     ({"role": "actor", "pid": 1, "items_created_total": 0}, "steps_total"),
     ({"role": "actor", "pid": 1, "steps_total": 1, "items_created_total": 0,
       "in_call": "sample"}, "'sample' is not a writer call"),

@@ -213,6 +213,12 @@ def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
     assert page.locator("svg.rates-chart polyline.sample").count() == 1
     assert page.locator("#targets .pill.up").count() == 1
     assert page.locator("#probes .pill.up").count() == 1
+    # The replay process's memory beside its table, read on this host (its table has no
+    # signature and never grows enough to measure an item: no bytes per item are shown).
+    facts = page.locator('article.table-card[data-table$="/replay"] dl.facts')
+    assert re.fullmatch(r"[\d.]+ [KMG]iB of [\d.]+ [KMG]iB \((host|cgroup v[12])\)",
+                        facts.locator('[data-memory="now"]').inner_text())
+    assert facts.locator('[data-memory="item"]').count() == 0
     # The pipeline the probe read from the learner's tf.data graph (it declared none of it
     # but batch and workers): Acme's per-worker shape, one sample in flight each.
     assert page.locator("#probes td.pipeline").inner_text() == (

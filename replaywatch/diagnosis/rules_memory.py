@@ -19,21 +19,26 @@ from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding
+from replaywatch.model import Finding, TableSnapshot
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
+
+
+def fill(view: TargetView, name: str) -> tuple[TableSnapshot, ...]:
+    """A table's snapshots over its fill: the coarse copy (one per 10 s, over the throughput
+    look-back), then the newest one, which the coarse copy lags by up to 10 s."""
+    points = win.since_last_reset(view.coarse_tables.get(name) or view.tables[name])
+    if points and points[-1] is not view.tables[name][-1]:
+        points = (*points, view.tables[name][-1])
+    return tuple(points)
 
 
 def table_memories(view: TargetView) -> dict[str, mem.TableMemory]:
     """Each table's cost to its process (memory.table_memory), over the table's fill."""
     out = {}
     for name in sorted(view.tables):
-        points = win.since_last_reset(view.coarse_tables.get(name) or view.tables[name])
-        # The coarse copy lags up to 10 s: the newest snapshot is the one to project from.
-        if points and points[-1] is not view.tables[name][-1]:
-            points = (*points, view.tables[name][-1])
-        if (tm := mem.table_memory(points, view.memory)) is not None:
+        if (tm := mem.table_memory(fill(view, name), view.memory)) is not None:
             out[name] = tm
     return out
 
@@ -54,8 +59,7 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
     tm, name = max(found, key=lambda f: f[0].projected_bytes or 0.0)
     projected = tm.projected_bytes or 0.0
     t = view.tables[name][-1]
-    rate = mem.fill_rate(win.since_last_reset(view.coarse_tables.get(name) or view.tables[name]),
-                         now)
+    rate = mem.fill_rate(fill(view, name), now)
     grows = tm.bytes_per_item * rate if rate and rate > 0 else None
     seconds_left = (m.limit_bytes - rss) / grows if grows else None
     fits = tm.fits_max_size or 0

@@ -103,6 +103,39 @@
     return v.toPrecision(3);
   }
 
+  function bytes(v) {
+    if (v === null || v === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+    return (i === 0 ? String(Math.round(v)) : v.toFixed(2)) + " " + units[i];
+  }
+
+  // The replay process's memory beside a table: what it uses against its limit, what an
+  // item costs (measured as the table fills, else the signature's upper bound) and where
+  // max_size takes it. Nothing where the server's host is not read.
+  function memoryFacts(memory, t) {
+    const m = memory.memory.find((x) => x.target === t.target);
+    const tm = memory.tables.find((x) => x.target === t.target && x.table === t.name);
+    const out = [];
+    if (m) {
+      out.push(el("dt", {}, "memory"),
+        el("dd", { "data-memory": "now" }, (m.pid === null ? "gone · " : "")
+          + bytes(m.counted_bytes) + " of " + bytes(m.limit_bytes) + " (" + m.limit_from + ")"));
+    }
+    if (tm) {
+      out.push(el("dt", {}, "bytes / item"),
+        el("dd", { "data-memory": "item" }, num(Math.round(tm.bytes_per_item)) + " (" + tm.source + ")"));
+      if (tm.projected_bytes !== null) {
+        const over = m && tm.projected_bytes > m.limit_bytes;
+        out.push(el("dt", {}, "at max_size"),
+          el("dd", { "data-memory": "projected", class: over ? "error" : "" },
+            bytes(tm.projected_bytes) + (over ? " (over the limit)" : "")));
+      }
+    }
+    return out;
+  }
+
   function duration(s) {
     s = Math.max(0, Math.round(s));
     if (s < 60) return s + "s";
@@ -351,7 +384,8 @@
   }
 
   function renderProbes(doc) {
-    const rows = doc.probes.filter((p) => p.role !== "actor").map((p) => {
+    // A replay probe's reading is the memory shown with each table, not a learner's.
+    const rows = doc.probes.filter((p) => p.role !== "actor" && p.role !== "replay").map((p) => {
       const s = p.snapshot || {};
       const read = (s.pipeline_read && s.pipeline) || s;  // the read values win, as in the rules
       const blocked = s.blocked_in_next
@@ -404,7 +438,7 @@
         "no actor probe attached (add --probe URL of an ActorProbe for the actors' view)"));
   }
 
-  function renderTables(doc, histories, now) {
+  function renderTables(doc, histories, now, memory) {
     const cards = doc.tables.map((t) => {
       const d = t.derived || {};
       const key = t.target + "/" + t.name;
@@ -422,7 +456,8 @@
         el("dd", {}, num(d.observed_samples_per_insert) + " (configured "
           + num(t.rate_limiter.samples_per_insert) + ")"),
         el("dt", {}, "inserts / samples"),
-        el("dd", {}, num(t.rate_limiter.inserts) + " / " + num(t.rate_limiter.samples)));
+        el("dd", {}, num(t.rate_limiter.inserts) + " / " + num(t.rate_limiter.samples)),
+        ...memoryFacts(memory, t));
       const state = d.warming_up ? el("span", { class: "pill idle" }, "warming up") : null;
       return el("article", { class: "table-card", "data-table": key },
         el("h3", {}, el("span", { class: "name" }, t.name), " ",
@@ -648,17 +683,18 @@
   }
 
   async function refresh() {
-    const [targets, tables, probes, findings, incidents] = await Promise.all([
+    const [targets, tables, probes, findings, incidents, memory] = await Promise.all([
       api("/api/v1/targets"),
       api("/api/v1/tables"),
       api("/api/v1/probes"),
       api("/api/v1/findings"),
       api("/api/v1/incidents?limit=20"),
+      api("/api/v1/memory"),
     ]);
     const [hist] = await Promise.all([histories(tables.tables), loadStacks(findings.findings)]);
     const now = Date.now() / 1000;
     renderFindings(findings, now);
-    renderTables(tables, hist, now);
+    renderTables(tables, hist, now, memory);
     renderTargets(targets);
     renderProbes(probes);
     renderActors(probes);
