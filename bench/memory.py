@@ -9,7 +9,12 @@ what the group uses once the server is up. The sidecar's own poller watches it (
                  table is, its seconds_left against the real time to the kernel's kill, and
                  whether target_down then carries the OOM kill
   fits           max_size 4,000 (about 300 MB under 512 MiB): any memory finding from the
-                 start to FITS_WATCH_S after the table is full is a false alarm
+                 start to FITS_WATCH_S after the table is full is a false alarm (memory_leak
+                 included: a full table in steady state, its evictions released late)
+  leaks          max_size 500 at LEAK_RATE items/s, the writer made with num_keep_alive_refs
+                 1,000,000 and never ending its episode, through an ActorProbe the sidecar
+                 reads: when memory_leak opens after the table is full, the growth it saw
+                 and the cause it names (LEAK_HEADROOM above the group's use: no kill)
 
 Then the cost: MemoryWatch.read on a live process, per call (the poll adds one).
 
@@ -28,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.procs import PYTHON, Proc
-from replaywatch.config import PollConfig, WatchConfig
+from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.sources.memory import MemoryWatch
 from replaywatch.wiring import build_sidecar
 
@@ -36,27 +41,34 @@ V1 = Path("/sys/fs/cgroup/memory")
 HEADROOM = 512 << 20
 RATE = 90.0
 FITS_WATCH_S = 300.0
+LEAK_RATE = 20.0
+LEAK_HEADROOM = 4 << 30
+LEAK_WITHIN_S = 600.0
 HEADING = "## Replay memory against a real cgroup limit"
+KINDS = ("memory_exhaustion", "memory_leak", "target_down")
 
 
-def run(name: str, max_size: int, tmp: Path, watch_full_s: float) -> dict[str, Any]:
+def run(name: str, max_size: int, tmp: Path, watch_full_s: float, rate: float = RATE,
+        headroom: int = HEADROOM, leak: bool = False) -> dict[str, Any]:
     group = V1 / f"replaywatch-bench-{os.getpid()}-{name}"
     group.mkdir()
+    flags = ["--keep-episode", "--actor-probe"] if leak else []
     hog = Proc([PYTHON, "harness/memory_hog.py", "--cgroup", str(group), "--max-size",
-                str(max_size), "--rate", str(RATE)], stdout_path=tmp / f"{name}.log")
+                str(max_size), "--rate", str(rate), *flags], stdout_path=tmp / f"{name}.log")
     try:
         start = hog.announce(timeout_s=120)
         used = int((group / "memory.usage_in_bytes").read_text())
-        (group / "memory.limit_in_bytes").write_text(str(used + HEADROOM))
-        config = WatchConfig(targets=(start["reverb"],),
+        (group / "memory.limit_in_bytes").write_text(str(used + headroom))
+        probes = (ProbeTarget(start["actor_probe"], start["reverb"]),) if leak else ()
+        config = WatchConfig(targets=(start["reverb"],), probes=probes,
                              reverb_pids=((start["reverb"], start["pid"]),),
                              poll=PollConfig(interval_s=1.0, history_s=900.0))
-        out: dict[str, Any] = {"run": name, "max_size": max_size, "limit_bytes": used + HEADROOM,
+        out: dict[str, Any] = {"run": name, "max_size": max_size, "limit_bytes": used + headroom,
                                "findings": []}
         began = time.monotonic()
         full_at = killed_at = None
         with build_sidecar(config, incidents_path=str(tmp / f"{name}.db")) as sidecar:
-            while time.monotonic() - began < 600:
+            while time.monotonic() - began < (LEAK_WITHIN_S + 120 if leak else 600):
                 t0 = time.monotonic()
                 state = sidecar.poller.tick()
                 now = time.monotonic() - began
@@ -66,11 +78,11 @@ def run(name: str, max_size: int, tmp: Path, watch_full_s: float) -> dict[str, A
                 if table is not None and full_at is None and table.current_size >= max_size:
                     full_at = now
                 for f in state.findings:
-                    if f.kind in ("memory_exhaustion", "target_down") and not any(
+                    if f.kind in KINDS and not any(
                             x["kind"] == f.kind for x in out["findings"]):
                         out["findings"].append({"kind": f.kind, "at_s": round(now, 1),
                                                 "evidence": f.evidence})
-                if any(x["kind"] == "target_down" for x in out["findings"]):
+                if any(x["kind"] in ("target_down", "memory_leak") for x in out["findings"]):
                     break
                 if full_at is not None and now - full_at >= watch_full_s:
                     break
@@ -118,7 +130,7 @@ def render(rows: list[dict[str, Any]], c: dict[str, float]) -> str:
              "(measured) | seconds_left then | real time to the kill | target_down says "
              "OOM kill | memory findings after full |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
-    for r in rows:
+    for r in (r for r in rows if r["run"] != "leaks"):
         ex = next((f for f in r["findings"] if f["kind"] == "memory_exhaustion"), None)
         down = next((f for f in r["findings"] if f["kind"] == "target_down"), None)
         to_kill = (None if ex is None or r["killed_at_s"] is None
@@ -134,6 +146,22 @@ def render(rows: list[dict[str, Any]], c: dict[str, float]) -> str:
             f"{'-' if to_kill is None else to_kill} | "
             f"{'-' if down is None else bool(down['evidence'].get('killed_at_memory_limit'))} | "
             f"{', '.join(after_full) or 'none'} |")
+    leaks = [r for r in rows if r["run"] == "leaks"]
+    if leaks:
+        lines += ["", f"A writer that keeps its episode alive (num_keep_alive_refs 1,000,000, no "
+                  f"end_episode, {LEAK_RATE:g} frames/s) beside a table of 500 that is full "
+                  "after 25 s:", "",
+                  "| run | memory_leak opened, after the table was full | growth seen | over | "
+                  "rate | cause named |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+        for r in leaks:
+            lk = next((f for f in r["findings"] if f["kind"] == "memory_leak"), None)
+            if lk is None or r["full_at_s"] is None:
+                lines.append(f"| {r['run']} | no | - | - | - | - |")
+                continue
+            ev = lk["evidence"]
+            lines.append(f"| {r['run']} | {lk['at_s'] - r['full_at_s']:.0f} s | "
+                         f"{ev['growth_bytes'] / 2**20:,.0f} MiB | {ev['over_s']} s | "
+                         f"{ev['bytes_per_s'] / 2**20:.2f} MiB/s | {ev['cause']} |")
     lines += ["", f"Reading the memory (MemoryWatch.read, a live process): discovery by port "
               f"{c['discovery_ms']:.1f} ms once, then {c['p50_ms']:.3f} ms a poll (p99 "
               f"{c['p99_ms']:.3f} ms)."]
@@ -154,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run("does_not_fit", 40_000, Path(tmp), 0.0),
-                run("fits", 4_000, Path(tmp), FITS_WATCH_S)]
+                run("fits", 4_000, Path(tmp), FITS_WATCH_S),
+                run("leaks", 500, Path(tmp), LEAK_WITHIN_S, rate=LEAK_RATE,
+                    headroom=LEAK_HEADROOM, leak=True)]
     text = render(rows, cost())
     print(text, flush=True)
     if args.results:

@@ -128,7 +128,7 @@ class FindingsKeeper:
             bundles_written=self._bundles.written if self._bundles else 0,
             bundle_failures=self._bundles.failed if self._bundles else 0,
             rule_errors=verdict.rule_errors, baselines=verdict.baselines,
-            table_memory=verdict.memory)
+            table_memory=verdict.memory, consumption=verdict.consumption)
 
 
 def _by_target(findings: Iterable[Finding]) -> dict[str, tuple[Finding, ...]]:

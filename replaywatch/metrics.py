@@ -107,6 +107,11 @@ ITEM_BYTES = gauge("replay_item_bytes", "What an item of the table costs the ser
                    "measured from the memory's growth against current_size while the table "
                    "fills (measured=\"true\"), else the signature's uncompressed size, an "
                    "upper bound (measured=\"false\").", (*TABLE, "measured"))
+CONSUMED_SPI = gauge("table_consumed_samples_per_insert", "Samples the learner took (the "
+                     "trainer probe's batches x batch size) per insert over the drift window: "
+                     "the ratio it trains at, where the server's counts the prefetch too.", TABLE)
+UNCONSUMED = gauge("table_unconsumed_samples", "Samples drawn from the table that the learner "
+                   "has not taken yet (in the pipeline's buffers and partial batches).", TABLE)
 PROJECTED = gauge("replay_memory_projected_bytes", "The server's memory with the table at "
                   "max_size: its memory now plus an item's bytes for each item still to come.",
                   TABLE)
@@ -195,6 +200,11 @@ def _table_rows(state: Published) -> Group:
         yield family, [(key, value(snap, d)) for key, snap, d in tables]
     yield OBSERVED_SPI, [(key, d.observed_samples_per_insert) for key, _, d in tables
                          if d.observed_samples_per_insert is not None]
+    consumed = sorted(state.consumption.items())
+    yield CONSUMED_SPI, [(key, c.consumed_per_insert) for key, c in consumed
+                         if c.consumed_per_insert is not None]
+    yield UNCONSUMED, [(key, c.unconsumed_samples) for key, c in consumed
+                       if c.unconsumed_samples is not None]
     for family, value in TABLE_COUNTERS:
         yield family, [(key, value(snap, d)) for key, snap, d in tables]
     worker: list[Row] = [((*key, st), snap.worker_time.ms(st) / 1000.0)

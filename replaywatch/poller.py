@@ -20,6 +20,7 @@ from typing import Protocol
 
 from replaywatch.config import RATE_WINDOW_S
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
@@ -48,6 +49,8 @@ class CycleFindings:
         default_factory=dict)
     # (target, table) -> what the table costs its process's memory
     table_memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
+    # (target, table) -> what the learner consumed per insert (diagnosis/consumption.py)
+    consumption: dict[tuple[str, str], Consumption] = dataclasses.field(default_factory=dict)
 
 
 class Diagnoser(Protocol):
@@ -261,6 +264,7 @@ class Poller:
             rule_errors=found.rule_errors,
             baselines=found.baselines,
             table_memory=found.table_memory,
+            consumption=found.consumption,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,

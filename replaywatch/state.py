@@ -11,6 +11,7 @@ import dataclasses
 import threading
 
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import (
@@ -73,6 +74,8 @@ class Published:
         default_factory=dict)
     # (target, table) -> an item's bytes and the process at max_size (diagnosis/memory.py)
     table_memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
+    # (target, table) -> what the learner consumed per insert (diagnosis/consumption.py)
+    consumption: dict[tuple[str, str], Consumption] = dataclasses.field(default_factory=dict)
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, derived={}, probes={})

@@ -24,7 +24,7 @@ from replaywatch.model import Finding, Severity
 # (schema, the dataclass it mirrors, fields the API adds)
 MIRRORS = [
     (schemas.TargetOut, state.SourceStatus, set()),
-    (schemas.TableOut, model.TableSnapshot, {"derived"}),
+    (schemas.TableOut, model.TableSnapshot, {"derived", "consumption"}),
 ]
 
 

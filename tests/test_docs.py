@@ -15,6 +15,7 @@ from pathlib import Path
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
@@ -64,7 +65,9 @@ def full_picture() -> Published:
                          "inserts": Baseline(100.0, 5.0, 600.0, 50.0)}},
                      table_memory={(target, table.name): TableMemory(
                          74_787.0, "measured over 3000 items", True, 300 << 20, 2.0 * (1 << 30),
-                         1 << 30, 9_000)})
+                         1 << 30, 9_000)},
+                     consumption={(target, table.name): Consumption(
+                         4.0, 4.1, 4.0, 48.0, 0.5, 60.0)})
 
 
 def metrics_table() -> str:

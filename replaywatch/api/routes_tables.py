@@ -61,7 +61,7 @@ def tables(
 
     def render() -> bytes:
         out = TablesOut(tables=[
-            TableOut.of(snap, state.derived.get(key))
+            TableOut.of(snap, state.derived.get(key), state.consumption.get(key))
             for key, snap in sorted(state.tables.items())
             if target is None or key[0] == target
         ])

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import ActorSnapshot, Finding, Name, ProbeSnapshot, TableSnapshot
 from replaywatch.state import SourceStatus
@@ -55,13 +56,17 @@ class TableOut(BaseModel):
     """One table's snapshot (model.TableSnapshot: its limiter, sampler, remover and worker
     time as Reverb reports them) and what the sidecar derives from its recent history."""
 
-    __annotations__ = {**mirrored(TableSnapshot), "derived": TableDerived | None}
+    __annotations__ = {**mirrored(TableSnapshot), "derived": TableDerived | None,
+                       "consumption": Consumption | None}
     derived: TableDerived | None = None
+    # The ratio the learner really trains at, beside the server's (diagnosis/consumption.py)
+    consumption: Consumption | None = None
 
     @classmethod
-    def of(cls, snap: TableSnapshot, derived: TableDerived | None = None) -> TableOut:
+    def of(cls, snap: TableSnapshot, derived: TableDerived | None = None,
+           consumption: Consumption | None = None) -> TableOut:
         return cls(**{f.name: getattr(snap, f.name) for f in dataclasses.fields(snap)},
-                   derived=derived)
+                   derived=derived, consumption=consumption)
 
 
 class TablesOut(BaseModel):

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from replaywatch.diagnosis.baseline import Baseline
+from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Transition, reconcile
@@ -61,6 +62,8 @@ class Verdict:
     diagnosed: frozenset[Key] = frozenset()  # what the diagnosis named (held ones aside)
     # (target, table) -> what the table costs its process's memory
     memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
+    # (target, table) -> what the learner consumed per insert (diagnosis/consumption.py)
+    consumption: dict[tuple[str, str], Consumption] = dataclasses.field(default_factory=dict)
 
     def of(self, target: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.target == target)
@@ -82,6 +85,7 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
     insufficient: list[str] = []
     baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
     memory: dict[tuple[str, str], TableMemory] = {}
+    consumed: dict[tuple[str, str], Consumption] = {}
     diagnosed: set[Key] = set()
     for target, i in sorted(inputs.items()):
         d = diagnose(with_held_baselines(i), thresholds or i.thresholds, now,
@@ -94,6 +98,7 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
         insufficient += [f"{target} {name}" for name in d.insufficient]
         baselines.update({(target, table): s for table, s in d.baselines.items()})
         memory.update({(target, table): m for table, m in d.memory.items()})
+        consumed.update({(target, table): c for table, c in d.consumption.items()})
     result = reconcile(dict(active), found, set(inputs), now)
     # Findings of targets no longer watched (a reloaded targets file) resolve too.
     gone = [f for f in result.active.values() if f.target not in inputs]
@@ -102,4 +107,4 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
                      for f in gone))
     kept = {k: f for k, f in result.active.items() if f.target in inputs}
     return Verdict(kept, transitions, worst_first(kept.values()), tuple(errors),
-                   tuple(insufficient), baselines, frozenset(diagnosed), memory)
+                   tuple(insufficient), baselines, frozenset(diagnosed), memory, consumed)

@@ -25,6 +25,7 @@ from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.case import Probe, TableCase
+from replaywatch.diagnosis.consumption import Consumption, consumption
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
 from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.registry import Shape
@@ -46,6 +47,8 @@ class Diagnosis:
     rule_errors: tuple[str, ...] = ()
     baselines: dict[str, dict[str, Baseline]] = dataclasses.field(default_factory=dict)
     memory: dict[str, TableMemory] = dataclasses.field(default_factory=dict)
+    # What the learner consumed per insert, and what is drawn and not yet taken
+    consumption: dict[str, Consumption] = dataclasses.field(default_factory=dict)
 
 
 def _judged(rule: Callable[..., Any], errors: list[str], *args: Any) -> Finding | None:
@@ -121,11 +124,14 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     answered_again = win.answered_again_at(view.polls, th.down_polls)
+    consumed: dict[str, Consumption] = {}
     for name in sorted(view.tables):
         history = win.since_last_reset(view.tables[name])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         probes = by_table.get(name, [])
+        if (c := consumption(history, probes, now, th.spi_window_s)) is not None:
+            consumed[name] = c
         came_back = came_back_at(view.tables[name], answered_again)
         case = TableCase(view.target, history, tuple(probes), now,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
@@ -157,7 +163,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
                      tuple(errors), rules_throughput.table_baselines(view, th, now),
-                     rules_memory.table_memories(view))
+                     rules_memory.table_memories(view), consumed)
 
 
 def _judging(th: Thresholds, window: Window) -> Thresholds:

@@ -136,6 +136,18 @@
     return out;
   }
 
+  // What the learner took per insert (its probe's batches), beside the server's count,
+  // which includes what the prefetch drew ahead; and that backlog, in samples and seconds.
+  function consumedFacts(c) {
+    if (!c || c.consumed_per_insert === null) return [];
+    const ahead = c.unconsumed_samples === null ? "–" : num(Math.round(c.unconsumed_samples))
+      + (c.unconsumed_s === null ? "" : " (" + (c.unconsumed_s < 10
+        ? c.unconsumed_s.toFixed(2) + "s" : duration(c.unconsumed_s)) + " of training)");
+    return [el("dt", {}, "trained / insert"),
+      el("dd", { "data-consumption": "ratio" }, num(c.consumed_per_insert)),
+      el("dt", {}, "drawn, not trained"), el("dd", { "data-consumption": "ahead" }, ahead)];
+  }
+
   function duration(s) {
     s = Math.max(0, Math.round(s));
     if (s < 60) return s + "s";
@@ -457,6 +469,7 @@
           + num(t.rate_limiter.samples_per_insert) + ")"),
         el("dt", {}, "inserts / samples"),
         el("dd", {}, num(t.rate_limiter.inserts) + " / " + num(t.rate_limiter.samples)),
+        ...consumedFacts(t.consumption),
         ...memoryFacts(memory, t));
       const state = d.warming_up ? el("span", { class: "pill idle" }, "warming up") : null;
       return el("article", { class: "table-card", "data-table": key },

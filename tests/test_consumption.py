@@ -1,0 +1,124 @@
+"""The ratio the learner really trains at, on real Reverb and a real tf.data pipeline.
+
+A table with a signature, an inserting thread, and a learner loop that takes batches of 16
+from `TrajectoryDataset.from_table_signature` batched and prefetched, through a TrainerProbe.
+The test keeps its own count of inserts and of the samples its loop consumed. The sidecar's
+poller (over HTTP to the probe, ServerInfo to the server) must give the consumed samples per
+insert within 2% of the test's count over the same window, with the samples the server drew
+ahead of it (the prefetch, the sampler queues) as its backlog; once the loop stops taking
+batches and sampling stops, the samples drawn and not consumed must be exactly the server's
+samples less the loop's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import reverb
+import tensorflow as tf
+
+from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.metrics import render_published
+from replaywatch.probe import TrainerProbe
+from replaywatch.wiring import build_sidecar
+
+BATCH = 16
+WINDOW_S = 10.0
+
+
+def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
+        tmp_path: Path) -> None:
+    signature = {"x": tf.TensorSpec([8], tf.float32)}
+    server = reverb.Server([reverb.Table(
+        "replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), max_size=100_000,
+        rate_limiter=reverb.rate_limiters.MinSize(100), signature=signature)], port=None)
+    address = f"127.0.0.1:{server.port}"
+    client = reverb.Client(address)
+    stop, learning = threading.Event(), threading.Event()
+    learning.set()
+    counts = {"inserts": 0, "consumed": 0}
+    marks: list[tuple[float, int, int]] = []  # (time, inserts, consumed) the test saw
+
+    def insert() -> None:
+        with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+            while not stop.is_set():
+                writer.append({"x": np.ones(8, np.float32)})
+                writer.create_item("replay", 1.0, {"x": writer.history["x"][-1]})
+                writer.flush()
+                counts["inserts"] += 1
+                time.sleep(0.005)
+
+    dataset = reverb.TrajectoryDataset.from_table_signature(
+        server_address=address, table="replay", max_in_flight_samples_per_worker=32,
+    ).batch(BATCH, drop_remainder=True).prefetch(2)
+    probe = TrainerProbe(table="replay", batch_size=BATCH)
+    batches = probe.wrap(iter(dataset))
+    probe.start()
+
+    def learn() -> None:
+        while not stop.is_set():
+            if not learning.is_set():
+                time.sleep(0.05)
+                continue
+            next(batches)
+            counts["consumed"] += BATCH
+            probe.step()
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (insert, learn)]
+    for t in threads:
+        t.start()
+    th = Thresholds(spi_window_s=WINDOW_S)
+    config = WatchConfig(targets=(address,), probes=(ProbeTarget(str(probe.url), address),),
+                         poll=PollConfig(interval_s=1.0, history_s=300.0), thresholds=th)
+    try:
+        with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as sidecar:
+            state = None
+            for _ in range(int(WINDOW_S) + 6):
+                t0 = time.monotonic()
+                marks.append((time.time(), counts["inserts"], counts["consumed"]))
+                state = sidecar.poller.tick()
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+            assert state is not None
+            c = state.consumption[(address, "replay")]
+            # The test's own count over the window the sidecar judged.
+            start = time.time() - c.window_s
+            first = max((m for m in marks if m[0] <= start + 0.5), key=lambda m: m[0])
+            last = marks[-1]
+            own = (last[2] - first[2]) / (last[1] - first[1])
+            assert c.consumed_per_insert is not None
+            assert abs(c.consumed_per_insert - own) <= 0.02 * own, (c, own)
+            # The server's count includes what the prefetch and the sampler queues drew ahead:
+            # in steady state the same rate, a backlog ahead of the learner.
+            assert c.server_per_insert is not None
+            assert c.unconsumed_samples is not None and c.unconsumed_samples >= BATCH
+            assert c.unconsumed_s is not None and c.unconsumed_s > 0
+            text = render_published(state).decode()
+            assert f'replaywatch_table_consumed_samples_per_insert{{table="replay",target="' \
+                   f'{address}"}}' in text
+
+            # The learner stops taking batches, then the inserts stop: sampling stops once
+            # the pipeline's buffers are full, and what is drawn and not consumed is exact.
+            learning.clear()
+            time.sleep(0.5)
+            stop.set()
+            for t in threads:
+                t.join(timeout=10)
+            drawn = -1
+            for _ in range(20):  # until the server's sample count settles
+                now = client.server_info()["replay"].rate_limiter_info.sample_stats.completed
+                if now == drawn:
+                    break
+                drawn = now
+                time.sleep(0.5)
+            state = sidecar.poller.tick()
+            c = state.consumption[(address, "replay")]
+            assert c.unconsumed_samples == drawn - counts["consumed"], (c, drawn, counts)
+    finally:
+        stop.set()
+        probe.stop()
+        server.stop()
