@@ -55,6 +55,7 @@ from tests.builders import (
     in_writer,
     polls,
     probe_history,
+    probe_snapshot,
     seconds,
     seed_healthy,
     seed_hung_probe,
@@ -188,6 +189,30 @@ def test_spi_drift(name: str, scenario: TableCase, expected: str | None) -> None
     finding = rules_stalls.is_spi_drift(scenario, DEFAULT)
     assert (finding.kind if finding else None) == expected
     assert_as_declared(finding, rules_stalls.is_spi_drift)
+
+
+def with_learner(scenario: TableCase, batches_per_s: float) -> TableCase:
+    """The same table, its learner's trainer probe taking batches of 256 at `batches_per_s`."""
+    times = [s.observed_at for s in scenario.history]
+    probe = tuple(probe_snapshot(t, int(batches_per_s * (t - times[0])), table=scenario.latest.name)
+                  for t in times)
+    return dataclasses.replace(scenario, probes=(probe,))
+
+
+def test_spi_drift_judges_the_samples_the_learner_took_where_its_probe_counts_them() -> None:
+    # The server counts 12,800 samples/s, its configured ratio, but the learner takes 40
+    # batches of 256 a second (10,240): the rest sat in its prefetch. Drift, by the learner.
+    finding = rules_stalls.is_spi_drift(with_learner(seed_rates(12_800), 40), DEFAULT)
+    assert finding is not None
+    assert finding.evidence["samples_counted_by"] == "the learner's batches (trainer probe)"
+    assert abs(finding.evidence["observed_samples_per_insert"] - 102.4) < 0.5
+    assert abs(finding.evidence["server_samples"] / finding.evidence["inserts"] - 128) < 0.5
+    # The learner at the ratio while the server's count runs 20% under: no drift.
+    assert rules_stalls.is_spi_drift(with_learner(seed_rates(10_240), 50), DEFAULT) is None
+    # Without a probe the server's count is all there is.
+    finding = rules_stalls.is_spi_drift(seed_rates(10_240), DEFAULT)
+    assert finding is not None
+    assert finding.evidence["samples_counted_by"] == "the server (its prefetch included)"
 
 
 def test_a_blocking_limiter_may_roam_its_whole_slack_before_it_is_spi_drift() -> None:

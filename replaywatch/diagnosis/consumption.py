@@ -67,6 +67,15 @@ def consumption(table: Sequence[TableSnapshot], probes: Sequence[Sequence[ProbeS
                        seconds, span)
 
 
+def consumed_since(probes: Sequence[Sequence[ProbeSnapshot]], start: float) -> float | None:
+    """Samples the table's learners took since `start`; None unless every probe says its batch
+    size and its history reaches back to `start` (a count from later would be short)."""
+    if not probes or not all(p and p[-1].batch_size and p[0].observed_at <= start
+                             for p in probes):
+        return None
+    return sum(_taken(p, start) for p in probes)
+
+
 def _taken(history: Sequence[ProbeSnapshot], start: float) -> float:
     """Samples one probe's learner took since `start` (its batches, counter resets read as
     restarts)."""

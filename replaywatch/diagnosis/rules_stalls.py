@@ -16,6 +16,7 @@ from replaywatch.diagnosis import kinds, rules_config
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import TableCase, limiter_evidence, worker_waited
+from replaywatch.diagnosis.consumption import consumed_since
 from replaywatch.diagnosis.ratelimiter import (
     can_insert,
     can_sample,
@@ -225,14 +226,16 @@ def is_spi_drift(case: TableCase, th: Thresholds) -> Finding | None:
     `|observed / spi - 1| > tolerance` and `|spi * inserts - samples|` exceeds
     the error_buffer, so post-warm-up catch-up (at most one buffer) is not drift.
     A blocking limiter keeps this bounded by its slack; it drifts when inserts
-    never block (synchronous layout) and the learner falls behind.
+    never block (synchronous layout) and the learner falls behind. Where trainer probes
+    cover the window, the samples are the ones the learner took (consumption.py): the
+    server's count includes what its prefetch drew ahead.
     """
     t, start = case.latest, case.latest.observed_at - th.spi_window_s
     rl, tol = t.rate_limiter, lim.spi_tolerance(t)
     if tol is None or not lim.is_sample_limited(t) or not win.covers(case.history, start):
         return None
     points = win.window(case.history, start)
-    inserted, sampled = win.increase(points, inserts_of), win.increase(points, samples_of)
+    inserted, sampled = win.increase(points, inserts_of), _sampled(case, points)
     if any(is_warming_up(s) for s in points) or inserted < th.spi_min_inserts:
         return None
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
@@ -251,14 +254,24 @@ def drift_allowed(t: TableSnapshot) -> float:
     return lim.error_buffer(t) if is_insert_blocking_disabled(t) else lim.limiter_slack(t)
 
 
+def _sampled(case: TableCase, points: tuple) -> float:
+    """The samples over the window: the learner's (its probes' batches), else the server's."""
+    taken = consumed_since(list(case.probes), points[0].observed_at)
+    return win.increase(points, samples_of) if taken is None else taken
+
+
 def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
     t, rl = case.latest, case.latest.rate_limiter
-    inserted, sampled = win.increase(points, inserts_of), win.increase(points, samples_of)
+    inserted, sampled = win.increase(points, inserts_of), _sampled(case, points)
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
     side = "the learner samples less" if gap > 0 else "the learner samples more"
+    by_learner = consumed_since(list(case.probes), points[0].observed_at)
     evidence = {**limiter_evidence(t), "observed_samples_per_insert": observed,
                 "tolerance_rate": tol, "window_s": win.span(points), "inserts": inserted,
-                "samples": sampled, "sample_deficit": gap, "drift_allowed": drift_allowed(t)}
+                "samples": sampled, "sample_deficit": gap, "drift_allowed": drift_allowed(t),
+                "samples_counted_by": "the server (its prefetch included)" if by_learner is None
+                else "the learner's batches (trainer probe)",
+                "server_samples": win.increase(points, samples_of)}
     summary = (f"Table '{t.name}' is sampled off its configured {rl.samples_per_insert:g} "
                f"samples per insert by more than {tol * 100:.3g}%: {side} than configured.")
     fix = ("Balance the loop: speed up the learner (or slow the actors) until samples per "
