@@ -67,9 +67,12 @@ class History:
         self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
         self._actors: dict[str, collections.deque[ActorSnapshot]] = {}
         self._memory: dict[str, collections.deque[MemorySnapshot]] = {}
-        # Targets whose replay probe serves their memory, and the probes' URLs: read from
-        # inside the process, it is kept over what the sidecar reads of a local one.
-        self._memory_probed: dict[str, str] = {}
+        # Targets whose replay probe serves their memory: the probe's URL and its newest
+        # reading's time. Read from inside the process, it is kept over what the sidecar reads
+        # of a local one while it answers; once it stops (a server the kernel killed takes its
+        # probe with it) the local reading, the one that sees the cgroup's OOM count, is kept.
+        self._memory_probed: dict[str, tuple[str, float]] = {}
+        self._memory_local_at: dict[str, float] = {}
         self._records = 0
 
     def _deque(self, store: dict[Any, Any], key: Any) -> collections.deque[Any]:
@@ -83,13 +86,9 @@ class History:
         record = PollRecord(outcome.started_at, outcome.ok, outcome.duration_s, outcome.error)
         with self._lock:
             _append(self._deque(self._polls, outcome.source), record, oldest, _poll_at)
-            if outcome.memory is not None:
-                target = outcome.memory.target
-                if outcome.kind == SourceKind.PROBE:
-                    self._memory_probed[target] = outcome.source
-                if outcome.kind == SourceKind.PROBE or target not in self._memory_probed:
-                    _append(self._deque(self._memory, target), outcome.memory, oldest,
-                            _observed_at)
+            if outcome.memory is not None and self._keeps_memory(outcome):
+                _append(self._deque(self._memory, outcome.memory.target), outcome.memory,
+                        oldest, _observed_at)
             for table in outcome.tables:
                 points = self._deque(self._tables, (table.target, table.name))
                 _append(points, table, oldest, _observed_at)
@@ -110,6 +109,19 @@ class History:
             self._records += 1
             if self._records % _SWEEP_EVERY == 0:
                 self._sweep(oldest)
+
+    def _keeps_memory(self, outcome: PollOutcome) -> bool:
+        """A replay probe's reading always; a local one unless the probe answered lately (within
+        three of the local readings' own gaps)."""
+        m = outcome.memory
+        assert m is not None
+        if outcome.kind == SourceKind.PROBE:
+            self._memory_probed[m.target] = (outcome.source, m.observed_at)
+            return True
+        gap = m.observed_at - self._memory_local_at.get(m.target, m.observed_at)
+        self._memory_local_at[m.target] = m.observed_at
+        probed = self._memory_probed.get(m.target)
+        return probed is None or m.observed_at - probed[1] > 3 * max(gap, 1.0)
 
     def _coarse(self, store: dict[Any, collections.deque], key: Any, item: Any,
                 now: float) -> None:
@@ -168,7 +180,7 @@ class History:
         """An immutable slice since `start` for one target and its probes; with
         `coarse_start`, the coarse copy since then too."""
         with self._lock:
-            replay_probes = set(self._memory_probed.values())
+            replay_probes = {url for url, _ in self._memory_probed.values()}
             coarse = coarse_start is not None
             cstart = coarse_start if coarse_start is not None else 0.0
             tables = {

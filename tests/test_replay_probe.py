@@ -16,7 +16,9 @@ from fastapi.testclient import TestClient
 from harness.procs import PYTHON, Proc, get_json
 from replaywatch.api.app import create_app
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
+from replaywatch.history import History
 from replaywatch.metrics import make_registry, render_published
+from replaywatch.model import MemorySnapshot, PollOutcome, SourceKind
 from replaywatch.probe import ReplayProbe
 from replaywatch.sources.probe_http import memory_from_probe
 from replaywatch.wiring import build_sidecar
@@ -70,3 +72,31 @@ def test_the_sidecar_reads_a_servers_memory_from_its_replay_probe(
         assert f'replaywatch_probe_up{{probe="{url}",role="replay",target="{target}"}} 1' in text
         assert (f'replaywatch_replay_item_bytes{{measured="true",table="replay",'
                 f'target="{target}"}}') in text
+
+
+def test_the_history_keeps_the_replay_probes_reading_and_the_local_one_once_it_is_gone() -> None:
+    history = History()
+    target, url = "127.0.0.1:8000", "http://127.0.0.1:8002"
+
+    def local(t: float, pid: int | None) -> PollOutcome:
+        m = MemorySnapshot(target, t, pid, 100 if pid else None, 1000, "cgroup v1", None, 0,
+                           "listening on port 8000")
+        return PollOutcome(target, SourceKind.REVERB, t, 0.01, memory=m)
+
+    def probed(t: float) -> PollOutcome:
+        m = MemorySnapshot(target, t, 7, 200, 1000, "cgroup v1", None, 0, f"replay probe {url}")
+        return PollOutcome(url, SourceKind.PROBE, t, 0.01, memory=m)
+
+    for t in range(10):  # both answer: the probe's reading is the one kept
+        history.record(local(float(t), 7))
+        history.record(probed(t + 0.1))
+    for t in range(10, 20):  # the server is killed, its probe with it
+        history.record(local(float(t), None))
+    kept = history.view(target, [url], 0.0, coarse_start=0.0).memory
+    # (the first local reading came before the probe had answered)
+    assert {m.found_by for m in kept if 1 <= m.observed_at < 10} == {f"replay probe {url}"}
+    # Three local gaps after the probe's last reading, the local ones are kept: the OOM count.
+    assert [m.observed_at for m in kept if m.observed_at >= 10] == [13.0, 14.0, 15.0, 16.0,
+                                                                    17.0, 18.0, 19.0]
+    # A replay probe is no trainer's: the view holds it in no probe history.
+    assert history.view(target, [url], 0.0).probes == {}
