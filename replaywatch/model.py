@@ -209,6 +209,20 @@ class SectionStat:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class PriorityUpdates:
+    """A learner's `mutate_priorities` calls to one table, counted by its trainer probe."""
+
+    table: str
+    calls: int
+    keys: int
+    seconds_total: float
+    errors: int  # calls that raised
+    rejected_keys: int  # NaN or negative: Reverb refuses them, skipping the rest of the call
+    infinite_keys: int  # +inf: accepted, and takes over sampling
+    last_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ProbeSnapshot:
     """A trainer's `GET /probe` document at `observed_at` (sidecar's clock)."""
 
@@ -254,6 +268,10 @@ class ProbeSnapshot:
     pipeline: PipelineShape | None = None
     section: Section | None = None  # the section the loop is inside now
     sections: tuple[SectionStat, ...] = ()  # each section that ended, by name
+    priority_updates: tuple[PriorityUpdates, ...] = ()  # by table, through wrap_client
+
+    def priorities_to(self, table: str) -> PriorityUpdates | None:
+        return next((u for u in self.priority_updates if u.table == table), None)
 
 
 # The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a
@@ -401,6 +419,7 @@ class Name(enum.StrEnum):
     IN_SECTION = "in_section"
     MEMORY_EXHAUSTION = "memory_exhaustion"
     MEMORY_LEAK = "memory_leak"
+    PRIORITIES_IGNORED = "priorities_ignored"
 
 
 @dataclasses.dataclass(frozen=True)

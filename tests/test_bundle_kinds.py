@@ -55,7 +55,8 @@ REPRODUCED_ELSEWHERE = {
     "server_restarted", "reconnecting", "warmup_impossible", "sample_blocked",
     "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop",
     # tests/test_memory_cgroup.py and test_memory_leak.py (make test-memory) replay theirs
-    "memory_exhaustion", "memory_leak"}
+    "memory_exhaustion", "memory_leak",
+    "priorities_ignored"}  # tests/test_priorities.py replays the cycle it opens in
 
 
 def _probed(limiter: reverb.rate_limiters.RateLimiter,

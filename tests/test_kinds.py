@@ -6,6 +6,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.kinds import ALL, BY_NAME, worst_first
 from replaywatch.model import Finding, Severity
 from tests import test_memory as mm
+from tests import test_replay_health as h
 from tests import test_rules as r
 from tests import test_rules_queue as q
 from tests import test_rules_startup as s
@@ -70,7 +71,7 @@ def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
                                 *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
                                 *q.QUEUE_CASES, *tp.THROUGHPUT_CASES, *w.WINDOW_CASES,
-                                *mm.MEMORY_CASES, *mm.LEAK_CASES]}
+                                *mm.MEMORY_CASES, *mm.LEAK_CASES, *h.HEALTH_CASES]}
     assert expected - {None} == set(BY_NAME)
 
 

@@ -293,6 +293,13 @@ MEMORY_LEAK = Kind(
             "server grows on its own; without, both.",
     fix="End episodes or lower `num_keep_alive_refs` where a writer holds them; else restart "
         "the replay from a checkpoint before the time left.")
+PRIORITIES_IGNORED = Kind(
+    Name.PRIORITIES_IGNORED, Severity.WARNING, needs_probe=True,
+    meaning="The learner sends priority updates (counted by its trainer probe on the client it "
+            "wraps, `probe.wrap_client(client, inserts=False)`) to a table whose sampler and "
+            "remover read no priority (Uniform, Fifo, Lifo, from ServerInfo): every update is "
+            "kept and changes no sample (acme#69).",
+    fix="Give the table a `Prioritized` sampler, or stop sending priorities.")
 IN_SECTION = Kind(
     Name.IN_SECTION, Severity.INFO, needs_probe=False,
     meaning="A learner (or every actor) is inside a section its code marks "
@@ -310,7 +317,8 @@ WARMUP = Kind(
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, SPI_DRIFT, STALE_DATA,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITIES_IGNORED,
+    SPI_DRIFT, STALE_DATA,
     THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,

@@ -16,6 +16,7 @@ shape):
     rules_throughput rates against their own baseline
     rules_windows    what the learned stall windows hold back
     rules_memory     the replay process's memory against its limit
+    rules_health     what the learner's replay does: its priorities
 
 Which kinds each produces is its `RULES`, nowhere else.
 
@@ -31,6 +32,7 @@ from typing import Any
 from replaywatch.diagnosis import (
     rules_actors,
     rules_config,
+    rules_health,
     rules_learner,
     rules_liveness,
     rules_memory,
@@ -46,7 +48,7 @@ from replaywatch.diagnosis.registry import Rule, Shape
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
                          *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES,
-                         *rules_memory.RULES)
+                         *rules_memory.RULES, *rules_health.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

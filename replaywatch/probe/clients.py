@@ -2,25 +2,32 @@
 
 Code that makes its own writers from a client (Acme's adders) is given the proxy; every
 `trajectory_writer()` / `writer()` it makes goes through the owning probe's `wrap_writer`,
-and `insert()` (the client's own one-shot insert) is reported to `on_insert` when given.
-Everything else (sample, server_info, mutate_priorities, ...) passes through.
+and `insert()` (the client's own one-shot insert) is reported to `on_insert` when given, and
+`mutate_priorities()` to `on_priorities` (its table, its priorities, seconds, the error).
+Everything else (sample, server_info, ...) passes through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
+
+# (table, the priorities sent, seconds the call took, its error or None)
+Priorities = Callable[[str, Sequence[Any], float, "str | None"], None]
 
 
 class ProbedClient:
     def __init__(self, inner: Any, owner: Any, wrap_writer: Callable[[Any], Any],
                  on_insert: Callable[[], None] | None = None,
-                 on_keep_alive: Callable[[int], None] | None = None):
+                 on_keep_alive: Callable[[int], None] | None = None,
+                 on_priorities: Priorities | None = None):
         self._inner = inner
         self._owner = owner  # the probe: wrapping the same client twice returns it as is
         self._wrap_writer = wrap_writer
         self._on_insert = on_insert
         self._on_keep_alive = on_keep_alive
+        self._on_priorities = on_priorities
 
     def trajectory_writer(self, *args: Any, **kwargs: Any) -> Any:
         writer = self._wrap_writer(self._inner.trajectory_writer(*args, **kwargs))
@@ -37,6 +44,22 @@ class ProbedClient:
         refs = args[0] if args else kwargs.get(name)
         if self._on_keep_alive is not None and isinstance(refs, int) and refs > 0:
             self._on_keep_alive(refs)
+
+    def mutate_priorities(self, table: str, updates: Any = None, deletes: Any = None,
+                          *args: Any, **kwargs: Any) -> Any:
+        """Reverb's priority updates, timed and reported with their values; raised errors too
+        (a NaN or negative priority makes the server refuse the request)."""
+        if self._on_priorities is None:
+            return self._inner.mutate_priorities(table, updates, deletes, *args, **kwargs)
+        start, error = time.monotonic(), None
+        try:
+            return self._inner.mutate_priorities(table, updates, deletes, *args, **kwargs)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            values = list(updates.values()) if isinstance(updates, dict) else []
+            self._on_priorities(str(table), values, time.monotonic() - start, error)
 
     def insert(self, *args: Any, **kwargs: Any) -> Any:
         result = self._inner.insert(*args, **kwargs)

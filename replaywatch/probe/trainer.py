@@ -10,10 +10,11 @@ trainer's own thread is stuck.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from replaywatch.probe.clients import ProbedClient, wrapped_by
@@ -187,6 +188,10 @@ class TrainerProbe(Served):
         # between, and the least and most items inserted between two next() calls.
         self._strides: tuple[int, int, int, int, int] | None = None
         self._writers = 0
+        # By table: (mutate_priorities calls, keys, seconds, calls that raised, keys with a NaN
+        # or negative priority, keys at +inf, the last error). Replaced whole, never changed in
+        # place: the probe's thread reads it while the learner's writes.
+        self._priority_stats: dict[str, tuple[int, int, float, int, int, int, str | None]] = {}
         # (what the tf.data graph says, the model's inputs read from it): None until read
         self._pipeline: tuple[dict[str, Any], dict[str, Any] | None] | None = None
         self._sections = Sections()
@@ -242,13 +247,39 @@ class TrainerProbe(Served):
         self._writers += 1
         return _LoopWriter(writer, self)
 
-    def wrap_client(self, client: Any) -> Any:
+    def wrap_client(self, client: Any, inserts: bool = True) -> Any:
         """Returns a proxy of a reverb.Client whose writers (and `insert`) are counted as
-        this loop's: for Acme's adders (`builder.make_adder(probe.wrap_client(client))`)."""
+        this loop's: for Acme's adders (`builder.make_adder(probe.wrap_client(client))`).
+        Its `mutate_priorities` calls are counted too (`priority_updates`). A learner whose
+        client only samples and updates priorities, the actors inserting elsewhere, passes
+        `inserts=False`: wrapping it then says nothing of the layout."""
         if wrapped_by(client, self):
             return client
-        self._writers += 1  # the loop inserts through this client: it declares as much
-        return ProbedClient(client, self, self.wrap_writer, self._inserted)
+        if inserts:
+            self._writers += 1  # the loop inserts through this client: it declares as much
+        return ProbedClient(client, self, self.wrap_writer, self._inserted,
+                            on_priorities=self._priorities_sent)
+
+    def _priorities_sent(self, table: str, values: Sequence[Any], seconds: float,
+                         error: str | None) -> None:
+        """One mutate_priorities call: its keys, and those Reverb refuses (NaN, negative: the
+        rest of the request is skipped) or accepts to take over sampling (+inf)."""
+        rejected = infinite = 0
+        for v in values:
+            try:
+                f = float(v)
+            except (TypeError, ValueError):
+                rejected += 1
+                continue
+            if f != f or f < 0:
+                rejected += 1
+            elif f == math.inf:
+                infinite += 1
+        calls, keys, total, errors, bad, inf, _ = self._priority_stats.get(
+            table, (0, 0, 0.0, 0, 0, 0, None))
+        self._priority_stats = {**self._priority_stats, table: (
+            calls + 1, keys + len(values), total + seconds, errors + (error is not None),
+            bad + rejected, inf + infinite, error[:300] if error else _)}
 
     def _inserted(self) -> None:
         self._inserts = (self._inserts[0] + 1, threading.get_ident())
@@ -292,6 +323,10 @@ class TrainerProbe(Served):
         section, sections: the section the loop is inside now ({"name", "for_s",
         "timeout_s"} or null) and each section's past ({name: {"count", "longest_s",
         "last_s"}}): `section()`.
+        priority_updates: by table, the wrapped client's `mutate_priorities` calls: {"calls",
+        "keys", "seconds_total", "errors", "rejected_keys" (NaN or negative: Reverb refuses
+        them and skips the rest of the request), "infinite_keys" (+inf: accepted, and takes
+        over sampling), "last_error"}.
         """
         now = self._clock()
         blocked_since = self._blocked_since
@@ -320,6 +355,9 @@ class TrainerProbe(Served):
             next_strides=None if self._strides is None else dict(zip(
                 ("inserts_at_first", "inserts_at_last", "count", "least", "most"),
                 self._strides, strict=True)),
+            priority_updates={t: dict(zip(
+                ("calls", "keys", "seconds_total", "errors", "rejected_keys", "infinite_keys",
+                 "last_error"), s, strict=True)) for t, s in self._priority_stats.items()},
             started_at=self._started_at,
             now=now,
         )

@@ -32,6 +32,7 @@ from replaywatch.model import (
     NextStrides,
     PipelineShape,
     PollOutcome,
+    PriorityUpdates,
     ProbeSnapshot,
     Section,
     SectionStat,
@@ -101,9 +102,22 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             next_strides=_strides(doc),
             **_pipeline(doc),
             **_sections(doc),
+            priority_updates=_priorities(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
+
+
+def _priorities(doc: dict[str, Any]) -> tuple[PriorityUpdates, ...]:
+    """The learner's priority updates, by table (`wrap_client`'s `mutate_priorities`)."""
+    by_table = doc.get("priority_updates") or {}
+    if not isinstance(by_table, dict):
+        raise ValueError("priority_updates is not an object")
+    return tuple(PriorityUpdates(
+        str(t)[:_MAX_TEXT], int(u["calls"]), int(u["keys"]), float(u["seconds_total"]),
+        int(u.get("errors", 0)), int(u.get("rejected_keys", 0)), int(u.get("infinite_keys", 0)),
+        None if u.get("last_error") is None else str(u["last_error"])[:_MAX_TEXT])
+        for t, u in sorted(by_table.items())[:_MAX_SECTIONS])
 
 
 def _choice(doc: dict[str, Any], key: str, allowed: tuple[str, ...]) -> str | None:

@@ -1,0 +1,62 @@
+"""Replay health, judged from the learner's probe and ServerInfo: priorities_ignored cases.
+Real Reverb, a real learner's client: tests/test_priorities.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from replaywatch.diagnosis import rules_health
+from replaywatch.diagnosis.case import TableCase
+from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import KeyDistributionOptions, PriorityUpdates, Severity
+from tests.builders import DEFAULT, TARGET, polls, probe_snapshot, table_history
+
+T = [1000.0 + i for i in range(5)]
+
+
+def learner(keys: int, table: str = "replay", calls: int = 3) -> tuple:
+    sent = (PriorityUpdates(table, calls, keys, 0.25, 0, 0, 0),) if keys else ()
+    return tuple(dataclasses.replace(probe_snapshot(t, 10 + i, table="replay"),
+                                     priority_updates=sent if i >= 3 else ())
+                 for i, t in enumerate(T))
+
+
+def view(sampler: str, remover: str, probe: tuple) -> tuple[TargetView, float]:
+    tables = tuple(dataclasses.replace(s, sampler=KeyDistributionOptions(sampler),
+                                       remover=KeyDistributionOptions(remover))
+                   for s in table_history(T, [500 + i for i in range(5)],
+                                          [400 + i for i in range(5)], size=500))
+    return TargetView(TARGET, polls(T), {"replay": tables}, {probe[-1].probe: probe},
+                      {probe[-1].probe: polls(T)}), T[-1]
+
+
+# (what, the view, the kind it shows or None)
+HEALTH_CASES = [
+    ("updates to a Uniform/Fifo table: ignored", view("uniform", "fifo", learner(96)),
+     "priorities_ignored"),
+    ("updates to a Prioritized table: read", view("prioritized", "fifo", learner(96)), None),
+    ("updates to a table that removes by a min-heap: read", view("uniform", "heap", learner(96)),
+     None),
+    ("a Uniform table no update was sent to", view("uniform", "fifo", learner(0)), None),
+    ("updates to another table", view("uniform", "fifo", learner(96, table="other")), None),
+]
+
+
+def test_each_health_case_shows_its_kind() -> None:
+    for what, (v, now), kind in HEALTH_CASES:
+        found = [f.kind for f in diagnose(v, DEFAULT, now).findings
+                 if f.kind == "priorities_ignored"]
+        assert found == ([kind] if kind else []), what
+
+
+def test_ignored_priorities_say_what_was_sent_and_since_when() -> None:
+    v, now = view("uniform", "fifo", learner(96))
+    probe = next(iter(v.probes.values()))
+    case = TableCase(TARGET, v.tables["replay"], (probe,), now)
+    f = rules_health.is_priorities_ignored(case, probe, DEFAULT)
+    assert f is not None and f.severity is Severity.WARNING
+    assert (f.evidence["sampler"], f.evidence["keys_updated"], f.evidence["update_calls"]) == (
+        "uniform", 96, 3)
+    assert f.since == T[3]  # the first poll that saw an update
+    assert "Prioritized" in f.fix
