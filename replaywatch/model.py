@@ -209,6 +209,23 @@ class SectionStat:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BatchStats:
+    """What the learner's batches' SampleInfo says, read by its trainer probe (cumulative
+    counts, and the effective sample size over its recent batches)."""
+
+    batches: int
+    keys: int
+    keys_repeated_in_batch: int
+    batches_repeated: int  # batches exactly equal to one of the recent ones
+    infinite_priorities: int
+    effective_sample_size: float | None  # 1 / mean(probability): items the sampler draws from
+    table_size: int | None
+    max_importance_weight: float | None  # 1 / (table_size x the smallest probability)
+    times_sampled_mean: float | None
+    times_sampled_max: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PriorityUpdates:
     """A learner's `mutate_priorities` calls to one table, counted by its trainer probe."""
 
@@ -269,6 +286,7 @@ class ProbeSnapshot:
     section: Section | None = None  # the section the loop is inside now
     sections: tuple[SectionStat, ...] = ()  # each section that ended, by name
     priority_updates: tuple[PriorityUpdates, ...] = ()  # by table, through wrap_client
+    batch_stats: BatchStats | None = None  # the batches' SampleInfo, where read
 
     def priorities_to(self, table: str) -> PriorityUpdates | None:
         return next((u for u in self.priority_updates if u.table == table), None)
@@ -420,6 +438,8 @@ class Name(enum.StrEnum):
     MEMORY_EXHAUSTION = "memory_exhaustion"
     MEMORY_LEAK = "memory_leak"
     PRIORITIES_IGNORED = "priorities_ignored"
+    REPEATED_BATCHES = "repeated_batches"
+    PRIORITY_COLLAPSE = "priority_collapse"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,7 +56,8 @@ REPRODUCED_ELSEWHERE = {
     "writer_stalled", "probe_down", "worker_starvation", "drained", "throughput_drop",
     # tests/test_memory_cgroup.py and test_memory_leak.py (make test-memory) replay theirs
     "memory_exhaustion", "memory_leak",
-    "priorities_ignored"}  # tests/test_priorities.py replays the cycle it opens in
+    # tests/test_priorities.py replays the cycle each opens in
+    "priorities_ignored", "priority_collapse", "repeated_batches"}
 
 
 def _probed(limiter: reverb.rate_limiters.RateLimiter,

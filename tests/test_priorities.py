@@ -13,12 +13,15 @@ verdict from its bundle.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import reverb
+import tensorflow as tf
 
 from harness.procs import get_json
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
@@ -80,4 +83,139 @@ def test_updates_to_a_uniform_table_are_ignored_and_a_nan_is_rejected(tmp_path: 
     finally:
         for server, _, probe, _ in (uniform, prioritized):
             probe.stop()
+            server.stop()
+
+
+def filled(n: int, sampler: Any) -> tuple[reverb.Server, reverb.Client]:
+    signature = {"x": tf.TensorSpec([4], tf.float32)}
+    server = reverb.Server([reverb.Table("replay", sampler, reverb.selectors.Fifo(), n,
+                                         reverb.rate_limiters.MinSize(1), signature=signature)],
+                           port=None)
+    client = reverb.Client(f"127.0.0.1:{server.port}")
+    with client.trajectory_writer(num_keep_alive_refs=1) as writer:
+        for i in range(n):
+            writer.append({"x": np.zeros(4, np.float32)})
+            writer.create_item("replay", 1.0, {"x": writer.history["x"][-1]})
+            if i % 5000 == 4999:
+                writer.flush()
+    return server, client
+
+
+class Learner:
+    """A learner loop on its own thread: batches of 256 through the probe, `step()` each."""
+
+    def __init__(self, address: str, probe: TrainerProbe, again_every: int = 0,
+                 step_s: float = 0.02):
+        dataset = reverb.TrajectoryDataset.from_table_signature(
+            server_address=address, table="replay", max_in_flight_samples_per_worker=512,
+        ).batch(256, drop_remainder=True).prefetch(1)
+        source = iter(dataset)
+        if again_every:  # keeps a batch and yields it again every `again_every` batches
+            source = self._again(source, again_every)
+        self._batches = probe.wrap(source)
+        self._probe, self._stop, self._step_s = probe, threading.Event(), step_s
+        self.taken = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _again(source: Any, every: int) -> Any:
+        kept = None
+        for i, batch in enumerate(source):
+            kept = batch if kept is None else kept
+            yield kept if i % every == every - 1 else batch
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            next(self._batches)
+            self.taken += 1
+            self._probe.step()
+            time.sleep(self._step_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def watch(targets: list[str], probes: list[TrainerProbe], tmp_path: Path) -> Any:
+    return build_sidecar(WatchConfig(
+        targets=tuple(targets), probes=tuple(ProbeTarget(str(p.url), t)
+                                             for p, t in zip(probes, targets)),
+        poll=PollConfig(interval_s=1.0, history_s=300.0)),
+        incidents_path=str(tmp_path / "i.db"))
+
+
+def test_one_key_at_1e9_collapses_a_prioritized_table_and_capping_it_resolves(
+        tmp_path: Path) -> None:
+    server, client = filled(100_000, reverb.selectors.Prioritized(0.8))
+    address = f"127.0.0.1:{server.port}"
+    probe = TrainerProbe(table="replay", batch_size=256)
+    probe.start()
+    learner = Learner(address, probe)
+    try:
+        with watch([address], [probe], tmp_path) as sidecar:
+            for _ in range(12):  # healthy: the sampler draws from the whole table
+                t0 = time.monotonic()
+                state = sidecar.poller.tick()
+                assert not [f for f in state.findings if f.kind == "priority_collapse"]
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+            healthy = state.probes[str(probe.url)].batch_stats
+            assert healthy is not None and healthy.effective_sample_size > 10_000
+            key = int(next(iter(client.sample("replay", num_samples=1)))[0].info.key)
+            client.mutate_priorities("replay", {key: 1e9})
+            began, found = time.monotonic(), None
+            while found is None and time.monotonic() - began < 30:
+                t0 = time.monotonic()
+                state = sidecar.poller.tick()
+                found = next((f for f in state.findings if f.kind == "priority_collapse"), None)
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+            assert found is not None, "no priority_collapse in 30 s"
+            assert found.evidence["effective_sample_size"] < 1_000
+            assert found.evidence["table_size"] == 100_000
+            assert_replays(sidecar, state)
+            # The fix: the priority capped (here, set back), the collapse resolves.
+            client.mutate_priorities("replay", {key: 1.0})
+            began = time.monotonic()
+            while time.monotonic() - began < 40 and any(
+                    f.kind == "priority_collapse" for f in sidecar.poller.tick().findings):
+                time.sleep(1.0)
+            assert not any(f.kind == "priority_collapse"
+                           for f in sidecar.poller.tick().findings)
+    finally:
+        learner.stop()
+        probe.stop()
+        server.stop()
+
+
+def test_a_learner_that_yields_a_kept_batch_again_is_named_within_ten_batches(
+        tmp_path: Path) -> None:
+    servers = [filled(5_000, reverb.selectors.Uniform())[0] for _ in range(2)]
+    targets = [f"127.0.0.1:{s.port}" for s in servers]
+    probes = [TrainerProbe(table="replay", batch_size=256) for _ in range(2)]
+    for p in probes:
+        p.start()
+    learners: list[Learner] = []
+    try:
+        with watch(targets, probes, tmp_path) as sidecar:
+            # A step of 0.1 s; the 5th, 10th, ... batch the first one again.
+            learners = [Learner(targets[0], probes[0], again_every=5, step_s=0.1),
+                        Learner(targets[1], probes[1], step_s=0.1)]
+            began, found = time.monotonic(), None
+            while found is None and time.monotonic() - began < 20:
+                t0 = time.monotonic()
+                state = sidecar.poller.tick()
+                found = next((f for f in state.findings if f.kind == "repeated_batches"), None)
+                time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
+            assert found is not None and found.target == targets[0]
+            taken = learners[0].taken
+            assert taken <= 5 + 10, taken  # within ten batches of the first repeat (the 5th)
+            assert found.evidence["batches_repeated"] >= 1
+            assert not [f for f in state.findings if f.target != targets[0]]
+            assert_replays(sidecar, state)
+    finally:
+        for learner in learners:
+            learner.stop()
+        for p in probes:
+            p.stop()
+        for server in servers:
             server.stop()

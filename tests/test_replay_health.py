@@ -1,5 +1,6 @@
-"""Replay health, judged from the learner's probe and ServerInfo: priorities_ignored cases.
-Real Reverb, a real learner's client: tests/test_priorities.py."""
+"""Replay health, judged from the learner's probe and ServerInfo: priorities_ignored,
+priority_collapse and repeated_batches cases. Real Reverb and a real learner:
+tests/test_priorities.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from replaywatch.diagnosis import rules_health
 from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import KeyDistributionOptions, PriorityUpdates, Severity
+from replaywatch.model import BatchStats, KeyDistributionOptions, PriorityUpdates, Severity
 from tests.builders import DEFAULT, TARGET, polls, probe_snapshot, table_history
 
 T = [1000.0 + i for i in range(5)]
@@ -32,7 +33,7 @@ def view(sampler: str, remover: str, probe: tuple) -> tuple[TargetView, float]:
 
 
 # (what, the view, the kind it shows or None)
-HEALTH_CASES = [
+PRIORITY_CASES = [
     ("updates to a Uniform/Fifo table: ignored", view("uniform", "fifo", learner(96)),
      "priorities_ignored"),
     ("updates to a Prioritized table: read", view("prioritized", "fifo", learner(96)), None),
@@ -44,7 +45,7 @@ HEALTH_CASES = [
 
 
 def test_each_health_case_shows_its_kind() -> None:
-    for what, (v, now), kind in HEALTH_CASES:
+    for what, (v, now), kind in PRIORITY_CASES:
         found = [f.kind for f in diagnose(v, DEFAULT, now).findings
                  if f.kind == "priorities_ignored"]
         assert found == ([kind] if kind else []), what
@@ -60,3 +61,50 @@ def test_ignored_priorities_say_what_was_sent_and_since_when() -> None:
         "uniform", 96, 3)
     assert f.since == T[3]  # the first poll that saw an update
     assert "Prioritized" in f.fix
+
+
+def batches(share: float, repeated: list[int], infinite: int = 0, n: int = 30) -> tuple:
+    """A learner's probe over `n` s on a table of 100,000: its batches' effective sample size
+    a `share` of the table, `repeated[i]` batches repeated by second i."""
+    return tuple(dataclasses.replace(
+        probe_snapshot(1000.0 + i, 40 * i, table="replay"),
+        batch_stats=BatchStats(40 * i + 1, 256 * (40 * i + 1), 0, repeated[i], infinite,
+                               share * 100_000, 100_000, 1.0, 1.0, 3))
+        for i in range(n))
+
+
+def table_of(sampler: str, n: int = 30) -> tuple:
+    times = [1000.0 + i for i in range(n)]
+    return tuple(dataclasses.replace(s, sampler=KeyDistributionOptions(sampler, 0.8))
+                 for s in table_history(times, [100_000 + i for i in range(n)],
+                                        [50_000 + 256 * i for i in range(n)], size=100_000,
+                                        max_size=100_000))
+
+
+def probed(sampler: str, probe: tuple) -> tuple[TargetView, float]:
+    times = [p.observed_at for p in probe]
+    return TargetView(TARGET, polls(times), {"replay": table_of(sampler, len(probe))},
+                      {probe[-1].probe: probe}, {probe[-1].probe: polls(times)}), times[-1]
+
+
+BATCH_CASES = [
+    ("a healthy prioritized learner", probed("prioritized", batches(0.4, [0] * 30)), None),
+    ("its sampler on 0.5% of the table for 30 s: collapse",
+     probed("prioritized", batches(0.005, [0] * 30)), "priority_collapse"),
+    ("the same share on a uniform table cannot be a priority's doing",
+     probed("uniform", batches(0.005, [0] * 30)), None),
+    ("an infinite priority in a batch", probed("prioritized", batches(0.4, [0] * 30, 2)),
+     "priority_collapse"),
+    ("a batch repeated 5 s ago", probed("uniform", batches(1.0, [0] * 25 + [1] * 5)),
+     "repeated_batches"),
+    ("a repeat 25 s ago and none since: resolved",
+     probed("uniform", batches(1.0, [0] * 5 + [1] * 25)), None),
+]
+HEALTH_CASES = PRIORITY_CASES + BATCH_CASES
+
+
+def test_each_batch_case_shows_its_kind() -> None:
+    for what, (v, now), kind in BATCH_CASES:
+        found = [f.kind for f in diagnose(v, DEFAULT, now).findings
+                 if f.kind in ("priority_collapse", "repeated_batches")]
+        assert found == ([kind] if kind else []), what

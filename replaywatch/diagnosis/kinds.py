@@ -300,6 +300,21 @@ PRIORITIES_IGNORED = Kind(
             "remover read no priority (Uniform, Fifo, Lifo, from ServerInfo): every update is "
             "kept and changes no sample (acme#69).",
     fix="Give the table a `Prioritized` sampler, or stop sending priorities.")
+REPEATED_BATCHES = Kind(
+    Name.REPEATED_BATCHES, Severity.WARNING, needs_probe=True,
+    meaning="The learner took a batch whose keys are exactly those of one of its last 16 "
+            "batches (its trainer probe reads each batch's SampleInfo off the learner's "
+            "thread): a cache or a prefetch yields a batch again and it trains on the same "
+            "samples twice (acme#293).",
+    fix="Take each batch from the Reverb dataset once: no `.cache()`/`.repeat()` after it, "
+        "no iterator that yields a kept batch again.")
+PRIORITY_COLLAPSE = Kind(
+    Name.PRIORITY_COLLAPSE, Severity.WARNING, needs_probe=True,
+    meaning="On a prioritized table the sampler draws from under 1% of the items (the "
+            "effective sample size of the batches' probabilities, 1 / mean probability) for "
+            "10 s, or a batch carried an infinite priority (Reverb accepts +inf).",
+    fix="Bound the priorities sent (clip the TD error, cap them, never +inf or NaN), or lower "
+        "the priority exponent.")
 IN_SECTION = Kind(
     Name.IN_SECTION, Severity.INFO, needs_probe=False,
     meaning="A learner (or every actor) is inside a section its code marks "
@@ -317,8 +332,8 @@ WARMUP = Kind(
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITIES_IGNORED,
-    SPI_DRIFT, STALE_DATA,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITY_COLLAPSE,
+    PRIORITIES_IGNORED, REPEATED_BATCHES, SPI_DRIFT, STALE_DATA,
     THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,

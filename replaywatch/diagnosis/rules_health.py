@@ -6,8 +6,15 @@
                         value and no sample changes (acme#69: a "priority table" built with a
                         Uniform selector)
 
-Read from the table's sampler and remover options in ServerInfo and the probe's counts; named
-on the first poll that sees both.
+    repeated_batches    the learner took a batch whose keys are exactly those of one of its
+                        recent batches: a cache or a prefetch that yields a batch again
+                        (acme#293), named on the first poll that sees a repeat
+    priority_collapse   on a prioritized table, the sampler draws from under 1% of the table
+                        (the effective sample size of the batches' probabilities) for
+                        COLLAPSE_FOR_S, or a batch carried an infinite priority
+
+Read from the table's sampler and remover options in ServerInfo and the probe's counts
+(priority updates by table; the batches' SampleInfo, probe/batch_stats.py).
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ from replaywatch.model import Finding
 
 # The selectors that read an item's priority: as the sampler or as the remover.
 READ_PRIORITIES = frozenset({"prioritized", "heap"})
+# A collapse: the sampler draws from fewer than COLLAPSE_SHARE of the table's items, on every
+# poll over COLLAPSE_FOR_S (three polls at least): not one odd batch.
+COLLAPSE_SHARE = 0.01
+COLLAPSE_FOR_S = 10.0
+COLLAPSE_POLLS = 3
 
 
 def is_priorities_ignored(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
@@ -45,6 +57,71 @@ def is_priorities_ignored(case: TableCase, probe: Probe, th: Thresholds) -> Find
                         since=first.observed_at)
 
 
+def is_repeated_batches(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
+    """Batches repeated over the newest stall window (any since the probe started, when its
+    history is younger)."""
+    stats = [(p.observed_at, p.batch_stats) for p in probe if p.batch_stats is not None]
+    if not stats or stats[-1][1].batches_repeated == 0:
+        return None
+    start = case.now - th.stall_window_s
+    base = next((b.batches_repeated for t, b in reversed(stats) if t <= start), 0)
+    newest = stats[-1][1]
+    if newest.batches_repeated <= base:
+        return None
+    since = next(t for t, b in stats if b.batches_repeated > base)
+    evidence = {"batches_repeated": newest.batches_repeated,
+                "repeated_in_window": newest.batches_repeated - base, "batches": newest.batches,
+                "keys_repeated_in_batch": newest.keys_repeated_in_batch,
+                "probe": probe[-1].probe}
+    summary = (f"The learner '{probe[-1].name}' took {newest.batches_repeated:,} of its "
+               f"{newest.batches:,} batches twice: their keys are exactly those of a batch it "
+               "took shortly before, so it trains on the same samples again (a cache or a "
+               "prefetch that yields a batch again).")
+    fix = ("Take each batch from the Reverb dataset once: no `.cache()` or `.repeat()` after "
+           "the Reverb dataset, and no iterator that keeps a batch and yields it again.")
+    return case.finding(kinds.REPEATED_BATCHES, summary, evidence, fix, since=since)
+
+
+def is_priority_collapse(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
+    """A prioritized table whose sampler draws from a handful of items."""
+    t = case.latest
+    if t.sampler.kind != "prioritized":
+        return None
+    stats = [(p.observed_at, p.batch_stats) for p in probe if p.batch_stats is not None]
+    if not stats:
+        return None
+    newest = stats[-1][1]
+    recent = [(at, b) for at, b in stats if at >= case.now - COLLAPSE_FOR_S]
+    shares = [b.effective_sample_size / b.table_size for _, b in recent
+              if b.effective_sample_size is not None and b.table_size]
+    covered = stats[0][0] <= case.now - COLLAPSE_FOR_S  # watched for the whole stretch
+    collapsed = (covered and len(shares) >= COLLAPSE_POLLS and len(shares) == len(recent)
+                 and max(shares) < COLLAPSE_SHARE)
+    if not collapsed and newest.infinite_priorities == 0:
+        return None
+    ess = newest.effective_sample_size
+    evidence = {"effective_sample_size": None if ess is None else round(ess, 1),
+                "table_size": newest.table_size,
+                "share_of_table": None if not (ess and newest.table_size)
+                else round(ess / newest.table_size, 6),
+                "max_importance_weight": newest.max_importance_weight,
+                "infinite_priorities": newest.infinite_priorities,
+                "priority_exponent": t.sampler.priority_exponent, "probe": probe[-1].probe}
+    why = (f"{newest.infinite_priorities:,} samples carried an infinite priority (Reverb "
+           "accepts +inf, and it takes over sampling)" if newest.infinite_priorities else
+           f"its batches' probabilities give an effective sample size of {ess:,.1f} items of "
+           f"{newest.table_size:,} ({COLLAPSE_SHARE:.0%} or less for {COLLAPSE_FOR_S:g} s)")
+    summary = (f"Table '{t.name}' samples from a handful of its items: {why}. The learner "
+               "trains on the same few items over and over.")
+    fix = ("Bound the priorities the learner sends (clip the TD error, or cap priorities at a "
+           "maximum, and never send +inf or NaN), or lower the table's priority_exponent.")
+    since = recent[0][0] if collapsed else next(
+        at for at, b in stats if b.infinite_priorities > 0)
+    return case.finding(kinds.PRIORITY_COLLAPSE, summary, evidence, fix, since=since)
+
+
 RULES = (
     Rule(kinds.PRIORITIES_IGNORED, is_priorities_ignored, Shape.PROBE_SETTINGS),
+    Rule(kinds.REPEATED_BATCHES, is_repeated_batches, Shape.PROBE_SETTINGS),
+    Rule(kinds.PRIORITY_COLLAPSE, is_priority_collapse, Shape.PROBE_SETTINGS),
 )

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from replaywatch.probe.batch_stats import BatchStats
 from replaywatch.probe.clients import ProbedClient, wrapped_by
 from replaywatch.probe.learner import wrap_builder as _wrap_builder
 from replaywatch.probe.learner import wrap_learner as _wrap_learner
@@ -60,6 +61,8 @@ class _ProbedIterator:
         probe._blocked_since = None
         batches, total, _ = probe._batch_state
         probe._batch_state = (batches + 1, total + (now - since), now)
+        if probe._batch_stats is not None:
+            probe._batch_stats.offer(item)
         return item
 
     def ready(self) -> bool:
@@ -127,6 +130,7 @@ class TrainerProbe(Served):
         batch_after_interleave: bool = False,
         cycle_length: int | None = None,
         workers_per_iterator: int | None = None,
+        batch_stats: bool = True,
     ):
         for label, value in (
             ("batch_size", batch_size),
@@ -192,6 +196,8 @@ class TrainerProbe(Served):
         # or negative priority, keys at +inf, the last error). Replaced whole, never changed in
         # place: the probe's thread reads it while the learner's writes.
         self._priority_stats: dict[str, tuple[int, int, float, int, int, int, str | None]] = {}
+        # Each batch's SampleInfo, read off the learner's thread (batch_stats.py); False: none.
+        self._batch_stats = BatchStats() if batch_stats else None
         # (what the tf.data graph says, the model's inputs read from it): None until read
         self._pipeline: tuple[dict[str, Any], dict[str, Any] | None] | None = None
         self._sections = Sections()
@@ -323,6 +329,10 @@ class TrainerProbe(Served):
         section, sections: the section the loop is inside now ({"name", "for_s",
         "timeout_s"} or null) and each section's past ({name: {"count", "longest_s",
         "last_s"}}): `section()`.
+        batch_stats: what the batches' SampleInfo says (probe/batch_stats.py): {"batches",
+        "keys", "keys_repeated_in_batch", "batches_repeated", "infinite_priorities",
+        "effective_sample_size", "table_size", "max_importance_weight", "times_sampled_mean",
+        "times_sampled_max", "dropped"}; null with `batch_stats=False`.
         priority_updates: by table, the wrapped client's `mutate_priorities` calls: {"calls",
         "keys", "seconds_total", "errors", "rejected_keys" (NaN or negative: Reverb refuses
         them and skips the rest of the request), "infinite_keys" (+inf: accepted, and takes
@@ -355,6 +365,7 @@ class TrainerProbe(Served):
             next_strides=None if self._strides is None else dict(zip(
                 ("inserts_at_first", "inserts_at_last", "count", "least", "most"),
                 self._strides, strict=True)),
+            batch_stats=None if self._batch_stats is None else self._batch_stats.doc(),
             priority_updates={t: dict(zip(
                 ("calls", "keys", "seconds_total", "errors", "rejected_keys", "infinite_keys",
                  "last_error"), s, strict=True)) for t, s in self._priority_stats.items()},

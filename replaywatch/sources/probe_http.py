@@ -28,6 +28,7 @@ from replaywatch.model import (
     NO_ANSWER,
     WRITER_CALLS,
     ActorSnapshot,
+    BatchStats,
     MemorySnapshot,
     NextStrides,
     PipelineShape,
@@ -103,9 +104,22 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
             **_pipeline(doc),
             **_sections(doc),
             priority_updates=_priorities(doc),
+            batch_stats=_batch_stats(doc),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
+
+
+def _batch_stats(doc: dict[str, Any]) -> BatchStats | None:
+    """What the learner's batches' SampleInfo says (the probe's `batch_stats`)."""
+    b = doc.get("batch_stats")
+    if b is None or not b.get("batches"):
+        return None
+    return BatchStats(int(b["batches"]), int(b["keys"]), int(b["keys_repeated_in_batch"]),
+                      int(b["batches_repeated"]), int(b["infinite_priorities"]),
+                      _opt_float(b, "effective_sample_size"), _opt_int(b, "table_size"),
+                      _opt_float(b, "max_importance_weight"), _opt_float(b, "times_sampled_mean"),
+                      _opt_int(b, "times_sampled_max"))
 
 
 def _priorities(doc: dict[str, Any]) -> tuple[PriorityUpdates, ...]:
