@@ -63,12 +63,15 @@ def test_ignored_priorities_say_what_was_sent_and_since_when() -> None:
     assert "Prioritized" in f.fix
 
 
-def batches(share: float, repeated: list[int], infinite: int = 0, n: int = 30) -> tuple:
+def batches(share: float, repeated: list[int], infinite: list[int] | None = None,
+            n: int = 30) -> tuple:
     """A learner's probe over `n` s on a table of 100,000: its batches' effective sample size
-    a `share` of the table, `repeated[i]` batches repeated by second i."""
+    a `share` of the table, `repeated[i]` batches repeated and `infinite[i]` infinite
+    priorities seen by second i."""
+    infinite = infinite or [0] * n
     return tuple(dataclasses.replace(
         probe_snapshot(1000.0 + i, 40 * i, table="replay"),
-        batch_stats=BatchStats(40 * i + 1, 256 * (40 * i + 1), 0, repeated[i], infinite,
+        batch_stats=BatchStats(40 * i + 1, 256 * (40 * i + 1), 0, repeated[i], infinite[i],
                                share * 100_000, 100_000, 1.0, 1.0, 3))
         for i in range(n))
 
@@ -93,8 +96,10 @@ BATCH_CASES = [
      probed("prioritized", batches(0.005, [0] * 30)), "priority_collapse"),
     ("the same share on a uniform table cannot be a priority's doing",
      probed("uniform", batches(0.005, [0] * 30)), None),
-    ("an infinite priority in a batch", probed("prioritized", batches(0.4, [0] * 30, 2)),
-     "priority_collapse"),
+    ("an infinite priority in a batch 5 s ago",
+     probed("prioritized", batches(0.4, [0] * 30, [0] * 25 + [2] * 5)), "priority_collapse"),
+    ("an infinite priority 25 s ago, none since (capped): resolved",
+     probed("prioritized", batches(0.4, [0] * 30, [0] * 5 + [2] * 25)), None),
     ("a batch repeated 5 s ago", probed("uniform", batches(1.0, [0] * 25 + [1] * 5)),
      "repeated_batches"),
     ("a repeat 25 s ago and none since: resolved",

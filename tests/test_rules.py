@@ -192,8 +192,9 @@ def test_spi_drift(name: str, scenario: TableCase, expected: str | None) -> None
 
 
 def with_learner(scenario: TableCase, batches_per_s: float) -> TableCase:
-    """The same table, its learner's trainer probe taking batches of 256 at `batches_per_s`."""
-    times = [s.observed_at for s in scenario.history]
+    """The same table, its learner's trainer probe taking batches of 256 at `batches_per_s`,
+    each probe poll 50 ms after the table's in the same cycle, as the poller reads them."""
+    times = [s.observed_at + 0.05 for s in scenario.history]
     probe = tuple(probe_snapshot(t, int(batches_per_s * (t - times[0])), table=scenario.latest.name)
                   for t in times)
     return dataclasses.replace(scenario, probes=(probe,))

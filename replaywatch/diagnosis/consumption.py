@@ -28,6 +28,7 @@ from replaywatch.diagnosis import window as win
 from replaywatch.model import ProbeSnapshot, TableSnapshot
 
 MIN_INSERTS = 1  # a window with no insert has no ratio
+SAME_CYCLE_S = 0.5  # a probe's reading and the table's of one poll cycle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,32 +54,34 @@ def consumption(table: Sequence[TableSnapshot], probes: Sequence[Sequence[ProbeS
     sampled = win.increase(points, lambda s: float(s.rate_limiter.samples))
     span = win.span(points)
     server = sampled / inserted if inserted >= MIN_INSERTS else None
-    latest = [p[-1] for p in probes if p]
-    sized = bool(latest) and all(p.batch_size for p in latest)
     consumed = rate = unconsumed = None
-    if sized:
-        took = sum(_taken(p, now - window_s) for p in probes if p)
+    # From the probes' readings of the poll cycle the table's window starts at, and only where
+    # every probe has one: a probe that started inside the window (a restarted learner)
+    # would count short.
+    if (took := consumed_since(probes, points[0].observed_at)) is not None:
         consumed = took / inserted if inserted >= MIN_INSERTS else None
         rate = took / span if span > 0 else None
-        stranded = lim.stranded_samples(table, latest)
-        unconsumed = None if stranded is None else max(0.0, stranded.drawn - stranded.delivered)
+    stranded = lim.stranded_samples(table, [p[-1] for p in probes if p])
+    if stranded is not None:
+        unconsumed = max(0.0, stranded.drawn - stranded.delivered)
     seconds = unconsumed / rate if unconsumed is not None and rate else None
     return Consumption(table[-1].rate_limiter.samples_per_insert, server, consumed, unconsumed,
                        seconds, span)
 
 
 def consumed_since(probes: Sequence[Sequence[ProbeSnapshot]], start: float) -> float | None:
-    """Samples the table's learners took since `start`; None unless every probe says its batch
-    size and its history reaches back to `start` (a count from later would be short)."""
-    if not probes or not all(p and p[-1].batch_size and p[0].observed_at <= start
-                             for p in probes):
-        return None
-    return sum(_taken(p, start) for p in probes)
-
-
-def _taken(history: Sequence[ProbeSnapshot], start: float) -> float:
-    """Samples one probe's learner took since `start` (its batches, counter resets read as
-    restarts)."""
-    points = win.window(win.since_last_restart(history), start)
-    return win.increase(points, lambda p: float(p.batches_retrieved)) * float(
-        points[-1].batch_size or 0) if points else 0.0
+    """Samples the table's learners took since the table's snapshot at `start`: from each
+    probe's reading of that poll cycle (the nearest, within SAME_CYCLE_S: the probe and the
+    server are polled side by side, not at one instant). None unless every probe says its
+    batch size and has such a reading (a count from later would be short)."""
+    taken = 0.0
+    for history in probes:
+        points = win.since_last_restart(history)
+        if not points or not points[-1].batch_size:
+            return None
+        first = min(range(len(points)), key=lambda i: abs(points[i].observed_at - start))
+        if abs(points[first].observed_at - start) > SAME_CYCLE_S:
+            return None
+        taken += win.increase(points[first:], lambda p: float(p.batches_retrieved)) * float(
+            points[-1].batch_size)
+    return taken if probes else None

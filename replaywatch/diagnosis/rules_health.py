@@ -11,7 +11,8 @@
                         (acme#293), named on the first poll that sees a repeat
     priority_collapse   on a prioritized table, the sampler draws from under 1% of the table
                         (the effective sample size of the batches' probabilities) for
-                        COLLAPSE_FOR_S, or a batch carried an infinite priority
+                        COLLAPSE_FOR_S, or a batch carried an infinite priority within the
+                        stall window
 
 Read from the table's sampler and remover options in ServerInfo and the probe's counts
 (priority updates by table; the batches' SampleInfo, probe/batch_stats.py).
@@ -19,11 +20,13 @@ Read from the table's sampler and remover options in ServerInfo and the probe's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import Finding
+from replaywatch.model import BatchStats, Finding
 
 # The selectors that read an item's priority: as the sampler or as the remover.
 READ_PRIORITIES = frozenset({"prioritized", "heap"})
@@ -57,20 +60,35 @@ def is_priorities_ignored(case: TableCase, probe: Probe, th: Thresholds) -> Find
                         since=first.observed_at)
 
 
+Stats = list[tuple[float, BatchStats]]
+
+
+def _stats(probe: Probe) -> Stats:
+    return [(p.observed_at, p.batch_stats) for p in probe if p.batch_stats is not None]
+
+
+def _rose(stats: Stats, count: Callable[[BatchStats], int], start: float
+          ) -> tuple[int, float] | None:
+    """How much a cumulative count rose since `start` (since the probe started, when its
+    history is younger), and when it first did; None when it did not: a repeat or an
+    infinite priority seen once resolves a window later."""
+    if not stats:
+        return None
+    base = next((count(b) for t, b in reversed(stats) if t <= start), 0)
+    if count(stats[-1][1]) <= base:
+        return None
+    return count(stats[-1][1]) - base, next(t for t, b in stats if count(b) > base)
+
+
 def is_repeated_batches(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
-    """Batches repeated over the newest stall window (any since the probe started, when its
-    history is younger)."""
-    stats = [(p.observed_at, p.batch_stats) for p in probe if p.batch_stats is not None]
-    if not stats or stats[-1][1].batches_repeated == 0:
+    """Batches repeated over the newest stall window."""
+    stats = _stats(probe)
+    rose = _rose(stats, lambda b: b.batches_repeated, case.now - th.stall_window_s)
+    if rose is None:
         return None
-    start = case.now - th.stall_window_s
-    base = next((b.batches_repeated for t, b in reversed(stats) if t <= start), 0)
-    newest = stats[-1][1]
-    if newest.batches_repeated <= base:
-        return None
-    since = next(t for t, b in stats if b.batches_repeated > base)
+    (in_window, since), newest = rose, stats[-1][1]
     evidence = {"batches_repeated": newest.batches_repeated,
-                "repeated_in_window": newest.batches_repeated - base, "batches": newest.batches,
+                "repeated_in_window": in_window, "batches": newest.batches,
                 "keys_repeated_in_batch": newest.keys_repeated_in_batch,
                 "probe": probe[-1].probe}
     summary = (f"The learner '{probe[-1].name}' took {newest.batches_repeated:,} of its "
@@ -87,17 +105,18 @@ def is_priority_collapse(case: TableCase, probe: Probe, th: Thresholds) -> Findi
     t = case.latest
     if t.sampler.kind != "prioritized":
         return None
-    stats = [(p.observed_at, p.batch_stats) for p in probe if p.batch_stats is not None]
+    stats = _stats(probe)
     if not stats:
         return None
     newest = stats[-1][1]
+    infinite = _rose(stats, lambda b: b.infinite_priorities, case.now - th.stall_window_s)
     recent = [(at, b) for at, b in stats if at >= case.now - COLLAPSE_FOR_S]
     shares = [b.effective_sample_size / b.table_size for _, b in recent
               if b.effective_sample_size is not None and b.table_size]
     covered = stats[0][0] <= case.now - COLLAPSE_FOR_S  # watched for the whole stretch
     collapsed = (covered and len(shares) >= COLLAPSE_POLLS and len(shares) == len(recent)
                  and max(shares) < COLLAPSE_SHARE)
-    if not collapsed and newest.infinite_priorities == 0:
+    if not collapsed and infinite is None:
         return None
     ess = newest.effective_sample_size
     evidence = {"effective_sample_size": None if ess is None else round(ess, 1),
@@ -108,15 +127,14 @@ def is_priority_collapse(case: TableCase, probe: Probe, th: Thresholds) -> Findi
                 "infinite_priorities": newest.infinite_priorities,
                 "priority_exponent": t.sampler.priority_exponent, "probe": probe[-1].probe}
     why = (f"{newest.infinite_priorities:,} samples carried an infinite priority (Reverb "
-           "accepts +inf, and it takes over sampling)" if newest.infinite_priorities else
+           "accepts +inf, and it takes over sampling)" if infinite is not None else
            f"its batches' probabilities give an effective sample size of {ess:,.1f} items of "
            f"{newest.table_size:,} ({COLLAPSE_SHARE:.0%} or less for {COLLAPSE_FOR_S:g} s)")
     summary = (f"Table '{t.name}' samples from a handful of its items: {why}. The learner "
                "trains on the same few items over and over.")
     fix = ("Bound the priorities the learner sends (clip the TD error, or cap priorities at a "
            "maximum, and never send +inf or NaN), or lower the table's priority_exponent.")
-    since = recent[0][0] if collapsed else next(
-        at for at, b in stats if b.infinite_priorities > 0)
+    since = recent[0][0] if collapsed or infinite is None else infinite[1]
     return case.finding(kinds.PRIORITY_COLLAPSE, summary, evidence, fix, since=since)
 
 

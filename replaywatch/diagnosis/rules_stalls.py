@@ -235,7 +235,7 @@ def is_spi_drift(case: TableCase, th: Thresholds) -> Finding | None:
     if tol is None or not lim.is_sample_limited(t) or not win.covers(case.history, start):
         return None
     points = win.window(case.history, start)
-    inserted, sampled = win.increase(points, inserts_of), _sampled(case, points)
+    inserted, (sampled, _) = win.increase(points, inserts_of), _sampled(case, points)
     if any(is_warming_up(s) for s in points) or inserted < th.spi_min_inserts:
         return None
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
@@ -254,23 +254,23 @@ def drift_allowed(t: TableSnapshot) -> float:
     return lim.error_buffer(t) if is_insert_blocking_disabled(t) else lim.limiter_slack(t)
 
 
-def _sampled(case: TableCase, points: tuple) -> float:
-    """The samples over the window: the learner's (its probes' batches), else the server's."""
+def _sampled(case: TableCase, points: tuple) -> tuple[float, bool]:
+    """The samples over the window, and whether they are the learner's (its probes'
+    batches, from their readings of the window's first poll cycle) rather than the server's."""
     taken = consumed_since(list(case.probes), points[0].observed_at)
-    return win.increase(points, samples_of) if taken is None else taken
+    return (win.increase(points, samples_of), False) if taken is None else (taken, True)
 
 
 def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
     t, rl = case.latest, case.latest.rate_limiter
-    inserted, sampled = win.increase(points, inserts_of), _sampled(case, points)
+    inserted, (sampled, by_learner) = win.increase(points, inserts_of), _sampled(case, points)
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
     side = "the learner samples less" if gap > 0 else "the learner samples more"
-    by_learner = consumed_since(list(case.probes), points[0].observed_at)
     evidence = {**limiter_evidence(t), "observed_samples_per_insert": observed,
                 "tolerance_rate": tol, "window_s": win.span(points), "inserts": inserted,
                 "samples": sampled, "sample_deficit": gap, "drift_allowed": drift_allowed(t),
-                "samples_counted_by": "the server (its prefetch included)" if by_learner is None
-                else "the learner's batches (trainer probe)",
+                "samples_counted_by": "the learner's batches (trainer probe)" if by_learner
+                else "the server (its prefetch included)",
                 "server_samples": win.increase(points, samples_of)}
     summary = (f"Table '{t.name}' is sampled off its configured {rl.samples_per_insert:g} "
                f"samples per insert by more than {tol * 100:.3g}%: {side} than configured.")
