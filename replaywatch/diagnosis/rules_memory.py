@@ -89,8 +89,7 @@ def is_memory_leak(view: TargetView, th: Thresholds, now: float) -> Finding | No
     m = view.memory[-1] if view.memory else None
     if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
         return None
-    tables = {name: win.since_last_reset(view.coarse_tables.get(name) or points)
-              for name, points in view.tables.items()}
+    tables = {name: fill(view, name) for name in view.tables}
     since = mem.flat_since(list(tables.values()), now)
     if since is None:
         return None

@@ -36,7 +36,8 @@ _QUEUE = 256  # batches waiting for the thread; beyond, the oldest is dropped an
 READ_EVERY_S = 0.25  # the thread reads what came in since, this often
 # Every batch's keys are compared with the recent ones; the rest (probabilities, priorities,
 # times sampled, repeats within a batch) is read from one batch in SAMPLE_EVERY: estimates
-# of the same distributions, at a quarter of the cost (measured: 52 us a batch of 256).
+# of the same distributions, at a quarter of the cost (measured: 52 us for a whole batch of
+# 256 read in full).
 SAMPLE_EVERY = 4
 
 
@@ -53,8 +54,8 @@ def sample_info(item: Any) -> Any | None:
 
 def _array(x: Any) -> Any | None:
     """An array's own methods do the arithmetic (NumPy's, reached through TensorFlow's
-    `.numpy()` or a JAX array's): a Python loop over 256 values held the GIL long enough to
-    cost the learner 4% of its step. None for anything else."""
+    `.numpy()` or a JAX array's), not a Python loop over every value. None for anything
+    else."""
     if x is None:
         return None
     if hasattr(x, "numpy"):
@@ -100,8 +101,8 @@ class BatchStats:
             return dict(self._doc)
 
     def _run(self) -> None:
-        # Woken by a clock, not by each batch: a wake-up per batch (a futex and a thread
-        # switch) cost a learner at 7 ms a step more than the reading itself.
+        # Woken by a clock, not by each batch: no wake-up (a futex, a thread switch) is added
+        # to the learner's every next().
         while True:
             time.sleep(READ_EVERY_S)
             while self._queue:
@@ -110,31 +111,29 @@ class BatchStats:
                 except Exception:  # a batch we cannot read is not the learner's problem
                     pass
                 # Hands the GIL back after each batch: a learner thread back from its C code
-                # would otherwise wait for this one's whole backlog (the switch interval is
-                # 5 ms), not for one batch's tens of microseconds.
+                # then waits for one batch's reading at most, not for the whole backlog (up
+                # to the interpreter's 5 ms switch interval).
                 time.sleep(0)
 
     def _read(self, info: Any) -> None:
         keys = _array(getattr(info, "key", None))
         if keys is None or keys.size == 0:
             return
+        # Every batch's keys, for the exact repeats; the rest from one batch in SAMPLE_EVERY.
+        n, signature = int(keys.size), keys.tobytes()
+        repeated = n >= MIN_REPEAT_KEYS and signature in self._recent_keys
+        self._recent_keys.append(signature)
         self._seen += 1
-        if self._seen % SAMPLE_EVERY:  # every batch's keys, for the exact repeats
-            repeated = keys.size >= MIN_REPEAT_KEYS and keys.tobytes() in self._recent_keys
-            self._recent_keys.append(keys.tobytes())
+        if self._seen % SAMPLE_EVERY:
             with self._lock:
                 d = self._doc
-                self._doc = {**d, "batches": d["batches"] + 1, "keys": d["keys"] + keys.size,
+                self._doc = {**d, "batches": d["batches"] + 1, "keys": d["keys"] + n,
                              "batches_repeated": d["batches_repeated"] + int(repeated)}
             return
         probs = _array(getattr(info, "probability", None))
         sizes = _array(getattr(info, "table_size", None))
         prios = _array(getattr(info, "priority", None))
         times = _array(getattr(info, "times_sampled", None))
-        n = int(keys.size)
-        signature = keys.tobytes()
-        repeated = n >= MIN_REPEAT_KEYS and signature in self._recent_keys
-        self._recent_keys.append(signature)
         distinct = len(set(keys.ravel().tolist()))
         if probs is not None and probs.size:
             self._recent_p.append((float(probs.sum()), int(probs.size)))

@@ -281,11 +281,11 @@ class TrainerProbe(Served):
                 rejected += 1
             elif f == math.inf:
                 infinite += 1
-        calls, keys, total, errors, bad, inf, _ = self._priority_stats.get(
+        calls, keys, total, errors, bad, inf, last = self._priority_stats.get(
             table, (0, 0, 0.0, 0, 0, 0, None))
         self._priority_stats = {**self._priority_stats, table: (
             calls + 1, keys + len(values), total + seconds, errors + (error is not None),
-            bad + rejected, inf + infinite, error[:300] if error else _)}
+            bad + rejected, inf + infinite, error[:300] if error else last)}
 
     def _inserted(self) -> None:
         self._inserts = (self._inserts[0] + 1, threading.get_ident())
