@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats system-deps venv launchpad-venv clean
+.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -148,6 +148,11 @@ bench-long:
 # minutes full, no finding), and what reading the memory costs a poll.
 bench-memory: $(STAMP)
 	$(PY) -m bench.memory --results bench/RESULTS.md
+
+# wasted_experience against real tables of five shape families, every fix it prints applied
+# and run again (about 5 minutes).
+bench-waste: $(STAMP)
+	$(PY) -m bench.waste --results bench/RESULTS.md
 
 # What the trainer probe's batch statistics cost a learner step at batch 256 (two minutes).
 bench-batch-stats: $(STAMP)

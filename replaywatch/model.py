@@ -440,6 +440,7 @@ class Name(enum.StrEnum):
     PRIORITIES_IGNORED = "priorities_ignored"
     REPEATED_BATCHES = "repeated_batches"
     PRIORITY_COLLAPSE = "priority_collapse"
+    WASTED_EXPERIENCE = "wasted_experience"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,14 +69,18 @@ def table_snapshot(
     waiting_for_inserts_ms: int = 0,
     waiting_for_sampling_ms: int = 0,
     item_bytes: int | None = None,
+    unique: int | None = None,
+    sampler: str = "uniform",
 ) -> TableSnapshot:
     """One `TableInfo`; size defaults to the inserts (no deletes yet), capped at max_size.
-    `item_bytes`: what its signature says of an item's size (None: no signature)."""
+    `item_bytes`: what its signature says of an item's size (None: no signature).
+    `unique`: num_unique_samples, by default every sample a new item (up to the inserts)."""
     return TableSnapshot(
         target=target, name=name, observed_at=float(t), max_size=max_size,
         current_size=min(inserts, max_size) if size is None else size,
         max_times_sampled=0, num_episodes=inserts, num_deleted_episodes=0,
-        num_unique_samples=0, sampler=KeyDistributionOptions("uniform"),
+        num_unique_samples=min(inserts, samples) if unique is None else unique,
+        sampler=KeyDistributionOptions(sampler),
         remover=KeyDistributionOptions("fifo"),
         rate_limiter=RateLimiterInfo(spi, min_diff, max_diff, min_size, inserts, samples),
         worker_time=TableWorkerTime(waiting_for_inserts_ms=waiting_for_inserts_ms,
@@ -93,11 +97,13 @@ def table_history(
     size: Values = None,
     waiting_for_inserts_ms: Values = 0,
     waiting_for_sampling_ms: Values = 0,
+    unique: Values = None,
     **config: Any,
 ) -> tuple[TableSnapshot, ...]:
     """One snapshot per time; `config` goes to table_snapshot (spi, min_diff, ...)."""
     return tuple(
         table_snapshot(t, at(inserts, i), at(samples, i), size=at(size, i),
+                       unique=at(unique, i),
                        waiting_for_inserts_ms=at(waiting_for_inserts_ms, i),
                        waiting_for_sampling_ms=at(waiting_for_sampling_ms, i), **config)
         for i, t in enumerate(times)

@@ -140,6 +140,7 @@ LONG_FIRST = (
     "test_windows.py", "test_watch.py", "test_status_page.py", "test_faults.py",
     "test_load_smoke.py", "test_loop_layout.py", "test_repro_startup.py", "test_wheel.py",
     "test_repro_throughput.py", "test_api_fuzz.py", "test_priorities.py", "test_consumption.py",
+    "test_waste.py",
 )
 
 

@@ -1,12 +1,17 @@
 """Replay health, judged from the learner's probe and ServerInfo: priorities_ignored,
-priority_collapse and repeated_batches cases. Real Reverb and a real learner:
-tests/test_priorities.py."""
+priority_collapse, repeated_batches and wasted_experience cases. Real Reverb and a real
+learner: tests/test_priorities.py, tests/test_waste.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
+
+import pytest
 
 from replaywatch.diagnosis import rules_health
+from replaywatch.diagnosis import waste as ws
 from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
@@ -105,7 +110,105 @@ BATCH_CASES = [
     ("a repeat 25 s ago and none since: resolved",
      probed("uniform", batches(1.0, [0] * 5 + [1] * 25)), None),
 ]
-HEALTH_CASES = PRIORITY_CASES + BATCH_CASES
+
+
+def evicting(spi: float, share: float, *, max_size: int = 1000, seconds: int = 90,
+             rate: int = 100, sampler: str = "uniform", remover: str = "fifo",
+             full: bool = True, pause_every: int = 0) -> tuple[TargetView, float]:
+    """A full table (`full`) taking `rate` inserts a second for `seconds`, sampled `spi` per
+    insert, a `share` of its inserts never sampled; with `pause_every`, no sample in one
+    poll of every `pause_every`."""
+    times = [1000.0 + i for i in range(seconds + 1)]
+    samples, n = [], 0
+    for i in range(len(times)):
+        n += 0 if pause_every and i % pause_every == 0 else spi * rate * (
+            pause_every / (pause_every - 1) if pause_every else 1)
+        samples.append(int(n))
+    tables = tuple(dataclasses.replace(s, remover=KeyDistributionOptions(remover))
+                   for s in table_history(
+                       times, [50_000 + rate * i for i in range(len(times))], samples,
+                       size=max_size if full else max_size - 1, max_size=max_size,
+                       sampler=sampler,
+                       unique=[20_000 + int((1 - share) * rate * i) for i in range(len(times))]))
+    return TargetView(TARGET, polls(times), {"replay": tables}, {}, {}), times[-1]
+
+
+WASTE_CASES = [
+    ("0.4 samples per insert, 67% never sampled: the ratio",
+     evicting(0.4, 0.67), "wasted_experience"),
+    ("2 per insert, 14% never sampled", evicting(2.0, 0.14), None),
+    ("1 per insert, 75% never sampled: bursts", evicting(1.0, 0.75), "wasted_experience"),
+    ("the same on a prioritized table", evicting(1.0, 0.75, sampler="prioritized"),
+     "wasted_experience"),
+    ("a table that is not full evicts nothing", evicting(0.4, 0.67, full=False), None),
+    ("full for 30 s: under spi_window_s", evicting(0.4, 0.67, seconds=30), None),
+    ("evicting by a heap (lowest priority first), on purpose", evicting(
+        0.4, 0.67, remover="heap"), None),
+    ("fewer than two turnovers", evicting(0.4, 0.67, max_size=5000), None),
+]
+HEALTH_CASES = PRIORITY_CASES + BATCH_CASES + WASTE_CASES
+
+
+def test_each_waste_case_shows_its_kind() -> None:
+    for what, (v, now), kind in WASTE_CASES:
+        found = [f.kind for f in diagnose(v, DEFAULT, now).findings
+                 if f.kind == "wasted_experience"]
+        assert found == ([kind] if kind else []), what
+
+
+def wasted(v: TargetView, now: float) -> Any:
+    f = rules_health.is_wasted_experience(v, DEFAULT, now)
+    assert f is not None and f.severity is Severity.WARNING and f.table == "replay"
+    return f
+
+
+def test_too_few_samples_per_insert_print_the_ratio_and_not_a_larger_table() -> None:
+    f = wasted(*evicting(0.4, 0.67))
+    assert f.evidence["fix_samples_per_insert"] == 1.0 and f.evidence["fix_max_size"] is None
+    assert f.evidence["burst"] is None
+    assert f.evidence["uniform_share_at_this_ratio"] == pytest.approx(math.exp(-0.4), abs=1e-3)
+    assert "samples_per_insert=1" in f.fix and "larger max_size changes nothing" in f.fix
+
+
+def test_bursts_longer_than_the_table_print_the_max_size_that_holds_one() -> None:
+    f = wasted(*evicting(1.0, 0.75))
+    # 75% at 1 per insert on a table of 1000: a burst of 4000 (1 - (1 - e^-4) / 4)
+    assert f.evidence["burst"] == pytest.approx(4000, rel=0.02)
+    assert f.evidence["fix_max_size"] == 4800 and f.evidence["fix_samples_per_insert"] is None
+    assert "max_size to 4,800" in f.fix and "prioritized" not in f.summary
+
+
+def test_a_prioritized_table_names_both_causes_until_its_batches_settle_it() -> None:
+    v, now = evicting(1.0, 0.75, sampler="prioritized")
+    f = wasted(v, now)
+    assert "either bursts" in f.summary and "batch_stats=True" in f.summary
+    assert f.fix.startswith("If bursts:") and "If the priorities" in f.fix
+    # A learner whose batches draw from 95% of the table: its priorities do not explain it.
+    stats = BatchStats(10, 2560, 0, 0, 0, 950.0, 1000, 1.1, 1.0, 3)
+    probe = (dataclasses.replace(probe_snapshot(now, 10, table="replay"), batch_stats=stats),)
+    settled = wasted(dataclasses.replace(v, probes={probe[0].probe: probe}), now)
+    assert "either" not in settled.summary and settled.evidence[
+        "effective_sample_size_share"] == 0.95
+
+
+def test_a_pause_the_polls_see_is_a_burst_of_its_own() -> None:
+    # No sample in one poll of every ten, 1000 items a second into a table of 1000: the
+    # polls see 1000-item pauses (2000 with the interval after), more than the share alone
+    # explains.
+    v, now = evicting(1.0, 0.55, rate=1000, pause_every=10, seconds=120)
+    f = wasted(v, now)
+    assert f.evidence["burst"] == 2000 and f.evidence["fix_max_size"] == 2400
+
+
+def test_the_waste_arithmetic() -> None:
+    assert ws.uniform_share(1.0, 100) == pytest.approx(math.exp(-1))
+    assert ws.uniform_share(1.0, 100, 400) == pytest.approx(1 - 0.25 * (1 - math.exp(-4)))
+    assert ws.uniform_share(0.0, 100) == 1.0
+    for spi, size, burst in ((1.0, 100, 400), (0.5, 200, 800), (2.0, 250, 1000)):
+        share = ws.uniform_share(spi, size, burst)
+        assert ws.burst_for(share, spi, size) == pytest.approx(burst, rel=1e-6)
+    assert ws.burst_for(math.exp(-1) - 0.01, 1.0, 100) is None  # e^-s explains it
+    assert (ws.round_up(4000 * 1.2), ws.round_up(473.4), ws.round_up(0.0)) == (4800, 480, 0)
 
 
 def test_each_batch_case_shows_its_kind() -> None:

@@ -315,6 +315,18 @@ PRIORITY_COLLAPSE = Kind(
             "10 s, or a batch carried an infinite priority (Reverb accepts +inf).",
     fix="Bound the priorities sent (clip the TD error, cap them, never +inf or NaN), or lower "
         "the priority exponent.")
+WASTED_EXPERIENCE = Kind(
+    Name.WASTED_EXPERIENCE, Severity.WARNING, needs_probe=False,
+    meaning="More than half of the items a full table evicted while it stayed full (two "
+            "turnovers, 2 x max_size inserts, and 60 s at least) were never sampled "
+            "(ServerInfo's `num_unique_samples` against its inserts). A uniform, "
+            "oldest-first table wastes e^-s at s samples per insert whatever its max_size; "
+            "more is inserts in bursts longer than the table (a collect loop, actors "
+            "inserting while the learner pauses), or on a prioritized table its priorities, "
+            "and it says which.",
+    fix="Too few samples per insert: sample at least 1 per insert (a `SampleToInsertRatio` "
+        "limiter) or insert less. Bursts: `max_size` above the burst it gives, or shorter "
+        "bursts.")
 IN_SECTION = Kind(
     Name.IN_SECTION, Severity.INFO, needs_probe=False,
     meaning="A learner (or every actor) is inside a section its code marks "
@@ -333,7 +345,7 @@ ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITY_COLLAPSE,
-    PRIORITIES_IGNORED, REPEATED_BATCHES, SPI_DRIFT, STALE_DATA,
+    PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE, SPI_DRIFT, STALE_DATA,
     THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,

@@ -13,6 +13,11 @@
                         (the effective sample size of the batches' probabilities) for
                         COLLAPSE_FOR_S, or a batch carried an infinite priority within the
                         stall window
+    wasted_experience   more than half of the items a full table evicted while it stayed full
+                        (two turnovers and spi_window_s at least) were never sampled: too
+                        few samples per insert (e^-s of them, whatever max_size is), or
+                        inserts in bursts longer than the table (diagnosis/waste.py has the
+                        arithmetic and the fixes' reasons)
 
 Read from the table's sampler and remover options in ServerInfo and the probe's counts
 (priority updates by table; the batches' SampleInfo, probe/batch_stats.py).
@@ -20,13 +25,17 @@ Read from the table's sampler and remover options in ServerInfo and the probe's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import kinds, rules_memory
+from replaywatch.diagnosis import waste as ws
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import BatchStats, Finding
+from replaywatch.diagnosis.window import TargetView
+from replaywatch.model import BatchStats, Finding, ProbeSnapshot
 
 # The selectors that read an item's priority: as the sampler or as the remover.
 READ_PRIORITIES = frozenset({"prioritized", "heap"})
@@ -138,8 +147,105 @@ def is_priority_collapse(case: TableCase, probe: Probe, th: Thresholds) -> Findi
     return case.finding(kinds.PRIORITY_COLLAPSE, summary, evidence, fix, since=since)
 
 
+# The samplers and removers whose waste the arithmetic knows: drawn by weight (uniform is
+# the weights' equal case), evicted oldest first, kept however often sampled.
+WASTE_SAMPLERS = frozenset({"uniform", "prioritized"})
+
+
+def _learner_on(view: TargetView, name: str) -> ProbeSnapshot | None:
+    """The newest reading of a trainer probe on table `name`, if one reads it."""
+    newest = [h[-1] for h in view.probes.values()
+              if h and view.table_named(h[-1].table) == name]
+    return max(newest, key=lambda p: p.observed_at, default=None)
+
+
+def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding | None:
+    points = win.since_last_reset(win.reach(view, name))
+    t = points[-1] if points else None
+    if (t is None or t.remover.kind != "fifo" or t.sampler.kind not in WASTE_SAMPLERS
+            or t.max_times_sampled > 0 or (w := ws.waste(points, th.spi_window_s)) is None
+            or w.share <= ws.WASTED_SHARE):
+        return None
+    learner = _learner_on(view, name)
+    strides = learner.next_strides if learner else None
+    stats = learner.batch_stats if learner else None
+    ess_share = (stats.effective_sample_size / stats.table_size
+                 if stats and stats.effective_sample_size and stats.table_size else None)
+    # The burst: measured where the loop's probe counts its inserts between next() calls,
+    # else read from the excess over e^-s.
+    measured = strides.most if strides and strides.most > w.max_size else None
+    burst = measured or w.burst
+    evidence = {"never_sampled": w.never_sampled, "inserted": w.inserts,
+                "never_sampled_share": round(w.share, 3), "samples_per_insert": round(w.spi, 3),
+                "uniform_share_at_this_ratio": round(w.uniform, 3), "max_size": w.max_size,
+                "sampler": t.sampler.kind, "stretch_s": round(w.until - w.since, 1),
+                "burst": None if burst is None else round(burst),
+                "burst_from": None if burst is None else
+                ("the loop's inserts between next() calls" if measured else
+                 "the share over e^-s")}
+    if stats is not None:
+        evidence["effective_sample_size_share"] = (None if ess_share is None
+                                                   else round(ess_share, 3))
+    spi_fix = math.ceil(ws.spi_for(ws.TARGET_SHARE) * 10) / 10
+    more_samples = (f"sample at least {spi_fix:g} per insert (a uniform table then evicts "
+                    f"{math.exp(-spi_fix):.0%} unsampled): "
+                    f"`rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert="
+                    f"{spi_fix:g}, ...)`, the actors then wait for the learner, or insert less "
+                    "(fewer actors, fewer collect steps per train step)")
+    head = (f"Table '{name}' evicted {w.never_sampled:,} of the {w.inserts:,} items inserted "
+            f"over {w.until - w.since:.0f} s ({w.share:.0%}) without ever sampling them, at "
+            f"{w.spi:.2f} samples per insert.")
+    if burst is None:
+        summary = (f"{head} That is what a uniform table wastes at this ratio (e^-"
+                   f"{w.spi:.2f} = {w.uniform:.0%}, whatever its max_size): too few samples "
+                   "per insert.")
+        fix = f"{more_samples[0].upper()}{more_samples[1:]}. A larger max_size changes nothing."
+        evidence |= {"fix_samples_per_insert": spi_fix, "fix_max_size": None}
+    else:
+        size_fix = ws.round_up(1.2 * burst)
+        fits = rules_memory.table_memories(view).get(name)
+        fits_size = fits.fits_max_size if fits else None
+        bursts = (f"inserts arrive about {burst:,.0f} at a time between the learner's samples "
+                  f"({evidence['burst_from']}), more than max_size {w.max_size:,}: the first "
+                  "of each burst are evicted before any sample")
+        size = (f"raise max_size to {size_fix:,} (a burst then fits; "
+                + (f"memory fits {fits_size:,} items, so " if fits_size and fits_size
+                   < size_fix else "")
+                + "or insert fewer items between the learner's samples: collect fewer steps "
+                f"per train step, at most {w.max_size:,})")
+        also = (f"; then {more_samples}" if w.uniform > ws.TARGET_SHARE else "")
+        evidence |= {"fix_samples_per_insert": spi_fix if also else None,
+                     "fix_max_size": size_fix}
+        priorities = (t.sampler.kind == "prioritized" and measured is None
+                      and (ess_share is None or ess_share < ws.NEAR_UNIFORM))
+        if priorities:
+            summary = (f"{head} A uniform table wastes {w.uniform:.0%} at this ratio; the rest "
+                       f"is either bursts ({bursts}) or the priorities drawing from a few "
+                       "items. " + ("A trainer probe with batch_stats=True tells them apart "
+                                    "(an effective sample size near the table's size clears "
+                                    "the priorities)" if ess_share is None else
+                                    f"The batches' effective sample size is {ess_share:.0%} "
+                                    "of the table, so the priorities may explain it; the "
+                                    "loop's inserts between next() calls (a probe-wrapped "
+                                    "writer) would settle bursts") + ".")
+            fix = (f"If bursts: {size}{also}. If the priorities: bound them (clip the TD "
+                   "error) or lower priority_exponent.")
+        else:
+            summary = f"{head} A uniform table wastes {w.uniform:.0%} at this ratio; here {bursts}."
+            fix = f"{size[0].upper()}{size[1:]}{also}."
+    return kinds.WASTED_EXPERIENCE.finding(view.target, name, summary, evidence, fix,
+                                           since=w.since, last_seen=now)
+
+
+def is_wasted_experience(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """The table that wastes the largest share of its evictions, where one wastes over half."""
+    found = [f for name in sorted(view.tables) if (f := _wasted(view, name, th, now)) is not None]
+    return max(found, key=lambda f: f.evidence["never_sampled_share"], default=None)
+
+
 RULES = (
     Rule(kinds.PRIORITIES_IGNORED, is_priorities_ignored, Shape.PROBE_SETTINGS),
     Rule(kinds.REPEATED_BATCHES, is_repeated_batches, Shape.PROBE_SETTINGS),
     Rule(kinds.PRIORITY_COLLAPSE, is_priority_collapse, Shape.PROBE_SETTINGS),
+    Rule(kinds.WASTED_EXPERIENCE, is_wasted_experience, Shape.VIEW),
 )

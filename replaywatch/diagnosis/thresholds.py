@@ -11,7 +11,7 @@ class Thresholds:
 
     stall_window_s: float = 10.0  # no progress for this long is a stall
     down_polls: int = 2  # failed polls in a row before target_down / probe_down
-    spi_window_s: float = 60.0  # observed samples per insert is judged over this
+    spi_window_s: float = 60.0  # observed samples per insert (and waste) is judged over this
     spi_min_inserts: int = 50  # too few inserts make the observed ratio noise
     too_many_threads: int = 500  # the seed's job ran over 500 threads
     min_history_s: float = 3.0  # shorter history is "insufficient data"

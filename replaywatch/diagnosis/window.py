@@ -190,6 +190,14 @@ def since_last_reset(snapshots: Sequence[TableSnapshot]) -> tuple[TableSnapshot,
     return tuple(snapshots[last_reset_index(snapshots):])
 
 
+def reach(view: TargetView, name: str) -> tuple[TableSnapshot, ...]:
+    """A table's snapshots as far back as the view holds them: the coarse copy (one per
+    ~10 s) before the fine history begins, then every poll of the fine history."""
+    fine = view.tables.get(name, ())
+    start = fine[0].observed_at if fine else float("inf")
+    return (*(s for s in view.coarse_tables.get(name, ()) if s.observed_at < start), *fine)
+
+
 def since_last_restart(snapshots: Sequence[ProbeSnapshot]) -> tuple[ProbeSnapshot, ...]:
     """The probe's snapshots since the trainer last (re)started: new pid, or counters dropped."""
     start = 0
