@@ -441,6 +441,7 @@ class Name(enum.StrEnum):
     REPEATED_BATCHES = "repeated_batches"
     PRIORITY_COLLAPSE = "priority_collapse"
     WASTED_EXPERIENCE = "wasted_experience"
+    PRIORITY_UPDATES_REJECTED = "priority_updates_rejected"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,7 @@ REPRODUCED_ELSEWHERE = {
     # tests/test_memory_cgroup.py and test_memory_leak.py (make test-memory) replay theirs
     "memory_exhaustion", "memory_leak",
     # tests/test_priorities.py replays the cycle each opens in
-    "priorities_ignored", "priority_collapse", "repeated_batches",
+    "priorities_ignored", "priority_collapse", "repeated_batches", "priority_updates_rejected",
     # tests/test_waste.py replays the cycle that names it
     "wasted_experience"}
 

@@ -6,7 +6,9 @@ not insert): one table Uniform (acme#69's "priority table"), one Prioritized. Th
 samples keys and sends them new priorities. The sidecar's own poller must name
 priorities_ignored on the Uniform table within two polls of the first update, with the
 counts in its evidence, and never on the Prioritized one; a NaN priority, which Reverb
-refuses, is counted as rejected with Reverb's error. The cycle it opens in replays to the live
+refuses, is counted as rejected with Reverb's error and named priority_updates_rejected (a
+warning: one call of two); a learner whose every update is refused is named critical, and
+resolved once its priorities are finite. Each cycle a finding opens in replays to the live
 verdict from its bundle.
 """
 
@@ -26,6 +28,8 @@ import tensorflow as tf
 
 from harness.procs import get_json
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Severity
 from replaywatch.probe import TrainerProbe
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
@@ -81,11 +85,45 @@ def test_updates_to_a_uniform_table_are_ignored_and_a_nan_is_rejected(tmp_path: 
             assert (doc["calls"], doc["errors"], doc["rejected_keys"]) == (2, 1, 1)
             assert doc["last_error"].startswith(type(refused.value).__name__)
             state = sidecar.poller.tick()
-            assert {f.kind for f in state.findings if f.target == targets[1]} == set()
+            # One call refused of two: named, as a warning (not every update was refused).
+            [f] = [f for f in state.findings if f.target == targets[1]]
+            assert (f.kind, f.severity) == ("priority_updates_rejected", Severity.WARNING)
+            assert (f.evidence["refused_in_window"], f.evidence["rejected_keys"]) == (1, 1)
+            assert "NaN" in f.evidence["last_error"]
+            assert_replays(sidecar, state)
     finally:
         for server, _, probe, _ in (uniform, prioritized):
             probe.stop()
             server.stop()
+
+
+def test_a_learner_whose_every_update_is_refused_pages_until_its_priorities_are_finite(
+        tmp_path: Path) -> None:
+    server, client, probe, learner = job(reverb.selectors.Prioritized(0.8))
+    target = f"127.0.0.1:{server.port}"
+    config = WatchConfig(targets=(target,), probes=(ProbeTarget(str(probe.url), target),),
+                         poll=PollConfig(interval_s=1.0, history_s=300.0),
+                         thresholds=Thresholds(stall_window_s=3.0))
+    try:
+        with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as sidecar:
+            sidecar.poller.tick()
+            for _ in range(3):  # a diverged loss: every TD error NaN
+                with pytest.raises(Exception, match="Priority must not be NaN"):
+                    learner.mutate_priorities("replay", {k: math.nan for k in keys(client)})
+            state = sidecar.poller.tick()
+            [f] = [f for f in state.findings if f.kind == "priority_updates_rejected"]
+            assert f.severity is Severity.CRITICAL and f.evidence["refused_in_window"] == 3
+            assert "no priority lands" in f.summary
+            assert_replays(sidecar, state)
+            # Finite priorities again: once a window passes with no refusal, resolved.
+            def healthy(state: Published) -> bool:
+                learner.mutate_priorities("replay", {k: 0.5 for k in keys(client)})
+                return not named("priority_updates_rejected")(state)
+
+            assert tick_until(sidecar, healthy, 8, replay_each=False) is not None
+    finally:
+        probe.stop()
+        server.stop()
 
 
 def filled(n: int, sampler: Any) -> tuple[reverb.Server, reverb.Client]:

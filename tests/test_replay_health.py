@@ -146,7 +146,46 @@ WASTE_CASES = [
         0.4, 0.67, remover="heap"), None),
     ("fewer than two turnovers", evicting(0.4, 0.67, max_size=5000), None),
 ]
-HEALTH_CASES = PRIORITY_CASES + BATCH_CASES + WASTE_CASES
+
+
+def refusing(calls: list[int], errors: list[int], rejected: int = 8) -> tuple[TargetView, float]:
+    """A prioritized table's learner whose cumulative update `calls` and refused calls
+    (`errors`) are read once a second."""
+    n = len(calls)
+    probe = tuple(dataclasses.replace(
+        probe_snapshot(1000.0 + i, 10 + i, table="replay"),
+        priority_updates=(PriorityUpdates("replay", calls[i], 8 * calls[i], 0.1 * calls[i],
+                                          errors[i], rejected if errors[i] else 0, 0,
+                                          "Priority must not be NaN." if errors[i] else None),))
+        for i in range(n))
+    return probed("prioritized", probe)
+
+
+REJECT_CASES = [
+    ("updates accepted", refusing(list(range(20)), [0] * 20), None),
+    ("every call of the last 10 s refused: critical",
+     refusing(list(range(20)), [0] * 8 + list(range(12))), "priority_updates_rejected"),
+    ("one refused among accepted ones: a warning", refusing(list(range(20)), [0] * 15 + [1] * 5),
+     "priority_updates_rejected"),
+    ("a refusal 15 s ago, none since: resolved", refusing(list(range(20)), [0] * 4 + [1] * 16),
+     None),
+]
+HEALTH_CASES = PRIORITY_CASES + BATCH_CASES + WASTE_CASES + REJECT_CASES
+
+
+def test_refused_priority_updates_page_only_when_every_one_is_refused() -> None:
+    severities = []
+    for what, (v, now), kind in REJECT_CASES:
+        found = [f for f in diagnose(v, DEFAULT, now).findings
+                 if f.kind == "priority_updates_rejected"]
+        assert [f.kind for f in found] == ([kind] if kind else []), what
+        severities += [f.severity for f in found]
+    assert severities == [Severity.CRITICAL, Severity.WARNING]
+    v, now = REJECT_CASES[1][1]
+    [f] = [f for f in diagnose(v, DEFAULT, now).findings if f.kind == "priority_updates_rejected"]
+    assert (f.evidence["calls_in_window"], f.evidence["refused_in_window"]) == (10, 10)
+    assert f.evidence["last_error"] == "Priority must not be NaN." and "NaN" in f.fix
+    assert f.since == 1010.0  # the first poll of the window that saw a new refusal
 
 
 def test_each_waste_case_shows_its_kind() -> None:

@@ -97,7 +97,8 @@
   local rule(entry) =
     local e = {
       name: camel(entry.kind),
-      expr: 'replaywatch_finding_active{%s, kind="%s"} == 1' % [c.replaywatchSelector, entry.kind],
+      // The finding's own severity: a kind that pages may also be said as a warning.
+      expr: 'replaywatch_finding_active{%s, kind="%s", severity="critical"} == 1' % [c.replaywatchSelector, entry.kind],
       runbook: entry.kind,
       dashboardVars: ['target', 'table'],
     } + entry;

@@ -36,4 +36,9 @@
     summary: 'Configuration will hang the learner in next(): {{ $labels.target }} table {{ $labels.table }}',
     description: 'Once inserting stops, the rate limiter of table {{ $labels.table }} on {{ $labels.target }} releases fewer samples than one batch (or a policy-lag bound frees less than a batch a step): the learner will block in next() for good. The released samples and the fixes the budget model proves: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
+  {
+    kind: 'priority_updates_rejected',
+    summary: "Learner's priority updates all refused: {{ $labels.target }} table {{ $labels.table }}",
+    description: 'Reverb refuses every priority update the learner sends to table {{ $labels.table }} on {{ $labels.target }} (NaN or negative priorities): the table samples by stale priorities. The error and the counts: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+  },
 ]

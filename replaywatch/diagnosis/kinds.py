@@ -167,6 +167,23 @@ WARMUP_IMPOSSIBLE = Kind(
            'items, fewer than its min_size_to_sample: the learner can never sample and the '
            'job never starts training. Which number to change to what: GET '
            '/api/v1/findings on the sidecar {{ $labels.instance }}.'))
+PRIORITY_UPDATES_REJECTED = Kind(
+    # Declared critical for its page; a finding where only some calls were refused is a
+    # warning (rules_health.py), and the page's expression reads the finding's severity.
+    Name.PRIORITY_UPDATES_REJECTED, Severity.CRITICAL, needs_probe=True,
+    meaning="Reverb refused the learner's priority updates (its trainer probe counts the "
+            "wrapped client's `mutate_priorities` calls that raised): a NaN or negative "
+            "priority is refused, and the rest of that call with it. Critical when every call "
+            "over the stall window (three at least) was refused: no priority lands and the "
+            "table samples by stale ones; a warning when some were.",
+    fix="Send finite priorities >= 0: find where the TD error turns NaN (a diverged loss) "
+        "and use its absolute value; clip before sending.",
+    alert=("Learner's priority updates all refused: {{ $labels.target }} table "
+           "{{ $labels.table }}",
+           "Reverb refuses every priority update the learner sends to table {{ $labels.table "
+           "}} on {{ $labels.target }} (NaN or negative priorities): the table samples by "
+           "stale priorities. The error and the counts: GET /api/v1/findings on the sidecar "
+           "{{ $labels.instance }}."))
 TARGET_DOWN = Kind(
     Name.TARGET_DOWN, Severity.WARNING, needs_probe=False,
     meaning="The Reverb server did not answer for more than `down_polls` (2) polls.",
@@ -343,7 +360,7 @@ WARMUP = Kind(
 # Precedence, worst first.
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
-    INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM,
+    INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM, PRIORITY_UPDATES_REJECTED,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITY_COLLAPSE,
     PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE, SPI_DRIFT, STALE_DATA,
     THROUGHPUT_DROP,

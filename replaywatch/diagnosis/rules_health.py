@@ -13,6 +13,10 @@
                         (the effective sample size of the batches' probabilities) for
                         COLLAPSE_FOR_S, or a batch carried an infinite priority within the
                         stall window
+    priority_updates_rejected
+                        Reverb refused the learner's priority updates over the stall window
+                        (NaN or negative priorities: the rest of each call goes with them);
+                        critical when every call was refused (REFUSED_CALLS at least)
     wasted_experience   more than half of the items a full table evicted while it stayed full
                         (two turnovers and spi_window_s at least) were never sampled: too
                         few samples per insert (e^-s of them, whatever max_size is), or
@@ -25,6 +29,7 @@ Read from the table's sampler and remover options in ServerInfo and the probe's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -35,7 +40,7 @@ from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import BatchStats, Finding, ProbeSnapshot
+from replaywatch.model import BatchStats, Finding, ProbeSnapshot, Severity
 
 # The selectors that read an item's priority: as the sampler or as the remover.
 READ_PRIORITIES = frozenset({"prioritized", "heap"})
@@ -44,6 +49,9 @@ READ_PRIORITIES = frozenset({"prioritized", "heap"})
 COLLAPSE_SHARE = 0.01
 COLLAPSE_FOR_S = 10.0
 COLLAPSE_POLLS = 3
+# Every update refused is critical once this many calls were refused in a row over the window:
+# one refused call of a learner that updates rarely is a warning until more say the same.
+REFUSED_CALLS = 3
 
 
 def is_priorities_ignored(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
@@ -67,6 +75,42 @@ def is_priorities_ignored(case: TableCase, probe: Probe, th: Thresholds) -> Find
            "computing and sending priorities: they change nothing here.")
     return case.finding(kinds.PRIORITIES_IGNORED, summary, evidence, fix,
                         since=first.observed_at)
+
+
+def is_priority_updates_rejected(case: TableCase, probe: Probe, th: Thresholds
+                                 ) -> Finding | None:
+    """Priority updates to this table that Reverb refused over the stall window."""
+    t = case.latest
+    sent = [(p.observed_at, u) for p in probe if (u := p.priorities_to(t.name)) is not None]
+    if not sent:
+        return None
+    start = case.now - th.stall_window_s
+    newest = sent[-1][1]
+    base = next((u for at, u in reversed(sent) if at <= start), None)
+    calls = newest.calls - (base.calls if base else 0)
+    refused = newest.errors - (base.errors if base else 0)
+    if refused <= 0:
+        return None
+    since = next(at for at, u in sent if u.errors > (base.errors if base else 0))
+    every = refused == calls and refused >= REFUSED_CALLS
+    evidence = {"calls_in_window": calls, "refused_in_window": refused,
+                "refused_calls": newest.errors, "calls": newest.calls,
+                "rejected_keys": newest.rejected_keys, "infinite_keys": newest.infinite_keys,
+                "last_error": newest.last_error, "probe": probe[-1].probe,
+                "sampler": t.sampler.kind}
+    why = (f"{newest.rejected_keys:,} keys had a NaN or negative priority"
+           if newest.rejected_keys else f"Reverb said: {newest.last_error}")
+    summary = (f"Reverb refused {refused:,} of the {calls:,} priority updates the learner "
+               f"'{probe[-1].name}' sent to table '{t.name}' in the last "
+               f"{th.stall_window_s:g} s ({why}); a refused call drops the rest of its keys"
+               + (", so no priority lands: the table samples by stale ones." if every
+                  else "."))
+    fix = ("Send finite priorities >= 0: find where the TD error turns NaN (a diverged loss, "
+           "a division by zero) and send its absolute value, clipped; check them before "
+           "`mutate_priorities`." if newest.rejected_keys else
+           f"Reverb refuses the calls ({newest.last_error}): fix what it names.")
+    found = case.finding(kinds.PRIORITY_UPDATES_REJECTED, summary, evidence, fix, since=since)
+    return found if every else dataclasses.replace(found, severity=Severity.WARNING)
 
 
 Stats = list[tuple[float, BatchStats]]
@@ -248,4 +292,5 @@ RULES = (
     Rule(kinds.REPEATED_BATCHES, is_repeated_batches, Shape.PROBE_SETTINGS),
     Rule(kinds.PRIORITY_COLLAPSE, is_priority_collapse, Shape.PROBE_SETTINGS),
     Rule(kinds.WASTED_EXPERIENCE, is_wasted_experience, Shape.VIEW),
+    Rule(kinds.PRIORITY_UPDATES_REJECTED, is_priority_updates_rejected, Shape.PROBE_SETTINGS),
 )
