@@ -23,7 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.metric_families import Family, Group, Row, counter, gauge
-from replaywatch.metrics_probes import actor_rows, owners, role_of, trainer_rows
+from replaywatch.metrics_probes import actor_rows, owners, replay_health_rows, role_of, trainer_rows
 from replaywatch.model import SourceKind, TableSnapshot, TableWorkerTime
 from replaywatch.state import Published
 
@@ -142,6 +142,7 @@ def families(state: Published) -> Group:
     yield from _table_rows(state)
     yield from _memory_rows(state)
     yield from trainer_rows(state, owner)
+    yield from replay_health_rows(state, owner)
     yield from actor_rows(state, owner)
     active: list[Row] = []
     since: list[Row] = []

@@ -47,6 +47,20 @@ WORKERS = gauge("probe_num_parallel_calls", "Parallel sampling workers.", LABELS
 
 OS_THREADS = gauge("probe_os_threads",
                    "Operating-system threads in the probed process (Linux only).", ROLE)
+TABLE = (*LABELS, "table")
+P_CALLS = counter("probe_priority_update_calls", "mutate_priorities calls the learner made "
+                  "through its wrapped client, by table.", TABLE)
+P_KEYS = counter("probe_priority_update_keys", "Keys those calls sent.", TABLE)
+P_ERRORS = counter("probe_priority_update_errors", "mutate_priorities calls that raised: Reverb "
+                   "refused them (a NaN or negative priority) or could not be reached.", TABLE)
+P_SECONDS = counter("probe_priority_update_seconds", "Time the learner spent in "
+                    "mutate_priorities.", TABLE)
+ESS = gauge("probe_batch_effective_sample_size", "Items the sampler effectively draws from, "
+            "by the learner's recent batches (1 / mean probability).", LABELS)
+BATCH_TABLE = gauge("probe_batch_table_size", "The table's size as the learner's newest batch "
+                    "saw it.", LABELS)
+REPEATED = counter("probe_batches_repeated", "Batches whose keys are exactly those of one of "
+                   "the learner's recent batches.", LABELS)
 A_STEPS = counter("actor_steps", "Environment steps the actor reported (step()).", LABELS)
 SINCE_STEP = gauge("actor_seconds_since_last_step",
                    "Seconds since the actor's last step(); absent before its first.", LABELS)
@@ -106,6 +120,28 @@ def trainer_rows(state: Published, owner: dict[str, str]) -> Group:
                     WORKERS),
                    (batches, steps, blocked_total, blocked, blocked_for, ready, threads, batch,
                     workers))
+
+
+def replay_health_rows(state: Published, owner: dict[str, str]) -> Group:
+    """What the learner's probe counts of its priority updates and reads of its batches."""
+    fams = (P_CALLS, P_KEYS, P_ERRORS, P_SECONDS, ESS, BATCH_TABLE, REPEATED)
+    rows: list[list[Row]] = [[] for _ in fams]
+    calls, keys, errors, seconds, ess, size, repeated = rows
+    for url, p in state.probes.items():
+        labels = (owner.get(url, ""), url)
+        for u in p.priority_updates:
+            by_table = (*labels, u.table)
+            calls.append((by_table, u.calls))
+            keys.append((by_table, u.keys))
+            errors.append((by_table, u.errors))
+            seconds.append((by_table, u.seconds_total))
+        if (b := p.batch_stats) is not None:
+            repeated.append((labels, b.batches_repeated))
+            if b.effective_sample_size is not None:
+                ess.append((labels, b.effective_sample_size))
+            if b.table_size is not None:
+                size.append((labels, b.table_size))
+    yield from zip(fams, rows)
 
 
 def actor_rows(state: Published, owner: dict[str, str]) -> Group:

@@ -9,6 +9,7 @@ fails because a kind or a metric changed, regenerate them and review the diff:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
-from replaywatch.model import Finding, MemorySnapshot, Severity
+from replaywatch.model import BatchStats, Finding, MemorySnapshot, PriorityUpdates, Severity
 from replaywatch.state import Published, SourceStatus
 from tests.builders import ACTOR, actor_snapshot, probe_snapshot, table_history
 
@@ -51,7 +52,10 @@ def full_picture() -> Published:
         url: SourceStatus(url, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3, 0, 0),
         ACTOR: SourceStatus(ACTOR, "probe", target, True, 2.0, 2.0, None, 0.002, 0, 3, 0, 0),
     }
-    probe = probe_snapshot(2.0, 40, url=url, blocked_for=1.0, ready=True, table=table.name)
+    probe = dataclasses.replace(
+        probe_snapshot(2.0, 40, url=url, blocked_for=1.0, ready=True, table=table.name),
+        priority_updates=(PriorityUpdates(table.name, 4, 1024, 0.2, 1, 1, 0, "NaN"),),
+        batch_stats=BatchStats(40, 40 * 256, 0, 0, 0, 25.0, 30, 1.2, 1.0, 2))
     finding = Finding("worker_starvation", Severity.CRITICAL, target, table.name, "s", {}, "f",
                       1.0, 2.0)
     return Published(at=2.0, cycle=3, sources=sources, tables={(target, table.name): table},

@@ -29,6 +29,7 @@ import tensorflow as tf
 from harness.procs import get_json
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.metrics import make_registry, render
 from replaywatch.model import Severity
 from replaywatch.probe import TrainerProbe
 from replaywatch.state import Published
@@ -76,6 +77,9 @@ def test_updates_to_a_uniform_table_are_ignored_and_a_nan_is_rejected(tmp_path: 
             assert (f.evidence["sampler"], f.evidence["update_calls"]) == ("uniform", 1)
             assert f.evidence["keys_updated"] == 8
             assert_replays(sidecar, state)
+            exposed = render(make_registry(lambda: state)).decode()
+            assert (f'replaywatch_probe_priority_update_keys_total{{probe="{uniform[2].url}",'
+                    f'table="replay",target="{targets[0]}"}} 8.0') in exposed
 
             # A NaN priority: Reverb refuses the request; the probe counts it and says why.
             _, client, probe, learner = prioritized
@@ -203,6 +207,8 @@ def test_one_key_at_1e9_collapses_a_prioritized_table_and_capping_it_resolves(
             assert tick_until(sidecar, named("priority_collapse"), 12, seen, False) is None
             healthy = seen[-1].probes[str(probe.url)].batch_stats
             assert healthy is not None and healthy.effective_sample_size > 10_000
+            exposed = render(make_registry(lambda: seen[-1])).decode()
+            assert "replaywatch_probe_batch_effective_sample_size{" in exposed
             key = int(next(iter(client.sample("replay", num_samples=1)))[0].info.key)
             client.mutate_priorities("replay", {key: 1e9})
             took = tick_until(sidecar, named("priority_collapse"), 30, seen, False)

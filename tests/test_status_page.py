@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from harness.procs import PYTHON, ROOT, Proc, get_json, get_text, wait_until
-from replaywatch.probe import ActorProbe
+from replaywatch.probe import ActorProbe, TrainerProbe
 
 pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
 
@@ -376,3 +376,38 @@ def test_page_says_the_verdict_is_incomplete_while_a_rule_cannot_judge(
     note.wait_for(state="hidden")  # the next answer has none: the note goes
     assert not page.locator("#verdict").inner_text().startswith("incomplete")
     assert page.errors == []
+
+
+def test_page_shows_the_learners_priority_updates_and_refusals(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path, browser_page: Any,
+) -> None:
+    import numpy as np
+    import reverb
+
+    server = reverb.Server([reverb.Table("replay", reverb.selectors.Prioritized(0.8),
+                                         reverb.selectors.Fifo(), 100,
+                                         reverb.rate_limiters.MinSize(1))], port=None)
+    client = reverb.Client(f"127.0.0.1:{server.port}")
+    for _ in range(10):
+        client.insert([np.zeros(2, np.float32)], {"replay": 1.0})
+    probe = TrainerProbe(table="replay", batch_size=8, name="learner-priorities")
+    probe.start()
+    try:
+        learner = probe.wrap_client(client, inserts=False)
+        keys = [int(s[0].info.key) for s in client.sample("replay", num_samples=4)]
+        learner.mutate_priorities("replay", {k: 2.0 for k in keys})
+        with pytest.raises(Exception, match="Priority must not be NaN"):
+            learner.mutate_priorities("replay", {keys[0]: float("nan")})
+        target = f"127.0.0.1:{server.port}"
+        _, base = sidecar("--reverb", target, "--probe", f"{target}={probe.url}",
+                          "--interval", "0.5", "--db", str(tmp_path / "p.db"))
+        page = browser_page
+        page.goto(base + "/")
+        cell = page.locator(f'#probes tr[data-probe="{probe.url}"] td[data-health="replay"]')
+        cell.wait_for()
+        wait_until(lambda: "refused" in cell.inner_text(), timeout_s=15)
+        assert cell.inner_text() == "replay: 2 priority updates, 4 keys, 1 refused"
+        assert page.errors == []
+    finally:
+        probe.stop()
+        server.stop()

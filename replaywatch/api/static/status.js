@@ -395,6 +395,22 @@
       + ", " + num(r.max_in_flight) + " in flight" + item;
   }
 
+  // The learner's replay as its probe counts it: the priority updates it sent (and Reverb
+  // refused), and what its batches' SampleInfo says of the sampler's reach.
+  function healthText(s) {
+    const parts = (s.priority_updates || []).map((u) => u.table + ": " + num(u.calls)
+      + " priority updates, " + num(u.keys) + " keys" + (u.errors ? ", " + num(u.errors) + " refused" : ""));
+    const b = s.batch_stats;
+    if (b) {
+      if (b.effective_sample_size != null && b.table_size) {
+        parts.push("batches draw from " + (100 * b.effective_sample_size / b.table_size).toFixed(1)
+          + "% of the table");
+      }
+      if (b.batches_repeated) parts.push(num(b.batches_repeated) + " batches repeated");
+    }
+    return parts.join(" · ") || "–";
+  }
+
   function renderProbes(doc) {
     // A replay probe's reading is the memory shown with each table, not a learner's.
     const rows = doc.probes.filter((p) => p.role !== "actor" && p.role !== "replay").map((p) => {
@@ -411,10 +427,11 @@
         el("td", { class: "num" }, num(read.batch_size) + " × " + num(read.num_parallel_calls)),
         el("td", { class: "num" }, num(s.thread_count)),
         el("td", { class: "pipeline" }, pipelineText(s)),
+        el("td", { "data-health": "replay" }, healthText(s)),
         el("td", { class: "error" }, p.last_error || ""));
     });
     fill("probes", rows.length
-      ? table(["probe", "state", "next()", "batches", "batch × workers", "threads", "pipeline", "last error"], rows)
+      ? table(["probe", "state", "next()", "batches", "batch × workers", "threads", "pipeline", "replay health", "last error"], rows)
       : el("p", { class: "empty" }, "no trainer probe attached (add --probe URL for the learner's view)"));
   }
 
