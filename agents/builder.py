@@ -22,7 +22,7 @@ from agents.acting import TD3Actor
 from agents.adders import NStepTransitionAdder, transition_example
 from agents.config import ReplayConfig, RunConfig, StepDelay, TD3Config
 from agents.environments import EnvironmentSpec, make_environment
-from agents.learning import PolicyParams, TD3Learner
+from agents.learning import PolicyParams, TD3Learner, send_priorities
 from agents.networks import TD3Networks, make_networks
 from replaywatch.probe import ActorProbe, TrainerProbe
 
@@ -144,8 +144,15 @@ def make_learner(
     """Dataset iterator -> probe wrapper -> learner. The probe is not started here."""
     probe = make_probe(replay, probe_listen)
     iterator = probe.wrap(replay_lib.make_dataset_iterator(server_address, replay))
+    # A prioritized table: the learner sends each batch's |TD error| back, through a client
+    # its probe counts (inserts=False: this client inserts nothing, the loop is not proven
+    # synchronous by it).
+    priorities = (send_priorities(probe.wrap_client(reverb.Client(server_address),
+                                                    inserts=False), replay.table)
+                  if replay.sampler == "prioritized" else None)
     learner = TD3Learner(networks, td3, iterator, key, on_step=probe.step,
-                         first_step_delay_s=first_step_delay_s, step_delay_s=step_delay_s)
+                         first_step_delay_s=first_step_delay_s, step_delay_s=step_delay_s,
+                         priorities=priorities)
     return LearnerParts(learner, iterator, probe)  # type: ignore[arg-type]
 
 

@@ -111,6 +111,9 @@ class TD3Config:
         _require(self.crop_padding >= 0, f"crop_padding ({self.crop_padding}) must be >= 0")
 
 
+SAMPLERS = ("uniform", "prioritized")
+
+
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
     """The table and the dataset that reads it, shaped like Acme's.
@@ -135,9 +138,17 @@ class ReplayConfig:
     # `reverb.Table.queue(table, max_replay_size)`: every item sampled once, in order (an
     # on-policy layout; the Queue limiter replaces SampleToInsertRatio). Distributed only.
     queue: bool = False
+    # `prioritized`: a Prioritized(priority_exponent) sampler; the learner sends each batch's
+    # |TD error| back as its items' priorities (prioritized replay, as Acme's D4PG/R2D2 do).
+    sampler: str = "uniform"
+    priority_exponent: float = 0.6
 
     def __post_init__(self) -> None:
         _require(bool(self.table), "table must be a non-empty name")
+        _require(self.sampler in SAMPLERS,
+                 f"sampler ({self.sampler!r}) must be one of {', '.join(SAMPLERS)}")
+        _require(self.priority_exponent >= 0,
+                 f"priority_exponent ({self.priority_exponent}) must be >= 0")
         _require(self.batch_size >= 1, f"batch_size ({self.batch_size}) must be >= 1")
         _require(
             self.samples_per_insert > 0,

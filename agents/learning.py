@@ -107,7 +107,7 @@ def make_update_fn(
         target = jax.lax.stop_gradient(target)
         q1, q2 = networks.critic.apply(critic_params, embedding, batch.action)
         loss = jnp.mean(jnp.square(q1 - target) + jnp.square(q2 - target))
-        return loss, embedding
+        return loss, (embedding, jnp.abs(q1 - target))
 
     def policy_loss(
         policy_params: hk.Params, critic_params: hk.Params, embedding: jax.Array
@@ -131,7 +131,7 @@ def make_update_fn(
             reward=batch.reward.astype(jnp.float32), discount=batch.discount.astype(jnp.float32)
         )
         trainable = (state.encoder_params, state.critic_params)
-        (c_loss, embedding), grads = jax.value_and_grad(critic_loss, has_aux=True)(
+        (c_loss, (embedding, td_error)), grads = jax.value_and_grad(critic_loss, has_aux=True)(
             trainable, state, batch, k_noise
         )
         updates, critic_opt_state = optimizer.update(grads, state.critic_opt_state, trainable)
@@ -177,10 +177,26 @@ def make_update_fn(
         metrics = {
             "critic_loss": c_loss,
             "policy_loss": policy_loss(policy_params, critic_params, embedding),
+            # Per sample: a prioritized table's new priorities (the learner sends them).
+            "td_error": td_error,
         }
         return new_state, metrics
 
     return update
+
+
+# A priority is |TD error| + this: an item whose error is 0 keeps a chance of being sampled.
+PRIORITY_FLOOR = 1e-6
+
+
+def send_priorities(client: Any, table: str) -> Callable[[Any, Any], None]:
+    """Sends a batch's |TD errors| as its items' priorities through `client` (a Reverb client,
+    the trainer probe's wrapped one, which counts the calls)."""
+    def send(keys: Any, td_error: Any) -> None:
+        priorities = np.asarray(td_error, np.float64).ravel() + PRIORITY_FLOOR
+        client.mutate_priorities(table, dict(zip(np.asarray(keys).ravel().tolist(),
+                                                 priorities.tolist())))
+    return send
 
 
 def transition_from_sample(data: Any) -> Transition:
@@ -201,6 +217,7 @@ class TD3Learner:
         first_step_delay_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
         step_delay_s: float = 0.0,
+        priorities: Callable[[Any, Any], None] | None = None,
     ):
         optimizer = optax.adam(config.learning_rate)
         self._iterator = iterator
@@ -211,6 +228,8 @@ class TD3Learner:
         # small host), after its batch is taken.
         self._step_delay_s = step_delay_s
         self._sleep = sleep
+        # (keys, |TD errors|) of each batch, for a prioritized table (send_priorities).
+        self._priorities = priorities
         self._state = make_initial_state(networks, optimizer, key)
         self._update = jax.jit(make_update_fn(networks, config, optimizer))
         self._steps = 0
@@ -225,6 +244,8 @@ class TD3Learner:
         if self._step_delay_s > 0:
             self._sleep(self._step_delay_s)
         self._state, metrics = self._update(self._state, transition_from_sample(sample.data))
+        if self._priorities is not None:
+            self._priorities(sample.info.key, metrics["td_error"])
         self._steps += 1
         self._metrics = metrics  # converted lazily: float() would sync every step
         if self._on_step is not None:
@@ -235,7 +256,8 @@ class TD3Learner:
         return self._steps
 
     def metrics(self) -> dict[str, float]:
-        return {name: float(value) for name, value in self._metrics.items()}
+        return {name: float(value) for name, value in self._metrics.items()
+                if getattr(value, "ndim", 0) == 0}
 
     def get_policy_params(self) -> PolicyParams:
         return self._state.encoder_params, self._state.policy_params

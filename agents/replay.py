@@ -46,7 +46,8 @@ def make_replay_table(config: ReplayConfig, signature: dict[str, tf.TensorSpec])
         return reverb.Table.queue(config.table, config.max_replay_size, signature=signature)
     return reverb.Table(
         name=config.table,
-        sampler=reverb.selectors.Uniform(),
+        sampler=(reverb.selectors.Prioritized(config.priority_exponent)
+                 if config.sampler == "prioritized" else reverb.selectors.Uniform()),
         remover=reverb.selectors.Fifo(),
         max_size=config.max_replay_size,
         rate_limiter=make_rate_limiter(config),

@@ -124,6 +124,9 @@ def make_parser() -> argparse.ArgumentParser:
         "blocking")
     add("--checkpoint-every-s", type=float, default=0.0, metavar="SECONDS",
         help="checkpoint the Reverb server every SECONDS (client.checkpoint()); 0: never")
+    add("--sampler", choices=("uniform", "prioritized"), default=defaults_replay.sampler,
+        help="prioritized: the learner sends each batch's |TD error| back as priorities")
+    add("--priority-exponent", type=float, default=defaults_replay.priority_exponent)
     add("--queue", action="store_true",
         help="distributed: the table is reverb.Table.queue (each item sampled once, in order)")
     add("--no-actor-probes", action="store_true",
@@ -161,6 +164,8 @@ def configs_from_args(
             num_parallel_calls=args.num_parallel_calls,
             prefetch_size=args.prefetch_size,
             queue=args.queue,
+            sampler=args.sampler,
+            priority_exponent=args.priority_exponent,
         )
         stall = StallInjection.parse(args.inject_stall) if args.inject_stall else None
         run = RunConfig(

@@ -74,6 +74,11 @@ RUNS = {r.name: r for r in (
     # A learner whose every update takes 12 s more (a big network on a small host), its 4
     # actors held at max_diff through each step (bench-long).
     HealthyRun("slow_step_12s", [*watched.DISTRIBUTED, "--learner-step-delay-s", "12"]),
+    # Prioritized replay: the learner sends each batch's |TD error| back as priorities, the
+    # distributed actors insert (bench-long: priority updates, batch statistics and the share
+    # never sampled judged on a healthy prioritized job).
+    HealthyRun("prioritized", [*watched.DISTRIBUTED, "--sampler", "prioritized"]),
+    HealthyRun("prioritized_sync", ["--mode", "sync", "--sampler", "prioritized"]),
     # A 10-minute first compile (bench-long).
     HealthyRun("first_step_600s", [*watched.DISTRIBUTED, "--first-step-delay-s", "600"],
                first_step=True),

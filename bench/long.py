@@ -5,7 +5,8 @@
    loop evaluating and checkpointing about once a minute) and first_step_600s
    (a 10-minute first compile, watched a minute past it); then slow_step_12s (a learner
    whose every update takes 12 s, the actors held at max_diff through each step: the
-   learned stall windows). A throughput baseline takes 3 minutes and a drop 5 more, so only
+   learned stall windows) beside prioritized and prioritized_sync (prioritized replay, the
+   learner sending each batch's |TD error| back: the replay-health findings). A throughput baseline takes 3 minutes and a drop 5 more, so only
    runs this long can show throughput_drop's false alarms. Any warning or critical finding
    on any of the three sidecars is a false alarm.
 2. **throughput_drop's detection times**: distributed runs (a 20 ms environment step) whose
@@ -44,7 +45,7 @@ STEP_S = 0.02
 DROPS = (("2x", 2.0), ("5x", 5.0), ("10x", 10.0))
 HEALTHY_GROUPS = (("sync", "async", "distributed"),
                   ("queue", "eval_checkpoint", "first_step_600s"),
-                  ("slow_step_12s",))
+                  ("slow_step_12s", "prioritized", "prioritized_sync"))
 HEADING_HEALTHY = "## Long healthy runs"
 HEADING_DROPS = "## throughput_drop detection"
 
