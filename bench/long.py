@@ -6,9 +6,10 @@
    (a 10-minute first compile, watched a minute past it); then slow_step_12s (a learner
    whose every update takes 12 s, the actors held at max_diff through each step: the
    learned stall windows) beside prioritized and prioritized_sync (prioritized replay, the
-   learner sending each batch's |TD error| back: the replay-health findings). A throughput baseline takes 3 minutes and a drop 5 more, so only
-   runs this long can show throughput_drop's false alarms. Any warning or critical finding
-   on any of the three sidecars is a false alarm.
+   learner sending each batch's |TD error| back: the replay-health findings). A throughput
+   baseline takes 3 minutes and a drop 5 more, so only runs this long can show
+   throughput_drop's false alarms. Any warning or critical finding on any of the three
+   sidecars is a false alarm.
 2. **throughput_drop's detection times**: distributed runs (a 20 ms environment step) whose
    actor loops are paced 2x, 5x and 10x slower than their own minute before (DROPS), at once,
    BASELINE_S (240 s) after each actor's environment is made, side by side. Measured per
