@@ -15,7 +15,8 @@ from replaywatch.diagnosis import waste as ws
 from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import BatchStats, KeyDistributionOptions, PriorityUpdates, Severity
+from replaywatch.model import (BatchStats, KeyDistributionOptions, NextStrides, PriorityUpdates,
+                               Severity)
 from tests.builders import DEFAULT, TARGET, polls, probe_snapshot, table_history
 
 T = [1000.0 + i for i in range(5)]
@@ -228,6 +229,19 @@ def test_a_prioritized_table_names_both_causes_until_its_batches_settle_it() -> 
     settled = wasted(dataclasses.replace(v, probes={probe[0].probe: probe}), now)
     assert "either" not in settled.summary and settled.evidence[
         "effective_sample_size_share"] == 0.95
+
+
+def test_a_loop_whose_probe_counts_its_inserts_between_next_calls_gives_the_burst() -> None:
+    # A synchronous loop that collects 5000 steps per train step (its wrapped writer's
+    # inserts between next() calls): the burst is measured, not read from the share.
+    v, now = evicting(1.0, 0.75)
+    strides = NextStrides(inserts_at_first=0, inserts_at_last=50_000, count=10, least=5000,
+                          most=5000)
+    probe = (dataclasses.replace(probe_snapshot(now, 10, table="replay"),
+                                 next_strides=strides),)
+    f = wasted(dataclasses.replace(v, probes={probe[0].probe: probe}), now)
+    assert f.evidence["burst"] == 5000 and f.evidence["fix_max_size"] == 6000
+    assert f.evidence["burst_from"] == "the loop's inserts between next() calls"
 
 
 def test_a_pause_the_polls_see_is_a_burst_of_its_own() -> None:
