@@ -242,6 +242,10 @@ def test_a_loop_whose_probe_counts_its_inserts_between_next_calls_gives_the_burs
     f = wasted(dataclasses.replace(v, probes={probe[0].probe: probe}), now)
     assert f.evidence["burst"] == 5000 and f.evidence["fix_max_size"] == 6000
     assert f.evidence["burst_from"] == "the loop's inserts between next() calls"
+    # The same strides where the share is e^-s: the dataset sampled through them, no burst.
+    v, now = evicting(0.4, 0.67)
+    f = wasted(dataclasses.replace(v, probes={probe[0].probe: probe}), now)
+    assert f.evidence["burst"] is None and f.evidence["fix_max_size"] is None
 
 
 def test_a_pause_the_polls_see_is_a_burst_of_its_own() -> None:

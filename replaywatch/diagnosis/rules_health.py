@@ -215,10 +215,14 @@ def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding 
     stats = learner.batch_stats if learner else None
     ess_share = (stats.effective_sample_size / stats.table_size
                  if stats and stats.effective_sample_size and stats.table_size else None)
-    # The burst: measured where the loop's probe counts its inserts between next() calls,
-    # else read from the excess over e^-s.
-    measured = strides.most if strides and strides.most > w.max_size else None
-    burst = measured or w.burst
+    # The burst, where the share's excess over e^-s says there is one: the loop's own
+    # inserts between next() calls where its probe counts them (and they are the larger:
+    # a dataset's prefetch samples through part of a stride), else the excess's reading.
+    # Strides alone are no burst: between next() calls the dataset may go on sampling.
+    inferred = w.burst
+    measured = (strides.most if inferred is not None and strides
+                and strides.most > inferred else None)
+    burst = measured or inferred
     evidence = {"never_sampled": w.never_sampled, "inserted": w.inserts,
                 "never_sampled_share": round(w.share, 3), "samples_per_insert": round(w.spi, 3),
                 "uniform_share_at_this_ratio": round(w.uniform, 3), "max_size": w.max_size,
