@@ -15,8 +15,13 @@ from replaywatch.diagnosis import waste as ws
 from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import (BatchStats, KeyDistributionOptions, NextStrides, PriorityUpdates,
-                               Severity)
+from replaywatch.model import (
+    BatchStats,
+    KeyDistributionOptions,
+    NextStrides,
+    PriorityUpdates,
+    Severity,
+)
 from tests.builders import DEFAULT, TARGET, polls, probe_snapshot, table_history
 
 T = [1000.0 + i for i in range(5)]
