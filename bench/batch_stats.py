@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from replaywatch.probe import TrainerProbe
-    from replaywatch.probe.batch_stats import READ_EVERY_S
+    from replaywatch.probe.batch_stats import READ_EVERY_S, BatchStats
 
     signature = {"x": tf.TensorSpec([64], tf.float32)}
     server = reverb.Server([reverb.Table("replay", reverb.selectors.Prioritized(0.8),
@@ -69,10 +69,21 @@ def main(argv: list[str] | None = None) -> int:
                 times[on].append(time.perf_counter() - t0)
         time.sleep(2 * READ_EVERY_S)
         if not same:
-            assert probes[True].snapshot()["batch_stats"]["batches"] > 0, "no batch was read"
+            stats = probes[True].snapshot()["batch_stats"]
+            assert stats["batches"] > 0, "no batch was read"
+            # By accounting, clear of the step's noise: the reading thread's own CPU per batch,
+            # and what `offer` (on the learner's thread) takes, against the median step.
+            thread_us = 1e6 * stats["cpu_seconds"] / stats["batches"]
+            kept = [next(source) for _ in range(200)]
+            offered = BatchStats()
+            t0 = time.perf_counter()
+            for batch in kept * 5:
+                offered.offer(batch)
+            offer_us = 1e6 * (time.perf_counter() - t0) / (5 * len(kept))
         medians[label] = (statistics.median(times[True]) * 1e3,
                           statistics.median(times[False]) * 1e3)
     server.stop()
+    step_ms = medians["on against off"][1]
     rows = "".join(f"| {label} | {a:.2f} ms | {b:.2f} ms | {100 * (a - b) / b:+.2f}% |\n"
                    for label, (a, b) in medians.items())
     text = (f"{HEADING} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
@@ -82,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             f"between two probes every {BLOCK} steps, {STEPS} steps. First both probes without "
             "the statistics (the bench's own noise), then one with them.\n\n"
             "| probes | median step, first | median step, second | difference |\n"
-            "| --- | ---: | ---: | ---: |\n" + rows)
+            "| --- | ---: | ---: | ---: |\n" + rows
+            + f"\nBy accounting: the reading thread's own CPU {thread_us:.1f} us a batch "
+            f"({100 * thread_us / (1e3 * step_ms):.2f}% of the {step_ms:.2f} ms step, were it "
+            f"all taken from the learner), and `offer` on the learner's thread {offer_us:.1f} "
+            f"us a batch ({100 * offer_us / (1e3 * step_ms):.2f}%).\n")
     print(text, flush=True)
     if args.results:
         from bench.results_md import replace_sections

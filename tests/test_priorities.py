@@ -209,6 +209,7 @@ def test_one_key_at_1e9_collapses_a_prioritized_table_and_capping_it_resolves(
             assert healthy is not None and healthy.effective_sample_size > 10_000
             exposed = render(make_registry(lambda: seen[-1])).decode()
             assert "replaywatch_probe_batch_effective_sample_size{" in exposed
+            assert probe.snapshot()["batch_stats"]["cpu_seconds"] > 0  # what reading costs
             key = int(next(iter(client.sample("replay", num_samples=1)))[0].info.key)
             client.mutate_priorities("replay", {key: 1e9})
             took = tick_until(sidecar, named("priority_collapse"), 30, seen, False)
