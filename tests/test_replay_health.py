@@ -260,6 +260,8 @@ def test_a_pause_the_polls_see_is_a_burst_of_its_own() -> None:
     v, now = evicting(1.0, 0.55, rate=1000, pause_every=10, seconds=120)
     f = wasted(v, now)
     assert f.evidence["burst"] == 2000 and f.evidence["fix_max_size"] == 2400
+    assert f.evidence["burst_from"] == "a pause in sampling the polls saw"
+    assert "a learner that does not pause while the actors insert" in f.fix
 
 
 def test_the_waste_arithmetic() -> None:

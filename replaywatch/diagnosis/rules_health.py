@@ -228,9 +228,8 @@ def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding 
                 "uniform_share_at_this_ratio": round(w.uniform, 3), "max_size": w.max_size,
                 "sampler": t.sampler.kind, "stretch_s": round(w.until - w.since, 1),
                 "burst": None if burst is None else round(burst),
-                "burst_from": None if burst is None else
-                ("the loop's inserts between next() calls" if measured else
-                 "the share over e^-s")}
+                "burst_from": ("the loop's inserts between next() calls" if measured
+                               else w.burst_from)}
     if stats is not None:
         evidence["effective_sample_size_share"] = (None if ess_share is None
                                                    else round(ess_share, 3))
@@ -256,14 +255,16 @@ def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding 
         bursts = (f"inserts arrive about {burst:,.0f} at a time between the learner's samples "
                   f"({evidence['burst_from']}), more than max_size {w.max_size:,}: the first "
                   "of each burst are evicted before any sample")
-        size = (f"raise max_size to {size_fix:,} (a burst then fits; "
-                + (f"memory fits {fits_size:,} items, so " if fits_size and fits_size
-                   < size_fix else "")
-                + "or insert fewer items between the learner's samples: collect fewer steps "
-                f"per train step, at most {w.max_size:,})")
+        shorter = (f"insert at most {w.max_size:,} items between the learner's samples "
+                   "(fewer collect steps per train step, a learner that does not pause while "
+                   "the actors insert)")
+        fits_burst = not (fits_size and fits_size < size_fix)
+        size = (f"raise max_size to {size_fix:,} (a burst then fits), or {shorter}" if fits_burst
+                else f"{shorter}: a max_size of {size_fix:,} that would hold a burst does not "
+                f"fit in memory (it fits {fits_size:,} items)")
         also = (f"; then {more_samples}" if w.uniform > ws.TARGET_SHARE else "")
         evidence |= {"fix_samples_per_insert": spi_fix if also else None,
-                     "fix_max_size": size_fix}
+                     "fix_max_size": size_fix if fits_burst else None}
         priorities = (t.sampler.kind == "prioritized" and measured is None
                       and (ess_share is None or ess_share < ws.NEAR_UNIFORM))
         if priorities:

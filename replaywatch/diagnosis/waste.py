@@ -130,6 +130,14 @@ class Waste:
         seen = float(self.idle_burst) if self.idle_burst > self.max_size else None
         return max((b for b in (explains, seen) if b is not None), default=None)
 
+    @property
+    def burst_from(self) -> str | None:
+        """Which reading gave `burst`."""
+        if (burst := self.burst) is None:
+            return None
+        return ("a pause in sampling the polls saw" if burst == float(self.idle_burst)
+                else "the share over e^-s")
+
 
 def _full(s: TableSnapshot) -> bool:
     return s.max_size > 0 and s.current_size >= s.max_size
