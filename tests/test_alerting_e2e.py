@@ -240,8 +240,10 @@ BASELINE_METRICS = ("replaywatch_table_rate_baseline_per_second",
                     "replaywatch_table_rate_band_low_per_second")
 LEARNER_HEALTH_PANEL = "Priorities: updates, refusals and the sampler's reach"
 # The seed hang's learner never takes a batch and sends no priority: its probe has no batch
-# statistics and no priority counts (tests/test_priorities.py reads them off a real learner).
-LEARNER_HEALTH_METRICS = ("replaywatch_probe_priority_update_", "replaywatch_probe_batch_")
+# statistics and no priority counts (tests/test_priorities.py reads them off a real learner),
+# and no ratio it trains at (tests/test_consumption.py has it).
+LEARNER_HEALTH_METRICS = ("replaywatch_probe_priority_update_", "replaywatch_probe_batch_",
+                          "replaywatch_table_consumed_samples_per_insert")
 
 
 def assert_every_panel_has_data(prometheus: Prometheus, target: str, table: str,

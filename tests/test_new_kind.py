@@ -86,7 +86,8 @@ def test_a_new_critical_kind_needs_only_its_declaration_and_its_rule(
     alerts = _alerts_with(kinds.ALL, tmp_path)
     (rule,) = [r for g in alerts["groups"] for r in g["rules"]
                if r["alert"] == "ReplaywatchTableFrozen"]
-    assert rule["expr"] == 'replaywatch_finding_active{job="replaywatch", kind="table_frozen"} == 1'
+    assert rule["expr"] == ('replaywatch_finding_active{job="replaywatch", kind="table_frozen", '
+                            'severity="critical"} == 1')
     assert rule["labels"]["severity"] == "critical"
     assert "A table named to be frozen exists." in rule["annotations"]["description"]
     assert rule["annotations"]["runbook_url"].endswith("/docs/runbooks/table_frozen.md")
