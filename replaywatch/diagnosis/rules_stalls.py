@@ -229,31 +229,30 @@ def is_spi_drift(case: TableCase, th: Thresholds) -> Finding | None:
     never block (synchronous layout) and the learner falls behind. Where trainer probes
     cover the window, the samples are the ones the learner took (consumption.py): the
     server's count includes what its prefetch drew ahead; their difference over the window
-    (the pipeline's buffers filling or draining) is allowed on top (pipeline_swing).
+    (the pipeline's buffers filling or draining) is allowed on top.
     """
     t, start = case.latest, case.latest.observed_at - th.spi_window_s
     rl, tol = t.rate_limiter, lim.spi_tolerance(t)
     if tol is None or not lim.is_sample_limited(t) or not win.covers(case.history, start):
         return None
     points = win.window(case.history, start)
-    inserted, (sampled, _) = win.increase(points, inserts_of), _sampled(case, points)
+    inserted = win.increase(points, inserts_of)
     if any(is_warming_up(s) for s in points) or inserted < th.spi_min_inserts:
         return None
+    server = win.increase(points, samples_of)
+    taken = consumed_since(list(case.probes), points[0].observed_at)
+    sampled = server if taken is None else taken
+    # What the learner's pipeline took in or gave out over the window, where the samples are
+    # the learner's: its buffers (prefetch, sampler queues, interleave) fill and drain by
+    # thousands of samples in a healthy job (make bench-long's async run: 2,336 over 10 s
+    # against a slack of 2,048), and they are bounded: the learner's count leads or lags the
+    # server's by them, and only drift beyond them is the learner's own.
+    swing = abs(server - sampled)
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
     if (abs(observed / rl.samples_per_insert - 1) <= tol
-            or abs(gap) <= drift_allowed(t) + pipeline_swing(points, sampled)):
+            or abs(gap) <= drift_allowed(t) + swing):
         return None
-    return _spi_drift(case, points, tol)
-
-
-def pipeline_swing(points: tuple, sampled: float) -> float:
-    """What the learner's pipeline took in or gave out over the window: the server's count
-    less the learner's. A dataset's buffers (prefetch, sampler queues, interleave) fill and
-    drain by thousands of samples in a healthy job (make bench-long's async run: 2,336 over
-    10 s against a slack of 2,048), and they are bounded: the learner's count leads or lags
-    the server's by them, and only drift beyond them is the learner's own. 0 where the
-    samples are the server's."""
-    return abs(win.increase(points, samples_of) - sampled)
+    return _spi_drift(case, points, tol, inserted, server, taken)
 
 
 def drift_allowed(t: TableSnapshot) -> float:
@@ -266,25 +265,19 @@ def drift_allowed(t: TableSnapshot) -> float:
     return lim.error_buffer(t) if is_insert_blocking_disabled(t) else lim.limiter_slack(t)
 
 
-def _sampled(case: TableCase, points: tuple) -> tuple[float, bool]:
-    """The samples over the window, and whether they are the learner's (its probes'
-    batches, from their readings of the window's first poll cycle) rather than the server's."""
-    taken = consumed_since(list(case.probes), points[0].observed_at)
-    return (win.increase(points, samples_of), False) if taken is None else (taken, True)
-
-
-def _spi_drift(case: TableCase, points: tuple, tol: float) -> Finding:
+def _spi_drift(case: TableCase, points: tuple, tol: float, inserted: float, server: float,
+               taken: float | None) -> Finding:
     t, rl = case.latest, case.latest.rate_limiter
-    inserted, (sampled, by_learner) = win.increase(points, inserts_of), _sampled(case, points)
+    sampled = server if taken is None else taken
     observed, gap = sampled / inserted, rl.samples_per_insert * inserted - sampled
     side = "the learner samples less" if gap > 0 else "the learner samples more"
     evidence = {**limiter_evidence(t), "observed_samples_per_insert": observed,
                 "tolerance_rate": tol, "window_s": win.span(points), "inserts": inserted,
                 "samples": sampled, "sample_deficit": gap, "drift_allowed": drift_allowed(t),
-                "pipeline_swing": pipeline_swing(points, sampled) if by_learner else None,
-                "samples_counted_by": "the learner's batches (trainer probe)" if by_learner
-                else "the server (its prefetch included)",
-                "server_samples": win.increase(points, samples_of)}
+                "pipeline_swing": None if taken is None else abs(server - taken),
+                "samples_counted_by": "the server (its prefetch included)" if taken is None
+                else "the learner's batches (trainer probe)",
+                "server_samples": server}
     summary = (f"Table '{t.name}' is sampled off its configured {rl.samples_per_insert:g} "
                f"samples per insert by more than {tol * 100:.3g}%: {side} than configured.")
     fix = ("Balance the loop: speed up the learner (or slow the actors) until samples per "
