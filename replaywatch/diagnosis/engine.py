@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from replaywatch.diagnosis import rules, rules_memory, rules_startup, rules_throughput
+from replaywatch.diagnosis import rules, rules_startup, rules_throughput
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
@@ -163,7 +163,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
                      tuple(errors), rules_throughput.table_baselines(view, th, now),
-                     rules_memory.table_memories(view), consumed)
+                     view.table_memories, consumed)
 
 
 def _judging(th: Thresholds, window: Window) -> Thresholds:

@@ -33,7 +33,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from replaywatch.diagnosis import kinds, rules_memory
+from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import waste as ws
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase
@@ -250,7 +250,7 @@ def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding 
         evidence |= {"fix_samples_per_insert": spi_fix, "fix_max_size": None}
     else:
         size_fix = ws.round_up(1.2 * burst)
-        fits = rules_memory.table_memories(view).get(name)
+        fits = view.table_memories.get(name)
         fits_size = fits.fits_max_size if fits else None
         bursts = (f"inserts arrive about {burst:,.0f} at a time between the learner's samples "
                   f"({evidence['burst_from']}), more than max_size {w.max_size:,}: the first "

@@ -15,32 +15,13 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import memory as mem
-from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding, TableSnapshot
+from replaywatch.model import Finding
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
-
-
-def fill(view: TargetView, name: str) -> tuple[TableSnapshot, ...]:
-    """A table's snapshots over its fill: the coarse copy (one per 10 s, over the throughput
-    look-back), then the newest one, which the coarse copy lags by up to 10 s."""
-    points = win.since_last_reset(view.coarse_tables.get(name) or view.tables[name])
-    if points and points[-1] is not view.tables[name][-1]:
-        points = (*points, view.tables[name][-1])
-    return tuple(points)
-
-
-def table_memories(view: TargetView) -> dict[str, mem.TableMemory]:
-    """Each table's cost to its process (memory.table_memory), over the table's fill."""
-    out = {}
-    for name in sorted(view.tables):
-        if (tm := mem.table_memory(fill(view, name), view.memory)) is not None:
-            out[name] = tm
-    return out
 
 
 def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Finding | None:
@@ -49,7 +30,7 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
     if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
         return None
     rss = m.counted_bytes  # what counts against the limit (model.MemorySnapshot)
-    found = [(tm, name) for name, tm in table_memories(view).items()
+    found = [(tm, name) for name, tm in view.table_memories.items()
              # the signature overstates compressed chunks: measured only
              if tm.measured and tm.projected_bytes is not None
              and view.tables[name][-1].current_size < view.tables[name][-1].max_size
@@ -59,7 +40,7 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
     tm, name = max(found, key=lambda f: f[0].projected_bytes or 0.0)
     projected = tm.projected_bytes or 0.0
     t = view.tables[name][-1]
-    rate = mem.fill_rate(fill(view, name), now)
+    rate = mem.fill_rate(view.fill(name), now)
     grows = tm.bytes_per_item * rate if rate and rate > 0 else None
     seconds_left = (m.limit_bytes - rss) / grows if grows else None
     fits = tm.fits_max_size or 0
@@ -89,7 +70,7 @@ def is_memory_leak(view: TargetView, th: Thresholds, now: float) -> Finding | No
     m = view.memory[-1] if view.memory else None
     if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
         return None
-    tables = {name: fill(view, name) for name in view.tables}
+    tables = {name: view.fill(name) for name in view.tables}
     since = mem.flat_since(list(tables.values()), now)
     if since is None:
         return None

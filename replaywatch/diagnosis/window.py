@@ -17,9 +17,11 @@ has not moved across the whole window, proven by snapshots at both ends:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+from replaywatch.diagnosis import memory as mem
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.rhythm import Rhythm
 from replaywatch.model import ActorSnapshot, MemorySnapshot, ProbeSnapshot, TableSnapshot
@@ -62,6 +64,26 @@ class TargetView:
     rhythms: dict[str, Rhythm] = dataclasses.field(default_factory=dict)
     # The Reverb server's process memory and its limit, where its host could be read.
     memory: tuple[MemorySnapshot, ...] = ()
+
+    def fill(self, name: str) -> tuple[TableSnapshot, ...]:
+        """A table's snapshots over its fill: the coarse copy (one per 10 s, over the
+        throughput look-back) since its last reset, then the newest one, which the coarse
+        copy lags by up to 10 s."""
+        points = since_last_reset(self.coarse_tables.get(name) or self.tables[name])
+        if points and points[-1] is not self.tables[name][-1]:
+            points = (*points, self.tables[name][-1])
+        return tuple(points)
+
+    @functools.cached_property
+    def table_memories(self) -> dict[str, mem.TableMemory]:
+        """Each table's cost to its process (memory.table_memory over its fill), worked out
+        once per view: the published figures, memory_exhaustion and wasted_experience all
+        read it. Not a field: a bundle carries the view, and this follows from it."""
+        out = {}
+        for name in sorted(self.tables):
+            if (tm := mem.table_memory(self.fill(name), self.memory)) is not None:
+                out[name] = tm
+        return out
 
     def table_named(self, table: str | None) -> str | None:
         """The table a probe names, or, when it names none, the target's only table."""
