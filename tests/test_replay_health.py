@@ -151,6 +151,8 @@ WASTE_CASES = [
     ("evicting by a heap (lowest priority first), on purpose", evicting(
         0.4, 0.67, remover="heap"), None),
     ("fewer than two turnovers", evicting(0.4, 0.67, max_size=5000), None),
+    ("nothing sampled at all (a learner not started, a table only written to)",
+     evicting(0.0, 1.0), None),
 ]
 
 

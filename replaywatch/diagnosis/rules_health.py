@@ -208,7 +208,9 @@ def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding 
     t = points[-1] if points else None
     if (t is None or t.remover.kind != "fifo" or t.sampler.kind not in WASTE_SAMPLERS
             or t.max_times_sampled > 0 or (w := ws.waste(points, th.spi_window_s)) is None
-            or w.share <= ws.WASTED_SHARE):
+            or w.share <= ws.WASTED_SHARE or w.samples == 0):
+        # Nothing sampled at all is no ratio to fix: a learner not started yet (a long first
+        # compile) or a table only written to; the stall and start-up rules speak of those.
         return None
     learner = _learner_on(view, name)
     strides = learner.next_strides if learner else None
