@@ -435,6 +435,7 @@ class Name(enum.StrEnum):
     WARMUP = "warmup"
     DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"
     IN_SECTION = "in_section"
+    PIPELINE_DRAINING = "pipeline_draining"
     MEMORY_EXHAUSTION = "memory_exhaustion"
     MEMORY_LEAK = "memory_leak"
     PRIORITIES_IGNORED = "priorities_ignored"

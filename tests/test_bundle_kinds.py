@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,39 @@ def _in_section() -> Iterator[tuple[int, str | None, dict[str, float]]]:
         server.stop()
 
 
+def _pipeline_draining() -> Iterator[tuple[int, str | None, dict[str, float]]]:
+    # Actors held at max_diff; the learner's pipeline draws 20 batches at once, then the
+    # learner lives on them, a step every 0.3 s: the table rests while it trains.
+    server = reverb.Server([table(reverb.rate_limiters.SampleToInsertRatio(1.0, 10, 20.0))],
+                           port=None)
+    client = reverb.Client(f"localhost:{server.port}")
+    probe = TrainerProbe(table="replay", listen="127.0.0.1:0", batch_size=4)
+    probe.start()
+
+    def pipeline() -> Iterator[list[Any]]:
+        while True:
+            drawn = list(client.sample("replay", num_samples=80))
+            yield from (drawn[i:i + 4] for i in range(0, 80, 4))
+
+    batches = probe.wrap(pipeline())
+
+    def step() -> None:
+        next(batches)
+        time.sleep(0.3)
+        probe.step()
+
+    loops = [actor(client), Loop(step, pause_s=0.0)]
+    for loop in loops:
+        loop.start()
+    try:
+        yield server.port, str(probe.url), {}
+    finally:
+        for loop in loops:
+            loop.stop()
+        probe.stop()
+        server.stop()
+
+
 CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]]] = {
     # sync-ratio, 2 workers of 16, error_buffer 20: the grid's hang, predicted from the
     # declared dataset before any batch.
@@ -194,6 +228,7 @@ CASES: dict[str, Callable[[], Iterator[tuple[int, str | None, dict[str, float]]]
                                          _three_threads_of_32, batch_size=64,
                                          num_parallel_calls=12),
     "in_section": _in_section,
+    "pipeline_draining": _pipeline_draining,
 }
 
 

@@ -70,6 +70,21 @@ def evaluating_learner(every_s: float = 240.0, pause_s: float = 60.0, sections: 
     return at
 
 
+def buffered_learner(step_s: float = 12.0, fill: int = 448, rest: tuple[float, float] = (97, 157),
+                     hang_at: float | None = None) -> Job:
+    """The pipeline draws `fill` samples at its first poll (a deep prefetch, four batching
+    workers), then a batch a step, but draws nothing from `rest[0]` to `rest[1]` (then what
+    it missed at once), while the learner takes a batch every step from what it holds: the
+    table of a real 12 s learner behind prefetch(8) and four workers."""
+    def at(t: float) -> State:
+        live = min(t, hang_at) if hang_at is not None else t
+        k = int(live // step_s)
+        drawn_at = min(live, rest[0]) if rest[0] <= live < rest[1] else live
+        drawn = 0 if t < 1 else fill + B * int(drawn_at // step_s)
+        return State(inserts=100 + drawn, samples=drawn, batches=k + 1, steps=k)
+    return at
+
+
 def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
         rhythms: dict[str, rh.Rhythm] | None = None, start: float = 1000.0
         ) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
@@ -132,7 +147,7 @@ def test_a_periodic_evaluation_is_paged_at_most_at_its_first_pause() -> None:
     assert [round(length) for _, length in r.pauses][:3] == [61, 61, 61]
 
 
-def last_poll(job: Job, seconds: int) -> tuple[Finding, ...]:
+def last_poll(job: Job, seconds: int, probe: bool = True) -> tuple[Finding, ...]:
     """Every finding at the job's last poll, the rhythms learned all along."""
     tables: list[Any] = []
     probes: list[Any] = []
@@ -144,25 +159,64 @@ def last_poll(job: Job, seconds: int) -> tuple[Finding, ...]:
         probes.append(dataclasses.replace(
             probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=995.0),
             section=s.section, sections=s.sections))
-        view = make_view([tuple(tables[-90:])], [tuple(probes[-90:])])
+        view = make_view([tuple(tables[-90:])], [tuple(probes[-90:])] if probe else [])
+        if not probe:
+            view = dataclasses.replace(view, probe_polls={})
         learned = sw.learn_view(view, learned)
         found = diagnose(dataclasses.replace(view, rhythms=learned), TH, t).findings
     return found
 
 
 # (what, the evaluating learner's poll, the kind it shows: in_section or nothing)
-WINDOW_CASES = [
-    ("40 s into its first marked evaluation", 280, "in_section"),
-    ("5 s in: shorter than the stall window, nothing to say", 245, None),
-    ("not marked: nothing said of sections", -280, None),
+WINDOW_CASES: list[tuple[str, Job, int, bool, str | None]] = [
+    ("40 s into its first marked evaluation", evaluating_learner(sections=True), 280, True,
+     "in_section"),
+    ("5 s in: shorter than the stall window, nothing to say",
+     evaluating_learner(sections=True), 245, True, None),
+    ("not marked: nothing said of sections", evaluating_learner(), 280, True, None),
+    ("the pipeline drew nothing for 40 s, its learner took 3 batches meanwhile",
+     buffered_learner(), 137, True, "pipeline_draining"),
+    ("the same from Reverb alone: its first fill lasts it minutes", buffered_learner(), 137,
+     False, "pipeline_draining"),
+    ("within the table's own rhythm: nothing to say", buffered_learner(), 105, True, None),
+    ("inserts not held at max_diff: no pipeline to wait for", slow_learner(), 130, False, None),
 ]
 
 
 def test_each_window_case_shows_its_kind() -> None:
-    for what, at, kind in WINDOW_CASES:
-        found = last_poll(evaluating_learner(sections=at > 0), abs(at))
-        shown = [f for f in found if f.kind == "in_section"]
-        assert [f.kind for f in shown] == ([kind] if kind else []), what
+    held = {"in_section", "pipeline_draining"}
+    for what, job, at, probe, kind in WINDOW_CASES:
+        shown = [f.kind for f in last_poll(job, at, probe) if f.kind in held]
+        assert shown == ([kind] if kind else []), what
+
+
+def test_a_learner_fed_by_its_pipeline_is_never_paged_with_or_without_its_probe() -> None:
+    for probe in (False, True):
+        paged, _ = run(buffered_learner(), 600, probe=probe)
+        assert paged == [], (probe, [(t, f.kind, f.evidence.get("window_why")) for t, f in
+                                     paged[:3]])
+    # Judged by the table's own rhythm (3 x 12 s), the 60 s rest pages: the test can fail.
+    paged, _ = run(buffered_learner(), 200, th=dataclasses.replace(TH, pause_slack=1.0,
+                                                                     startup_grace_s=30.0),
+                   probe=False)
+    assert any(f.kind == "insert_blocked" for _, f in paged)
+
+
+def test_a_hung_learner_fed_by_its_pipeline_is_named_by_its_own_window_or_its_fill() -> None:
+    # With its probe: 3 x its 12 s step after its last batch (at 300).
+    paged, _ = run(buffered_learner(hang_at=300.5), 360)
+    first = next((t, f) for t, f in paged if f.severity is Severity.CRITICAL)
+    assert 300 + 36 <= first[0] <= 300 + 36 + 2, first[0]
+    assert first[1].kind == "learner_stalled"
+    # From Reverb alone: the 448 samples its pipeline drew at once last it 336 s at the
+    # 16 samples per 12 s it draws beside them; 1.5 x that after the table last moved (300).
+    paged, _ = run(buffered_learner(hang_at=300.5), 300 + 510, probe=False)
+    first = next((t, f) for t, f in paged if f.severity is Severity.CRITICAL)
+    assert first[1].kind == "insert_blocked"
+    ev = first[1].evidence
+    assert ev["window_basis"] == "drain" and "drew 448 samples" in ev["window_why"]
+    assert 300 + ev["window_s"] <= first[0] <= 300 + ev["window_s"] + 2, (first[0], ev)
+    assert 480 <= ev["window_s"] <= 530, ev["window_s"]
 
 
 def test_a_marked_evaluation_is_never_paged_and_says_so() -> None:

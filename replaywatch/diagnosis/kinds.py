@@ -352,6 +352,15 @@ IN_SECTION = Kind(
             "its longest), else `startup_grace_s`, and say which.",
     fix="Nothing while it lasts; give the section a `timeout_s` to bound the wait. Past it, "
         "the usual stall is named.")
+PIPELINE_DRAINING = Kind(
+    Name.PIPELINE_DRAINING, Severity.INFO, needs_probe=False,
+    meaning="Inserts wait at max_diff and the table has rested longer than its own rhythm "
+            "while the learner lives on samples its pipeline drew before (a deep prefetch, "
+            "several batching workers): its trainer probe shows it taking batches, or, from "
+            "Reverb alone, the most samples its pipeline drew at once last it that long. The "
+            "stall rules wait, and say until when.",
+    fix="Nothing while the learner trains. Past the window the usual stall is named; a "
+        "trainer probe judges by the learner's own batches, much sooner than Reverb alone.")
 WARMUP = Kind(
     Name.WARMUP, Severity.INFO, needs_probe=False,
     meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
@@ -366,7 +375,7 @@ ALL: tuple[Kind, ...] = (
     THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
-    DECLARED_PIPELINE_DIFFERS, IN_SECTION,
+    DECLARED_PIPELINE_DIFFERS, IN_SECTION, PIPELINE_DRAINING,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}
 

@@ -30,6 +30,16 @@ window, and a pause far longer than any seen is a stall all the same.
 on purpose: while inside, the window reaches the section's own timeout_s, else its learned
 length (pause_slack x its longest), else, never seen to end, `startup_grace_s`.
 
+**A learner fed by its pipeline.** Where inserts wait at max_diff, the table moves only when
+the learner's pipeline draws, and a pipeline that holds many batches (a deep prefetch, several
+batching workers) draws nothing for as long as the learner lives on what it holds: a 12 s
+learner's table rested 60 s once in a rhythm of 12. So the table waits, with its trainer
+probe, until the learner itself rests its own window (it took batches since the table last
+moved); from Reverb alone, for as long as the most samples ever drawn between two polls (the
+pipeline's first fill: what it can hold) last at the series' rate beside that burst,
+pause_slack times, at most `startup_grace_s`, and until a rate is seen, `startup_grace_s`.
+Reverb alone cannot tell a learner living on its buffer from one that hangs with it full.
+
 **Pinned.** `--stall-window-s` (or `stall_window_s` in the config file) pins the window:
 nothing is learned over it.
 
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import enum
 import statistics
 from collections.abc import Iterable, Sequence
 
@@ -69,6 +80,9 @@ class Rhythm:
     first_event_at: float | None = None  # the first progress seen (a period from one pause)
     gaps: tuple[float, ...] = ()  # newest last, at most GAPS_KEPT
     pauses: tuple[tuple[float, float], ...] = ()  # (began at, seconds), at most PAUSES_KEPT
+    burst: float = 0.0  # the most it moved between two polls (a pipeline's fill, for samples)
+    moved: float = 0.0  # how much it moved since first sight, restarts summed
+    moved_at: float | None = None  # when it last moved (kept across restarts, unlike last_event_at)
 
     def resumed(self) -> Rhythm:
         """After the sidecar's own restart: what was learned stays; the time between the last
@@ -97,6 +111,11 @@ def learn(prev: Rhythm | None, points: Iterable[tuple[float, float]]) -> Rhythm 
 
 def _moved(r: Rhythm, at: float, value: float) -> Rhythm:
     first = r.first_event_at if r.first_event_at is not None else at
+    step = value - r.value
+    # A sidecar resumed after its own restart sees in one step all the job did meanwhile:
+    # no burst of the job's.
+    burst = r.burst if r.seen_at == 0.0 else max(r.burst, step)
+    r = dataclasses.replace(r, burst=burst, moved=r.moved + step, moved_at=at)
     if r.last_event_at is None:
         return dataclasses.replace(r, value=value, seen_at=at, last_event_at=at,
                                    first_event_at=first)
@@ -127,22 +146,44 @@ def longest_normal(gaps: Sequence[float]) -> float | None:
 
 # -- the window ------------------------------------------------------------------------------
 
+class Basis(enum.StrEnum):
+    """What set a window's length."""
+
+    STALL_WINDOW = "stall_window_s"  # the configured window: nothing learned is longer
+    PINNED = "pinned"  # learning is off
+    LEARNED = "learned"  # k x the longest normal gap
+    PAUSE = "pause"  # a pause seen before is due
+    SECTION = "section"  # a learner or the actors are inside a marked section
+    # Inserts wait at max_diff while the learner lives on samples drawn before:
+    LEARNER = "learner"  # its probe shows it taking batches since the table last moved
+    DRAIN = "drain"  # from Reverb alone: what its pipeline drew at once lasts this long
+
+
+# The bases that hold back a stall the table's own rhythm would have named (rules_windows).
+HELD_BY_PIPELINE = (Basis.LEARNER, Basis.DRAIN)
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """The stall window a rule judges by, and why it is that long."""
+    """The stall window a rule judges by, and why it is that long (`normal_s`: the window the
+    series' own rhythm gave, where a learner's pipeline stretched it)."""
 
     seconds: float
-    basis: str  # "stall_window_s", "learned", "pause", "section" or "pinned"
+    basis: Basis
     why: str
+    normal_s: float | None = None
 
     def evidence(self) -> dict[str, object]:
-        return {"window_s": round(self.seconds, 1), "window_basis": self.basis,
-                "window_why": self.why}
+        doc: dict[str, object] = {"window_s": round(self.seconds, 1),
+                                  "window_basis": str(self.basis), "window_why": self.why}
+        if self.normal_s is not None:
+            doc["window_normal_s"] = round(self.normal_s, 1)
+        return doc
 
 
 def fixed(th: Thresholds, why: str) -> Window:
-    return Window(th.stall_window_s, "pinned" if not th.learned_windows else "stall_window_s",
-                  why)
+    return Window(th.stall_window_s, Basis.PINNED if not th.learned_windows
+                  else Basis.STALL_WINDOW, why)
 
 
 def series_window(r: Rhythm | None, th: Thresholds, what: str) -> Window:
@@ -157,7 +198,7 @@ def series_window(r: Rhythm | None, th: Thresholds, what: str) -> Window:
     typical = statistics.median(r.gaps)
     seen = f"{what} every {typical:.1f} s, longest {normal:.1f} s"
     learned = k * normal
-    window = (Window(learned, "learned", f"learned: {seen}; window {learned:.0f} s "
+    window = (Window(learned, Basis.LEARNED, f"learned: {seen}; window {learned:.0f} s "
                      f"({k:g} x {normal:.1f} s)") if learned > th.stall_window_s
               else fixed(th, f"stall_window_s {th.stall_window_s:g} s: learned {seen} "
                              f"({k:g} x {normal:.1f} s is shorter)"))
@@ -168,7 +209,7 @@ def series_window(r: Rhythm | None, th: Thresholds, what: str) -> Window:
     pause = th.pause_slack * longest
     if pause <= window.seconds:
         return window
-    return Window(pause, "pause", f"learned pause: {what} rested {longest:.0f} s every "
+    return Window(pause, Basis.PAUSE, f"learned pause: {what} rested {longest:.0f} s every "
                   f"{period:.0f} s ({how}), and one is due now; window {pause:.0f} s "
                   f"({th.pause_slack:g} x the longest seen); {seen}")
 
@@ -201,7 +242,7 @@ def section_window(normal: Window, section: Section, past: Sequence[SectionStat]
     began (`rested_before_s`: how long the series had rested when it began)."""
     allowance, how = section_allowance(section, past, th)
     seconds = max(normal.seconds, rested_before_s + allowance)
-    return Window(seconds, "section", f"{who} is in section '{section.name}' for "
+    return Window(seconds, Basis.SECTION, f"{who} is in section '{section.name}' for "
                   f"{section.for_s:.0f} s: {how}")
 
 
@@ -217,6 +258,18 @@ def section_allowance(section: Section, past: Sequence[SectionStat], th: Thresho
                            f"{seen.longest_s:.0f} s, of {seen.count} seen)")
     return th.startup_grace_s, ("no timeout_s given and never seen to end: waits up to "
                                 f"startup_grace_s {th.startup_grace_s:g} s")
+
+
+def drain_s(r: Rhythm | None) -> tuple[float, float | None] | None:
+    """(burst, seconds it lasts) for a samples series: the most it drew between two polls,
+    and how long that lasts at its rate beside the burst (None: nothing consumed since, so
+    not known yet). None when the series never moved."""
+    if r is None or r.burst <= 0 or r.first_event_at is None:
+        return None
+    # The rate while it moved: a learner that hangs must not stretch its own window.
+    span = (r.moved_at if r.moved_at is not None else r.first_event_at) - r.first_event_at
+    rate = (r.moved - r.burst) / span if span > 0 else 0.0
+    return r.burst, (r.burst / rate if rate > 0 else None)
 
 
 def longest(windows: Iterable[Window], th: Thresholds) -> Window:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import rhythm as rh
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import TableCase
@@ -69,6 +70,7 @@ def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window
     normal = rh.longest((rh.series_window(rhythms.get(k), th, what) for k, what in keyed), th)
     if not th.learned_windows:
         return normal
+    normal = _fed_by_pipeline(normal, view, case, th)
     onsets = [r.last_event_at for k, _ in keyed if (r := rhythms.get(k)) is not None
               and r.last_event_at is not None]
     inside: list[tuple[str, Any]] = [(f"learner '{p[-1].name}'", p[-1]) for p in case.probes
@@ -77,6 +79,65 @@ def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window
     if actors and all(a.section is not None for a in actors):
         inside += [(f"actor '{a.name}'", a) for a in actors]
     return _in_sections(normal, inside, onsets, th)
+
+
+def _fed_by_pipeline(normal: rh.Window, view: TargetView, case: TableCase, th: Thresholds
+                     ) -> rh.Window:
+    """Inserts wait at max_diff: the table moves when the learner's pipeline draws, which it
+    does not while the learner lives on what it holds (rhythm.py). The longer of: each
+    learner's own window from its last batch, where it took one since the table last moved;
+    and, from Reverb alone, how long the pipeline's first fill lasts."""
+    if lim.can_insert(case.latest, 1):
+        return normal
+    rhythms = view.rhythms
+    table = [rhythms.get(f"{side} {case.name}") for side in ("samples", "inserts")]
+    rested = [r.last_event_at for r in table if r is not None and r.last_event_at is not None]
+    if not rested:
+        return normal
+    onset = max(rested)
+    held: list[rh.Window] = []
+    for p in case.probes:
+        r = rhythms.get(f"probe {p[-1].probe}")
+        # After the table last moved: the table was polled again, resting, before the batch
+        # was seen (a probe is polled just after its table, in the same cycle).
+        if r is None or r.last_event_at is None or not any(
+                onset < s.observed_at <= r.last_event_at for s in case.history):
+            continue
+        own = probe_window(view, case, p, th)
+        after = r.last_event_at - onset
+        held.append(rh.Window(
+            after + own.seconds, rh.Basis.LEARNER,
+            f"learner '{p[-1].name}' took a batch {after:.0f} s after table '{case.name}' "
+            f"last moved: its pipeline feeds it while inserts wait at max_diff; the table "
+            f"is judged once the learner rests its own window ({own.seconds:.0f} s)",
+            normal.seconds))
+    if not case.probes:
+        held += _drain(rhythms.get(f"samples {case.name}"), normal, case.name, th)
+    best = max(held, key=lambda w: w.seconds, default=None)
+    return best if best is not None and best.seconds > normal.seconds else normal
+
+
+def _drain(r: rh.Rhythm | None, normal: rh.Window, table: str, th: Thresholds
+           ) -> list[rh.Window]:
+    """From Reverb alone: the most the learner's pipeline drew at once, and how long that
+    lasts it at the rate it samples."""
+    drained = rh.drain_s(r)
+    if drained is None:
+        return []
+    burst, lasts = drained
+    if lasts is None:
+        return [rh.Window(th.startup_grace_s, rh.Basis.DRAIN,
+                          f"the learner's pipeline drew {burst:.0f} samples of '{table}' at "
+                          "once and has taken none since: how long they last it is not "
+                          f"known yet; waits up to startup_grace_s {th.startup_grace_s:g} s",
+                          normal.seconds)]
+    seconds = min(th.pause_slack * lasts, th.startup_grace_s)
+    return [rh.Window(seconds, rh.Basis.DRAIN,
+                      f"the learner's pipeline drew {burst:.0f} samples of '{table}' at once, "
+                      f"{lasts:.0f} s of its sampling: it may live on them that long "
+                      f"with nothing drawn; window {seconds:.0f} s ({th.pause_slack:g} x, at "
+                      f"most startup_grace_s); a trainer probe would judge by its batches",
+                      normal.seconds)]
 
 
 def probe_window(view: TargetView, case: TableCase, probe: Any, th: Thresholds) -> rh.Window:
@@ -123,12 +184,17 @@ def _in_sections(normal: rh.Window, inside: Iterable[tuple[str, Any]], onsets: l
 
 
 def longest_learned_s(rhythms: Mapping[str, rh.Rhythm], th: Thresholds) -> float:
-    """The longest window any series would get now, a pause due included (the keeper's view
-    must reach back that far for a rule to prove a stall that long)."""
+    """The longest window any series would get now, a pause due included and, for a table's
+    samples, what its pipeline's first fill lasts (the keeper's view must reach back that far
+    for a rule to prove a stall that long)."""
     most = th.stall_window_s
     if not th.learned_windows:
         return most
-    for r in rhythms.values():
+    for key, r in rhythms.items():
+        if key.startswith("samples ") and (drained := rh.drain_s(r)) is not None:
+            lasts = drained[1]
+            most = max(most, th.startup_grace_s if lasts is None
+                       else min(th.pause_slack * lasts, th.startup_grace_s))
         normal = rh.longest_normal(r.gaps)
         if normal is not None:
             most = max(most, th.window_factor * normal)
