@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from replaywatch.diagnosis import budget, budget_fixes
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms
 from replaywatch.diagnosis.budget import (
     CAN_HANG,
     CAN_SAMPLE,
     SAFE,
     WILL_HANG,
+    Conservative,
     Dataset,
     Layout,
     Limiter,
@@ -350,3 +351,129 @@ def test_a_loop_that_only_takes_ready_batches_at_warm_up_still_races_once_traine
         b = budget.predict(lim, Dataset(4, 64, item_bytes=item_bytes), LOCAL)
         assert (b.verdict, b.released) == (CAN_HANG, 64)
     assert budget.predict(lim, Dataset(4, 64, item_bytes=16), LOCAL).released is None
+
+
+# -- what keeps a verdict from a better one ----------------------------------------------------
+
+SPLIT, UNREAD, THIN = (Conservative.WORKER_SPLIT, Conservative.UNREAD_SAMPLERS,
+                       Conservative.THIN_ANSWERS)
+SIZE, GATE = Conservative.ITEM_SIZE_UNKNOWN, Conservative.GATE_UNKNOWN
+# At the pigeonhole's edge: 2 workers of 16, spi 4, min_size 100, error_buffer 24, small
+# items, a scheduled loop whose runs never hung where the model says can_hang.
+EDGE = sized(cell("sync-ratio", 2, 16, 4, 24, 100), 16)
+EDGE_GATE_UNKNOWN = (Limiter.ratio(4, 100, 24, insert_blocking=False),
+                         Dataset(2, 16, item_bytes=16), Layout("sync"))
+
+# (name, configuration, verdict, released, strandable, terms): a `can_hang` names the terms
+# of the model it cannot decide, first to settle first; a certain verdict names none.
+TERM_ROWS = [
+    # A step every 4 inserts; each insert's 4 samples go to one request, so each worker holds
+    # a multiple of 4, at most 12: 24 strand only as 12 and 12, exactly what is released.
+    # Answered turn by turn the workers stay 8 apart and never meet it (its runs never hung),
+    # but a worker whose next request comes late misses its turn: a race, not arithmetic.
+    ("two_workers_of_16_at_error_buffer_24_race_on_the_split", EDGE, CAN_HANG,
+     24, 24, (SPLIT,)),
+    # The same loop undeclared: declaring can_sample settles it (the first request of 16 is a
+    # whole batch), a schedule leaves the race.
+    ("the_edge_with_its_gate_unknown_is_settled_first_by_the_gate", EDGE_GATE_UNKNOWN,
+     CAN_HANG, 24, 24, (GATE, SPLIT)),
+    ("the_edge_stepping_on_can_sample_is_safe", sized(cell("sync", 2, 16, 4, 24, 100), 16),
+     SAFE, 24, 15, ()),
+    # The size unknown, answers may end at any count (15 each): small items would not make
+    # 24 safe either, so the size is not what keeps it.
+    ("the_edge_with_the_size_unknown_is_still_the_split",
+     cell("sync-ratio", 2, 16, 4, 24, 100), CAN_HANG, 24, 30, (SPLIT,)),
+    # 28 released: 2 x 12 with the whole-insert granularity (safe), 2 x 15 without it; what
+    # saying settles comes before the race a change would.
+    ("error_buffer_28_is_safe_once_the_items_are_known_small",
+     cell("sync-ratio", 2, 16, 4, 28, 100), CAN_HANG, 28, 30, (SIZE, SPLIT)),
+    ("the_seed_numbers_with_the_size_unknown_wait_on_the_size",
+     cell("sync", 12, 256, 128, 25600, 2000), CAN_HANG, 25600, 2895, (SIZE,)),
+    # Frames answer 17 at a time: past the warm-up a batch's credit is dealt thinly.
+    ("seed_frames_above_the_warm_up_race_on_thin_answers",
+     sized(cell("sync", 12, 256, 128, 50_000, 2000), 84 * 84 * 9), CAN_HANG, 50_000, 3049,
+     (THIN,)),
+    # Acme's repeat-interleave: one worker still has 2 unread iterators to keep samples.
+    ("one_worker_on_acme_interleave_races_on_its_unread_iterators",
+     sized(cell("sync-ratio", 1, 16, 4, 40, iterators=3), 16), CAN_HANG, 40, 196, (UNREAD,)),
+    ("two_workers_on_acme_interleave_race_on_both",
+     sized(cell("sync-ratio", 2, 16, 4, 260, iterators=3), 16), CAN_HANG, 260, 392,
+     (SPLIT, UNREAD)),
+    ("a_lag_bound_inside_the_band_races_on_the_split", cell("async-lag", 4, 16, 4, 32, lag=4),
+     CAN_HANG, 16, 60, (SPLIT,)),
+    # A will_hang that only the scheduled reading gives is conservative too: on can_sample
+    # the loop only takes ready batches.
+    ("a_will_hang_only_on_a_schedule_waits_on_the_gate",
+     (Limiter.ratio(1, 1000, 100, insert_blocking=False), Dataset(1, 256, item_bytes=16),
+      Layout("sync")), WILL_HANG, 100, 255, (GATE,)),
+    ("a_will_hang_with_the_gate_known_is_certain", cell("sync-ratio", 2, 16, 4, 12), WILL_HANG,
+     12, 30, ()),
+    ("a_safe_verdict_is_certain", cell("sync-ratio", 2, 16, 4, 40), SAFE, 40, 30, ()),
+]
+
+
+@pytest.mark.parametrize("name,config,verdict,released,strand,terms", TERM_ROWS,
+                         ids=[r[0] for r in TERM_ROWS])
+def test_a_verdict_names_the_terms_that_keep_it_from_a_better_one(
+        name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
+        released: float | None, strand: float, terms: tuple[Conservative, ...]) -> None:
+    b = budget.predict(*config)
+    assert (b.verdict, b.released, b.strandable, b.conservative) == (verdict, released, strand,
+                                                                      terms)
+    assert b.evidence()["conservative"] == [t.value for t in terms]
+
+
+def test_two_workers_of_16_at_error_buffer_24_sit_at_the_pigeonholes_edge() -> None:
+    lim, ds, layout = EDGE
+    assert budget.granularity(lim, ds) == 4  # gcd(spi 4, error_buffer 24, 16, 32, 16)
+    assert budget.strandable(ds, 4) == 2 * 12 == budget.predict(*EDGE).released
+    # 28 would be safe at g 4 but 29 is not (g 1: 2 x 15), so the buffer fix is 30.
+    by_knob = {f.knob: f.value for f in budget_fixes.fixes(*EDGE)}
+    assert by_knob == {"num_parallel_calls": 1, "error_buffer": 30, "batch_size": 12,
+                       "first_step_at": 101}
+
+
+def test_every_grid_can_hang_names_a_term_and_no_safe_cell_does() -> None:
+    for c in json.loads((ROOT / "bench" / "predict_grid_cells.json").read_text()):
+        config = sized(cell(c["layout"], c["workers"], c["batch_size"], c["spi"],
+                            c["error_buffer"], c["min_size"], c["lag"],
+                            3 if c["shape"] == "repeat" else 1),
+                       84 * 84 * 9 if c["item"] == "frames" else 16)
+        b = budget.predict(*config)
+        assert bool(b.conservative) == (b.verdict == CAN_HANG), (c, b.conservative)
+
+
+# (name, configuration, term, in its words, in what settles it): each term says why with the
+# configuration's numbers; a race is settled by a fix the model proves, the fix that removes
+# the race itself first, and a term not told by declaring it.
+WORD_ROWS = [
+    ("the_split_names_its_workers_numbers_and_one_worker", EDGE, SPLIT,
+     "2 batching workers' requests", "a change: num_parallel_calls=1 (now 2) or another fix"),
+    ("unread_iterators_are_counted_and_settled_by_a_buffer_for_one_worker",
+     sized(cell("sync-ratio", 1, 16, 4, 40, iterators=3), 16), UNREAD,
+     "2 sampling iterators the learner does not read (3 a worker", "a change: error_buffer="),
+    ("thin_answers_say_how_many_items_an_answer_carries",
+     sized(cell("sync", 12, 256, 128, 50_000, 2000), 84 * 84 * 9), THIN,
+     "at most 17 items (1 MiB of 63,504-byte items)", "a change: num_parallel_calls=1 (now 12)"),
+    # 4,112-byte items answer 256 at a time; from 4,113 an answer is thinner than a batch.
+    ("an_unknown_size_says_the_largest_that_reads_better",
+     cell("sync", 12, 256, 128, 25600, 2000), SIZE,
+     "items of at most 4,112 bytes are safe", "--item-bytes"),
+    # A scheduled loop is never dealt thin answers: only the granularity waits on the size
+    # (32,767 bytes: 33 items an answer, more than 32 in flight).
+    ("an_unknown_size_on_a_schedule_says_nothing_of_thin_answers",
+     cell("sync-ratio", 2, 16, 4, 28, 100), SIZE,
+     "not in whole inserts; items of at most 32,767 bytes are safe", "TrainerProbe(item_bytes"),
+    ("an_unknown_gate_says_the_other_readings_verdict", EDGE_GATE_UNKNOWN, GATE,
+     "a loop that steps only while can_sample(batch) is safe", "--gate can-sample"),
+]
+
+
+@pytest.mark.parametrize("name,config,term,why,settles", WORD_ROWS,
+                         ids=[r[0] for r in WORD_ROWS])
+def test_each_term_says_why_and_what_settles_it(
+        name: str, config: tuple[Limiter, Dataset, Layout], term: Conservative, why: str,
+        settles: str) -> None:
+    (explained,) = [e for e in budget_terms.explain(*config) if e.term == term]
+    assert why in explained.why and settles in explained.settled_by
+    assert explained.document()["race"] == term.race

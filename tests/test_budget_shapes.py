@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from replaywatch.diagnosis import budget, budget_fixes
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms
 from replaywatch.diagnosis.budget import (
     AFTER_INTERLEAVE,
     CAN_HANG,
@@ -18,6 +18,7 @@ from replaywatch.diagnosis.budget import (
     SAFE,
     SCHEDULE,
     WILL_HANG,
+    Conservative,
     Dataset,
     Layout,
     Limiter,
@@ -90,6 +91,38 @@ def test_every_fix_of_every_shape_is_safe_by_the_model(name: str, lim: Limiter, 
     assert bool(fixes) == (verdict != SAFE)
     for fix in fixes:
         assert budget.predict(*applied((lim, ds, layout), fix)).verdict == SAFE, fix.text()
+
+
+# What keeps each shape's `can_hang` (and a will_hang only an unknown gate gives) from a better
+# verdict: the row's name -> the model's terms; every other row is certain.
+TERMS = {
+    "four_workers_of_16_share_40": (Conservative.WORKER_SPLIT,),
+    "two_workers_of_16_share_20": (Conservative.WORKER_SPLIT,),
+    "twelve_workers_of_16_share_40": (Conservative.WORKER_SPLIT,),
+    "twelve_workers_of_16_share_120": (Conservative.WORKER_SPLIT,),
+    # On can_sample a loop only takes ready batches: declaring the gate settles it.
+    "unknown_gate_one_worker_asks_256_of_100": (Conservative.GATE_UNKNOWN,),
+    # Both readings can hang, so the gate settles nothing; nor would small items, which the
+    # scheduled reading still races with (4 x 12 = 48 against 40).
+    "unknown_gate_four_workers_of_16_share_40": (Conservative.WORKER_SPLIT,),
+    # One batch after the interleave: only the 29 datasets no thread is in keep samples.
+    "tf_agents_3_threads_read_3_of_32_samplers": (Conservative.UNREAD_SAMPLERS,),
+    "actors_2_ahead_hold_48_of_4_x_16": (Conservative.WORKER_SPLIT,),
+}
+
+
+@pytest.mark.parametrize("name,lim,ds,layout,verdict", ROWS, ids=[r[0] for r in ROWS])
+def test_each_shape_names_what_keeps_its_verdict_from_a_better_one(
+        name: str, lim: Limiter, ds: Dataset, layout: Layout, verdict: str) -> None:
+    assert budget.predict(lim, ds, layout).conservative == TERMS.get(name, ())
+
+
+def test_the_after_interleave_race_is_settled_by_reading_every_sampler() -> None:
+    lim, ds = Limiter.ratio(16, 200, 64), Dataset(3, 64, shape=AFTER_INTERLEAVE)
+    (term,) = budget_terms.explain(lim, ds, SCHEDULED)
+    assert term.term == Conservative.UNREAD_SAMPLERS and term.term.race
+    assert "29 of the 32 Reverb datasets" in term.why and "3 thread(s)" in term.why
+    assert term.settled_by.startswith("a change: num_parallel_calls=32 (now 3)")
 
 
 def test_a_loop_whose_gate_is_unknown_is_never_safe_on_the_can_sample_reading() -> None:

@@ -126,6 +126,32 @@ the credit falls every step; otherwise `can_hang`: whether a run hangs depends o
 released samples split across the iterators' requests, a race, so the grid measures it
 (bench/predict_grid.py). Nothing else in the core computes a boundary.
 
+**What keeps a verdict from a better one** (every `can_hang`, and a `will_hang` that only
+an unknown gate's scheduled reading gives) is carried with it as `Conservative` terms, what
+saying settles first, each either something the model was not told or a race that only a
+change of the job removes:
+
+    worker_split       which read iterator's request the released samples reach: the table
+                       answers requests in the order tf.data's threads send them
+    unread_samplers    samplers the learner is not reading (the repeat-interleave's extra
+                       iterators, the datasets no interleave thread is in) keep what they drew
+    thin_answers       1 MiB answers carry less than a batch and deal its credit thinly
+    item_size_unknown  a known small size would use the whole-insert granularity and rule
+                       out thin answers, and be safe
+    gate_unknown       the loop's gate is not known, and the other reading is better
+    layout_unknown     (the engine's, never the model's) no layout declared, judged as a
+                       synchronous loop: actors that never wait on the learner cannot hang
+
+A race stays a race at the pigeonhole's edge: released = strandable needs every iterator
+at its most at once. Two workers of 16, spi 4, error_buffer 24, scheduled (a step every 4
+inserts): each insert's 4 samples go to one request, so each holds a multiple of 4, at most
+12, and 24 strand only as 12 and 12. With both requests waiting the table answers them in
+turn, 8 each a step, and the two stay 8 apart, so it takes a worker missing its turn (its
+next request not yet sent when an insert lands) to meet 12 and 12: a scheduling race that
+a user's runs of that configuration (min_size 100) never met, and that the arithmetic
+cannot rule out (at error_buffer 20, turn by turn already meets 12 and 8: every grid run
+of it hung).
+
 What it does not use: `prefetch` holds complete batches, which reach the learner, so it
 strands nothing.
 """
@@ -133,6 +159,7 @@ strands nothing.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 from replaywatch.model import FLOAT_MAX, GATES, LAYOUTS
@@ -147,6 +174,25 @@ INTERLEAVE_BUFFER_BATCHES = 3
 TF_AGENTS_MAX_CYCLE = 32
 TF_AGENTS_IN_FLIGHT_BATCHES = 3
 _RANK = {SAFE: 0, CAN_HANG: 1, WILL_HANG: 2}
+
+
+class Conservative(enum.StrEnum):
+    """A term that keeps a verdict from being settled (module docstring); the words and what
+    settles each are in `budget_terms`."""
+
+    WORKER_SPLIT = "worker_split"
+    UNREAD_SAMPLERS = "unread_samplers"
+    THIN_ANSWERS = "thin_answers"
+    ITEM_SIZE_UNKNOWN = "item_size_unknown"
+    GATE_UNKNOWN = "gate_unknown"
+    # The engine's, never the model's: `predict` is always told the layout.
+    LAYOUT_UNKNOWN = "layout_unknown"
+
+    @property
+    def race(self) -> bool:
+        """Only a change of the job removes it; the others are settled by saying more."""
+        return self in (Conservative.WORKER_SPLIT, Conservative.UNREAD_SAMPLERS,
+                        Conservative.THIN_ANSWERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,16 +328,19 @@ class Budget:
     strandable: float  # the most the iterators can hold with no batch complete
     reason: str
     gate: str | None = None  # the gate reading this verdict is (a synchronous loop's)
+    # What keeps it from a better verdict, the first to settle first; empty when certain.
+    conservative: tuple[Conservative, ...] = ()
 
     @property
     def needed(self) -> float:
         """Released must exceed strandable: at least this much."""
         return self.strandable + 1
 
-    def evidence(self) -> dict[str, float | str | None]:
+    def evidence(self) -> dict[str, float | str | list[str] | None]:
         return {"verdict": self.verdict, "released_samples": self.released,
                 "strandable_samples": self.strandable, "safe_from_samples": self.needed,
-                "budget_reason": self.reason, "judged_gate": self.gate}
+                "budget_reason": self.reason, "judged_gate": self.gate,
+                "conservative": [term.value for term in self.conservative]}
 
 
 def granularity(lim: Limiter, ds: Dataset) -> int:
@@ -355,10 +404,43 @@ def thin_item_bytes(batch_size: int) -> int:
     return MAX_RESPONSE_BYTES // max(batch_size - 1, 1) + 1
 
 
+def race_terms(ds: Dataset) -> tuple[Conservative, ...]:
+    """Where released samples can sit short of a batch, when more than one place can hold
+    them: the split between those places is what a `can_hang` leaves to the run."""
+    if ds.after_interleave:  # one batch: only the samplers no thread reads keep samples
+        return (Conservative.UNREAD_SAMPLERS,) if ds.samplers > ds.workers else ()
+    return (((Conservative.WORKER_SPLIT,) if ds.workers > 1 else ())
+            + ((Conservative.UNREAD_SAMPLERS,) if ds.iterators_per_worker > 1 else ()))
+
+
+def _terms(*groups: tuple[Conservative, ...]) -> tuple[Conservative, ...]:
+    """Once each, what saying settles before the races only a change removes."""
+    every = dict.fromkeys(term for group in groups for term in group)
+    return (tuple(t for t in every if not t.race) + tuple(t for t in every if t.race))
+
+
 def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The verdict for this configuration (module docstring)."""
+    judged = _predict_read(lim, ds, layout)
+    if judged.verdict != CAN_HANG or ds.item_bytes is not None:
+        return judged
+    # The size unknown, responses may end at any count: a known small size uses the
+    # whole-insert granularity and rules out thin answers, so it is never worse. Judged
+    # here, over both gates' readings, so that it is named only where saying it helps.
+    small = _predict_read(lim, dataclasses.replace(ds, item_bytes=1), layout)
+    if small.verdict == CAN_HANG:
+        return judged
+    return dataclasses.replace(judged, conservative=_terms(
+        judged.conservative, (Conservative.ITEM_SIZE_UNKNOWN,)))
+
+
+def _predict_read(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     if layout.synchronous and layout.loop_gate is None:
         return _worse_reading(lim, ds, layout)
+    return _predict_gated(lim, ds, layout)
+
+
+def _predict_gated(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     if layout.synchronous and layout.loop_gate == SCHEDULE:
         return _predict_schedule(lim, ds, layout)
     warm = _predict_warm_up(lim, ds, layout)
@@ -377,27 +459,33 @@ def predict(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       "that none may complete it (a table signature or "
                       "TrainerProbe(item_bytes=...) settles it, --item-bytes to predict; "
                       f"smaller items: the warm-up reading, {warm.verdict.replace('_', ' ')})",
-                      CAN_SAMPLE)
+                      CAN_SAMPLE, warm.conservative)
     return Budget(CAN_HANG, released, warm.strandable,
                   f"{warm.reason}; once trained, credit for one batch is dealt at most "
                   f"{response_cap(ds)} samples an answer across {ds.workers} read iterators, "
-                  f"so none may complete a batch of {ds.batch_size}", CAN_SAMPLE)
+                  f"so none may complete a batch of {ds.batch_size}", CAN_SAMPLE,
+                  _terms((Conservative.THIN_ANSWERS,), warm.conservative))
 
 
 def _worse_reading(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     """The gate unknown: the can_sample and the scheduled readings, the worse given and the
     other said beside it (a tie goes to the scheduled one, whose arithmetic is plainer)."""
-    sampled = predict(lim, ds, layout.gated(CAN_SAMPLE))
-    scheduled = predict(lim, ds, layout.gated(SCHEDULE))
+    sampled = _predict_gated(lim, ds, layout.gated(CAN_SAMPLE))
+    scheduled = _predict_gated(lim, ds, layout.gated(SCHEDULE))
     worse, other = ((sampled, scheduled) if _RANK[sampled.verdict] > _RANK[scheduled.verdict]
                     else (scheduled, sampled))
     words = {CAN_SAMPLE: "a loop that steps only while can_sample(batch)",
              SCHEDULE: "a loop that steps on a schedule"}
+    # A better other reading is what declaring the gate would give; on a tie a fix must
+    # hold under both, so both readings' races are said.
+    terms = (_terms((Conservative.GATE_UNKNOWN,), worse.conservative)
+             if _RANK[other.verdict] < _RANK[worse.verdict]
+             else _terms(worse.conservative, other.conservative))
     return dataclasses.replace(
         worse, reason=f"the loop's gate is unknown, so both readings are judged: as "
                       f"{words[worse.gate or SCHEDULE]}, {worse.reason}; as "
                       f"{words[other.gate or SCHEDULE]}, {other.verdict.replace('_', ' ')} "
-                      f"({other.reason})")
+                      f"({other.reason})", conservative=terms)
 
 
 def drawable(ds: Dataset, strand: float) -> float:
@@ -455,7 +543,7 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"loop's own insert, by about step {steps}, and a loop blocked inserting "
                       "never asks for the batch that would free it", SCHEDULE)
     more = "and more at each later step" if per_step > b + 1e-9 else "and as much at every step"
-    return _judge(first, s, b, f"{at}, {more}", SCHEDULE)
+    return _judge(first, s, ds, f"{at}, {more}", SCHEDULE)
 
 
 def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
@@ -466,7 +554,7 @@ def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       "they resume as soon as it draws")
     if layout.kind == ASYNC_LAG and layout.max_items_ahead is not None:
         ahead = layout.max_items_ahead
-        return _judge(e + spi * ahead, s, b, f"actors wait {ahead} items ahead of what the "
+        return _judge(e + spi * ahead, s, ds, f"actors wait {ahead} items ahead of what the "
                       f"learner consumed: error_buffer {e:g} + {ahead} x {spi:g}")
     if layout.kind == ASYNC_LAG:
         lag = layout.max_policy_lag or 0
@@ -474,24 +562,27 @@ def _predict_warm_up(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
         if released < b:
             return Budget(WILL_HANG, released, s, f"each learner step takes {b} samples and "
                           f"lets the actors insert only {lag} x {spi:g} = {released:g}")
-        return _judge(released, s, b, f"{lag} x {spi:g} inserted after the learner's last "
+        return _judge(released, s, ds, f"{lag} x {spi:g} inserted after the learner's last "
                       "step, before the actors wait on it again")
     if e >= b:
         burst = (burst_strandable(ds) if ds.iterators_per_worker == 1
                  and not ds.after_interleave else s)
-        return _judge(e, burst, b, f"the warm-up burst (error_buffer {e:g}) lets "
+        return _judge(e, burst, ds, f"the warm-up burst (error_buffer {e:g}) lets "
                       f"can_sample({b}) send the loop into next()", CAN_SAMPLE)
     if spi >= b:
-        return _judge(e + spi, s, b, f"one insert releases {spi:g} >= a batch, on top of "
+        return _judge(e + spi, s, ds, f"one insert releases {spi:g} >= a batch, on top of "
                       f"error_buffer {e:g}", CAN_SAMPLE)
     return Budget(SAFE, None, s, f"error_buffer {e:g} and samples_per_insert {spi:g} are "
                   f"each below a batch of {b}: the loop only takes ready batches", CAN_SAMPLE)
 
 
-def _judge(released: float, strand: float, batch: int, why: str,
+def _judge(released: float, strand: float, ds: Dataset, why: str,
            gate: str | None = None) -> Budget:
     if released > strand:
         return Budget(SAFE, released, strand, why, gate)
-    if released < batch:
+    if released < ds.batch_size:
         return Budget(WILL_HANG, released, strand, why, gate)
-    return Budget(CAN_HANG, released, strand, why, gate)
+    # Between a batch and what can strand: one place alone would complete a batch, so
+    # there are several (race_terms is never empty here), and how the samples split is
+    # the run's.
+    return Budget(CAN_HANG, released, strand, why, gate, race_terms(ds))
