@@ -19,7 +19,7 @@ import time
 from typing import IO, Any
 
 from replaywatch.config import parse_address, read_toml
-from replaywatch.diagnosis import budget, budget_fixes
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms
 from replaywatch.diagnosis.rules_config import limiter_of
 from replaywatch.errors import ConfigError, SourceError
 from replaywatch.model import LAYOUTS
@@ -258,10 +258,12 @@ def render_memory(m: dict[str, Any], out: IO[str]) -> None:
 
 def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
              ) -> dict[str, Any]:
-    """The `--json` document: verdict, budget, strandable, fixes (and what they rest on)."""
+    """The `--json` document: verdict, budget, strandable, what keeps the verdict from a
+    better one, fixes (and what they rest on)."""
     b = budget.predict(lim, ds, layout)
     return {"verdict": b.verdict, "budget": b.released, "strandable": b.strandable,
             "safe_from": b.needed, "reason": b.reason,
+            "conservative": [t.document() for t in budget_terms.explain(lim, ds, layout)],
             "fixes": [f.document() for f in budget_fixes.fixes(lim, ds, layout)],
             "limiter": {"samples_per_insert": lim.samples_per_insert,
                         "min_size_to_sample": lim.min_size_to_sample,
@@ -293,12 +295,20 @@ def render_text(doc: dict[str, Any], out: IO[str]) -> None:
     print(f"  released when inserting stops: {released} samples ({doc['reason']})", file=out)
     print(f"  strandable without a complete batch: {doc['strandable']:g} samples (safe from "
           f"{doc['safe_from']:g} released)", file=out)
+    if doc["conservative"]:
+        print("  conservative: what the model cannot decide, and what settles it:", file=out)
+        for t in doc["conservative"]:
+            kind = "a race" if t["race"] else "not told"
+            print(f"    {t['term']} ({kind}): {t['why']}; settled by {t['settled_by']}",
+                  file=out)
     if doc["fixes"]:
         print("fixes the model proves (any one):", file=out)
         for f in doc["fixes"]:
             print(f"  {_knob(f)}", file=out)
             if "together_with" in f:
                 print(f"    together with {_knob(f['together_with'])}", file=out)
+    elif doc["verdict"] != budget.SAFE:
+        print("fixes the model proves: none (no single change it calls safe)", file=out)
 
 
 def _knob(f: dict[str, Any]) -> str:

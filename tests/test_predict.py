@@ -75,6 +75,55 @@ def test_the_seed_on_acme_interleave_with_frames_can_hang_with_fixes_as_json(cap
     assert all(f["value"] != f["was"] for f in doc["fixes"])
 
 
+# A scheduled loop of 2 workers of 16, spi 4, min_size 100, error_buffer 24 ran clean where
+# the model says can_hang: 24 strand only as 12 and 12, a split the arithmetic cannot rule out
+# (budget.py's docstring), so the answer says that is the term, and what settles it.
+AT_THE_EDGE = ["--samples-per-insert", "4", "--min-size-to-sample", "100", "--error-buffer", "24",
+            "--batch-size", "16", "--num-parallel-calls", "2", "--item-bytes", "16"]
+
+
+def test_a_can_hang_says_its_race_and_the_fix_that_settles_it(capsys: Any) -> None:
+    code, out, _ = predict([*AT_THE_EDGE, "--layout", "sync-ratio"], capsys)
+    assert code == 1 and out.startswith("verdict: CAN HANG (sync-ratio, gate schedule)")
+    lines = out.splitlines()
+    at = lines.index("  conservative: what the model cannot decide, and what settles it:")
+    assert lines[at + 1].startswith("    worker_split (a race): which of the 2 batching workers")
+    assert "pipeline can hold 24 so, against 24 released" in lines[at + 1]
+    assert lines[at + 1].endswith("settled by a change: num_parallel_calls=1 (now 2) or another "
+                                  "fix below")
+    assert lines[at + 2] == "fixes the model proves (any one):"
+    assert "  error_buffer=30 (now 24): " in out
+
+
+# (name, flags, the terms and whether each is a race, in what settles the first): --json.
+TERM_CASES = [
+    ("a_scheduled_loop_races_on_the_split", [*AT_THE_EDGE, "--layout", "sync-ratio"],
+     [("worker_split", True)], "num_parallel_calls=1 (now 2)"),
+    ("the_gate_left_out_is_settled_first_by_declaring_it", [*AT_THE_EDGE, "--layout", "sync"],
+     [("gate_unknown", False), ("worker_split", True)], "--gate can-sample"),
+    ("the_size_left_out_is_settled_by_declaring_it",
+     [*SEED, "--gate", "can-sample"], [("item_size_unknown", False)], "--item-bytes"),
+    ("frames_race_on_thin_answers",
+     [*SEED, "--gate", "can-sample", "--error-buffer", "50000", "--item-bytes", "63504"],
+     [("thin_answers", True)], "num_parallel_calls=1 (now 12)"),
+    ("a_safe_verdict_has_no_term", [*AT_THE_EDGE, "--layout", "sync", "--gate", "can-sample"], [],
+     None),
+]
+
+
+@pytest.mark.parametrize("name,argv,terms,settles", TERM_CASES, ids=[c[0] for c in TERM_CASES])
+def test_the_json_names_each_conservative_term_and_what_settles_it(
+        name: str, argv: list[str], terms: list[tuple[str, bool]], settles: str | None,
+        capsys: Any) -> None:
+    _, out, _ = predict([*argv, "--json"], capsys)
+    doc = json.loads(out)
+    assert [(t["term"], t["race"]) for t in doc["conservative"]] == terms
+    assert all(t["why"] and t["settled_by"] for t in doc["conservative"])
+    if settles is not None:
+        assert settles in doc["conservative"][0]["settled_by"]
+        assert doc["fixes"]  # a conservative answer always comes with a proven fix
+
+
 def test_a_lag_bound_that_frees_less_than_a_batch_will_hang(capsys: Any) -> None:
     code, out, _ = predict(["--samples-per-insert", "4", "--min-size-to-sample", "1000",
                             "--error-buffer", "32", "--batch-size", "16",
@@ -188,7 +237,12 @@ def test_the_live_verdict_equals_predicts_on_every_grid_cell(cell: Cell) -> None
     from replaywatch.cli import build_parser
     from replaywatch.predict import run_predict
     run_predict(build_parser().parse_args(["predict", *argv, "--json"]), out)
-    assert live_verdict(findings) == json.loads(out.getvalue())["verdict"]
+    doc = json.loads(out.getvalue())
+    assert live_verdict(findings) == doc["verdict"]
+    # And the same terms keep it from a better verdict (deadlock_risk's evidence).
+    live = next((f.evidence["conservative"] for f in findings
+                 if f.kind in ("deadlock_risk", "batch_exceeds_headroom")), [])
+    assert live == [t["term"] for t in doc["conservative"]]
 
 
 def test_predict_reads_the_limiter_of_a_running_server(reverb_workload: Any) -> None:
