@@ -583,6 +583,14 @@ def test_deadlock_risk_with_blocking_disabled_and_no_layout_gives_both_readings(
     assert finding is not None and finding.evidence["layout"] == "unknown"
     assert finding.evidence["judged_as"] == "sync"
     assert "If this is a synchronous loop" in finding.summary and "--layout" in finding.fix
+    # What keeps it from safe: the layout first (asynchronous actors could not hang it), then
+    # what predict says of the synchronous reading (its races), each with what settles it.
+    assert finding.evidence["conservative"] == ["layout_unknown", "worker_split",
+                                                "unread_samplers"]
+    why = finding.evidence["conservative_why"]
+    assert "settled by declaring the layout" in why["layout_unknown"]
+    assert "can hold 39900 so, against 25600 released" in why["worker_split"]
+    assert why["unread_samplers"].endswith("settled by a change: num_parallel_calls=1 (now 12)")
 
 
 def test_deadlock_risk_on_the_seed_with_acme_interleave_gives_the_models_fixes() -> None:

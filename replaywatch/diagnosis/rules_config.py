@@ -6,7 +6,8 @@ snapshot proves them, so they are named on the first poll, before any next() blo
 
     will_hang, layout known      batch_exceeds_headroom (critical): no batch will complete
     can_hang, layout known       deadlock_risk (warning), with the released and strandable
-                                 samples and the fixes the model proves
+                                 samples, the terms that keep it from safe (`conservative`)
+                                 and the fixes the model proves
     will_hang, a loop's gate     deadlock_risk (warning) when only the scheduled reading
     unknown                      hangs: the loop's own next() calls settle the gate, and a
                                  loop that waits on can_sample is not paged meanwhile
@@ -24,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replaywatch.diagnosis import budget, budget_fixes, kinds
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms, kinds
 from replaywatch.diagnosis import layout as lay
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
@@ -151,8 +152,15 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
     ds = dataset_of(p, t)
     assert ds is not None
     fixes = budget_fixes.fixes(limiter_of(t), ds, model)
+    # What keeps the verdict from a better one, as predict says it; a layout nobody declared
+    # first, since settling it may clear the finding whatever the rest says.
+    terms = (() if known.known else (budget_terms.layout_unknown(),)) + budget_terms.explain(
+        limiter_of(t), ds, model)
     evidence: dict[str, Any] = {
         **limiter_evidence(t), **b.evidence(), **known.evidence(), "judged_as": model.kind,
+        "conservative": [e.term.value for e in terms],
+        "conservative_why": {e.term.value: f"{e.why}; settled by {e.settled_by}"
+                             for e in terms},
         "error_buffer": limiter_of(t).error_buffer, "workers": ds.workers,
         "batch_size": ds.batch_size, "max_in_flight": ds.in_flight,
         "iterators_per_worker": ds.iterators_per_worker, "item_bytes": ds.item_bytes,
