@@ -53,7 +53,7 @@ class FindingsKeeper:
         self._interval_s = interval_s
         self._incidents = incidents
         self._evidence = Evidence(incidents, stacks or StackTaker(), bundles)
-        self._rhythms = RhythmBook(incidents)
+        self.rhythms = RhythmBook(incidents)
         self._bundles = bundles
         self._active: dict[Key, Finding] = {}
         self._resumed = False
@@ -76,7 +76,7 @@ class FindingsKeeper:
         if self._incidents is None:
             return
         self._incidents.connect()
-        self._rhythms.resume()
+        self.rhythms.resume()
         for f in self._incidents.open_findings():
             self._active[f.key] = f
             self._held.add(f.key)
@@ -90,11 +90,11 @@ class FindingsKeeper:
     def _inputs(self, history: History, target: str, probes: list[str], now: float,
                 open_here: tuple[Finding, ...]) -> Inputs:
         # Back far enough for the longest window the job's rhythm sets to be proven.
-        reach = max(self._window_s, self._rhythms.reach_s(target, self._th)
+        reach = max(self._window_s, self.rhythms.reach_s(target, self._th)
                     + 3 * self._interval_s)
         view = history.view(target, probes, start=now - reach,
                             coarse_start=now - self._th.throughput_lookback_s)
-        view = dataclasses.replace(view, rhythms=self._rhythms.learn(target, view))
+        view = dataclasses.replace(view, rhythms=self.rhythms.learn(target, view))
         held = tuple(f for f in open_here if f.key in self._held) if now < self._hold_until \
             else ()
         return Inputs(view, now, self._th, self._layout, self._evidence.stacks.verdicts(target),
@@ -108,7 +108,7 @@ class FindingsKeeper:
         open_by_target = _by_target(self._active.values())
         inputs = {t: self._inputs(history, t, probes, now, open_by_target.get(t, ()))
                   for t, probes in targets.items()}
-        self._rhythms.save(now)
+        self.rhythms.save(now)
         verdict = judge_cycle(inputs, self._active, now)
         self._held = set() if now >= self._hold_until else self._held - verdict.diagnosed
         for error in verdict.rule_errors:

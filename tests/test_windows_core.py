@@ -86,9 +86,10 @@ def buffered_learner(step_s: float = 12.0, fill: int = 448, rest: tuple[float, f
 
 
 def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
-        rhythms: dict[str, rh.Rhythm] | None = None, start: float = 1000.0
-        ) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
-    """Every warning or critical finding at each poll, and the rhythms learned."""
+        rhythms: dict[str, rh.Rhythm] | None = None, start: float = 1000.0,
+        age_s: float = 0.0) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
+    """Every warning or critical finding at each poll, and the rhythms learned (`age_s`: the
+    server's age at the first poll)."""
     tables: list[Any] = []
     probes: list[Any] = []
     learned = dict(rhythms or {})
@@ -96,7 +97,8 @@ def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
     for i in range(seconds + 1):
         t = start + i
         s = job(float(i))
-        tables.append(table_snapshot(t, s.inserts, s.samples, waiting_for_sampling_ms=500 * i))
+        tables.append(table_snapshot(t, s.inserts, s.samples,
+                                     waiting_for_sampling_ms=int(1000 * (age_s + i))))
         probes.append(dataclasses.replace(
             probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=start - 5),
             section=s.section, sections=s.sections))
@@ -199,6 +201,20 @@ def test_a_learner_fed_by_its_pipeline_is_never_paged_with_or_without_its_probe(
     paged, _ = run(buffered_learner(), 200, th=dataclasses.replace(TH, pause_slack=1.0,
                                                                      startup_grace_s=30.0),
                    probe=False)
+    assert any(f.kind == "insert_blocked" for _, f in paged)
+
+
+def test_a_sidecar_that_came_after_the_pipelines_fill_counts_it_from_the_servers_age() -> None:
+    # First seen 10 s into the job, the fill long drawn: what the server had drawn then, less
+    # what its rate since would have drawn in its 10 s, is the fill.
+    later = buffered_learner()
+    paged, learned = run(lambda t: later(t + 10), 300, probe=False, age_s=10.0)
+    assert paged == [], [(t, f.kind, f.evidence.get("window_why")) for t, f in paged[:3]]
+    burst, lasts = rh.drain_s(learned["samples replay"]) or (0, None)
+    assert 430 <= burst <= 448 and lasts is not None
+    # Seen first on a server an hour old, its counters say nothing of a fill: judged by the
+    # table's own rhythm, the rest pages (the test can fail).
+    paged, _ = run(lambda t: later(t + 10), 300, probe=False, age_s=3600.0)
     assert any(f.kind == "insert_blocked" for _, f in paged)
 
 

@@ -83,6 +83,9 @@ class Rhythm:
     burst: float = 0.0  # the most it moved between two polls (a pipeline's fill, for samples)
     moved: float = 0.0  # how much it moved since first sight, restarts summed
     moved_at: float | None = None  # when it last moved (kept across restarts, unlike last_event_at)
+    # (its value, the server's age) at first sight of a young server's samples: a pipeline's
+    # first fill may have come before the sidecar did
+    drawn_before: tuple[float, float] | None = None
 
     def resumed(self) -> Rhythm:
         """After the sidecar's own restart: what was learned stays; the time between the last
@@ -90,14 +93,18 @@ class Rhythm:
         return dataclasses.replace(self, last_event_at=None, seen_at=0.0)
 
 
-def learn(prev: Rhythm | None, points: Iterable[tuple[float, float]]) -> Rhythm | None:
-    """`prev` with the (observed_at, value) points newer than it folded in."""
+def learn(prev: Rhythm | None, points: Iterable[tuple[float, float]],
+          age_s: float | None = None) -> Rhythm | None:
+    """`prev` with the (observed_at, value) points newer than it folded in. `age_s`: how old
+    the server was at the first point, for a samples series first seen here."""
     r = prev
     for at, value in points:
         if r is None:
             # First sight: progress happened by now, so the first gap is timed from here (at
             # most the true one: the window it sets errs short, as a fixed one does).
-            r = Rhythm(value, at, at if value > 0 else None, at if value > 0 else None)
+            before = (value, age_s) if age_s is not None and value > 0 else None
+            r = Rhythm(value, at, at if value > 0 else None, at if value > 0 else None,
+                       drawn_before=before)
         elif at <= r.seen_at:
             continue
         elif value < r.value:  # a restart: its counters start over, no gap spans it
@@ -263,13 +270,23 @@ def section_allowance(section: Section, past: Sequence[SectionStat], th: Thresho
 def drain_s(r: Rhythm | None) -> tuple[float, float | None] | None:
     """(burst, seconds it lasts) for a samples series: the most it drew between two polls,
     and how long that lasts at its rate beside the burst (None: nothing consumed since, so
-    not known yet). None when the series never moved."""
-    if r is None or r.burst <= 0 or r.first_event_at is None:
+    not known yet). None when the series never moved.
+
+    Seen first on a young server, what it had drawn then less what its rate since would have
+    drawn over the server's life counts as a burst too: a fill that came before the sidecar
+    (never more than was drawn: a job whose rate fell errs long, bounded by the caller)."""
+    if r is None or r.first_event_at is None:
         return None
     # The rate while it moved: a learner that hangs must not stretch its own window.
     span = (r.moved_at if r.moved_at is not None else r.first_event_at) - r.first_event_at
     rate = (r.moved - r.burst) / span if span > 0 else 0.0
-    return r.burst, (r.burst / rate if rate > 0 else None)
+    burst = r.burst
+    if r.drawn_before is not None:
+        value, age = r.drawn_before
+        burst = max(burst, value - rate * age if rate > 0 else value)
+    if burst <= 0:
+        return None
+    return burst, (burst / rate if rate > 0 else None)
 
 
 def longest(windows: Iterable[Window], th: Thresholds) -> Window:

@@ -54,10 +54,26 @@ def learn_view(view: TargetView, previous: Mapping[str, rh.Rhythm]) -> dict[str,
     has are kept as they were: a probe down for a while comes back with its rhythm)."""
     out = dict(previous)
     for key, points in series_of(view).items():
-        learned = rh.learn(previous.get(key), points)
+        learned = rh.learn(previous.get(key), points,
+                           None if key in previous else _young_server_age(view, key))
         if learned is not None:
             out[key] = learned
     return out
+
+
+# A samples series first seen on a server younger than this counts what was drawn before as
+# a possible fill (rhythm.drain_s); an older server's counters say too little of one.
+FILL_SEEN_WITHIN_S = 900.0
+
+
+def _young_server_age(view: TargetView, key: str) -> float | None:
+    """The server's age at the first snapshot of a table's samples series, if it is young."""
+    side, _, name = key.partition(" ")
+    snaps = view.tables.get(name) if side == "samples" else None
+    if not snaps:
+        return None
+    age = win.worker_ms(snaps[0]) / 1000.0
+    return age if 0 < age <= FILL_SEEN_WITHIN_S else None
 
 
 def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window:
