@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste system-deps venv launchpad-venv clean
+.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms system-deps venv launchpad-venv clean
 
 venv: $(STAMP)
 
@@ -153,6 +153,13 @@ bench-memory: $(STAMP)
 # and run again (about 5 minutes).
 bench-waste: $(STAMP)
 	$(PY) -m bench.waste --results bench/RESULTS.md
+
+# Jobs of every rhythm (steps 0.05 s to 60 s, sync and async, prefetch 0 to 8, 1 to 64
+# actors), each watched by three sidecars (Reverb alone, the learner's probe, every probe):
+# the healthy ones 10 minutes with nothing paged, the hung ones named within their window
+# (about 35 minutes, the cells side by side).
+bench-rhythms: $(STAMP)
+	$(PY) -m bench.rhythms --results bench/RESULTS.md
 
 # What the trainer probe's batch statistics cost a learner step at batch 256 (two minutes).
 bench-batch-stats: $(STAMP)

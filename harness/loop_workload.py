@@ -146,9 +146,8 @@ class Loop:
         self.trainer, self.actor = trainer, actor
         # The loop's own writer is the trainer probe's in synchronous layouts: the thread
         # that inserts is the thread that waits in next(), which is what proves the layout.
-        writer = client.trajectory_writer(num_keep_alive_refs=1)
-        self.writer = (trainer.wrap_writer(writer) if args.layout.startswith("sync")
-                       else actor.wrap_writer(writer) if actor else writer)
+        self.client = client
+        self.writer = self.make_writer()
         # Frames are random bytes, as camera frames are to a compressor: Reverb compresses
         # chunks, and a table answers at most 1 MiB of them per sample response, so
         # all-zero frames would travel as if they were small items.
@@ -161,12 +160,18 @@ class Loop:
         self.stop = threading.Event()
         self.began = self.evaluated_at = time.time()
 
-    def insert(self) -> None:
-        self.writer.append({"x": self.items[self.inserts % len(self.items)]})
-        self.writer.create_item(TABLE, priority=1.0, trajectory={"x": self.writer.history["x"][-1]})
+    def make_writer(self) -> Any:
+        writer = self.client.trajectory_writer(num_keep_alive_refs=1)
+        return (self.trainer.wrap_writer(writer) if self.args.layout.startswith("sync")
+                else self.actor.wrap_writer(writer) if self.actor else writer)
+
+    def insert(self, writer: Any = None) -> None:
+        w = writer if writer is not None else self.writer
+        w.append({"x": self.items[self.inserts % len(self.items)]})
+        w.create_item(TABLE, priority=1.0, trajectory={"x": w.history["x"][-1]})
         # Acme's adders flush(max_in_flight_items) after each item: up to that many inserts
         # are still on their way when the loop goes on (0: it waits for each).
-        self.writer.flush(self.args.adder_in_flight)
+        w.flush(self.args.adder_in_flight)
         self.inserts += 1
 
     def learn(self) -> None:
@@ -228,16 +233,22 @@ class Loop:
         consumed = self.batches * self.args.batch_size / self.args.samples_per_insert
         return ahead < 0 or ahead < self.args.max_items_ahead + consumed
 
-    def run_actor(self) -> None:
+    def run_actor(self, own_writer: bool = False) -> None:
+        """One actor; `--actors N` runs N, each with its own writer (`own_writer`) on the
+        one client; from `--actors-hang-at-s` on, every one hangs for good."""
         lag, seen, since = self.args.max_policy_lag, self.learner_steps, 0
+        writer = self.make_writer() if own_writer else None
+        hang_at = self.args.actors_hang_at_s
         while not self.stop.is_set():
+            if hang_at is not None and time.time() - self.began >= hang_at:
+                threading.Event().wait()
             if self.args.max_items_ahead is not None and not self.may_insert():
                 assert self.actor is not None
                 with self.actor.waiting("learner"):
                     while not self.may_insert() and not self.stop.is_set():
                         time.sleep(0.0005)
                 continue  # the stop flag is checked again before inserting
-            self.insert()
+            self.insert(writer)
             if self.actor is not None:
                 self.actor.step()
             if lag is None or self.inserts < self.args.min_size:
@@ -288,6 +299,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.max_items_ahead is not None and (args.layout != "async-lag"
                                              or args.max_items_ahead < 0):
         p.error("--max-items-ahead is a number >= 0 for --layout async-lag")
+    if (args.actors != 1 or args.actors_hang_at_s is not None) and not args.layout.startswith(
+            "async"):
+        p.error("--actors and --actors-hang-at-s are for the async layouts")
+    if args.actors < 1:
+        p.error("--actors must be >= 1")
     if args.gate == "schedule" and args.layout != "sync":
         p.error("--gate is for --layout sync (sync-ratio steps on its schedule already)")
     scheduled = args.layout == "sync-ratio" or args.gate == "schedule"
@@ -372,6 +388,10 @@ def main() -> None:
                    help="mark each evaluation with probe.section('evaluate')")
     p.add_argument("--learner-hang-at-s", type=float, default=None,
                    help="the learner hangs for good (outside next()) this long after start")
+    p.add_argument("--actors", type=int, default=1,
+                   help="actor threads of the async layouts, each with its own writer")
+    p.add_argument("--actors-hang-at-s", type=float, default=None,
+                   help="from then on every actor hangs for good (before an insert)")
     p.add_argument("--start-delay", type=float, default=0.0,
                    help="seconds between the start line and the first insert (a sidecar "
                         "attached from the start sees the configuration first)")
@@ -428,6 +448,9 @@ def main() -> None:
                else [loop.run_actor, loop.run_learner])
     for target in targets:
         threading.Thread(target=target, daemon=True).start()
+    if args.layout.startswith("async"):
+        for _ in range(args.actors - 1):
+            threading.Thread(target=loop.run_actor, args=(True,), daemon=True).start()
     result = watch(loop, args, started)
     info = table.info.rate_limiter_info
     drawn = info.sample_stats.completed
