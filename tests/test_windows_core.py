@@ -87,7 +87,8 @@ def buffered_learner(step_s: float = 12.0, fill: int = 448, rest: tuple[float, f
 
 def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
         rhythms: dict[str, rh.Rhythm] | None = None, start: float = 1000.0,
-        age_s: float = 0.0) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
+        age_s: float = 0.0, reach_cap_s: float | None = None
+        ) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
     """Every warning or critical finding at each poll, and the rhythms learned (`age_s`: the
     server's age at the first poll)."""
     tables: list[Any] = []
@@ -103,6 +104,7 @@ def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
             probe_snapshot(t, s.batches, steps=s.steps, batch_size=B, started_at=start - 5),
             section=s.section, sections=s.sections))
         reach = max(REACH_S, 3 * sw.longest_learned_s(learned, th) + 3)
+        reach = reach if reach_cap_s is None else min(reach, reach_cap_s)
         recent = [x for x in tables if x.observed_at >= t - reach]
         view = make_view([tuple(recent)],
                          [tuple(p for p in probes if p.observed_at >= t - reach)] if probe
@@ -233,6 +235,12 @@ def test_a_hung_learner_fed_by_its_pipeline_is_named_by_its_own_window_or_its_fi
     assert ev["window_basis"] == "drain" and "drew 448 samples" in ev["window_why"]
     assert 300 + ev["window_s"] <= first[0] <= 300 + ev["window_s"] + 2, (first[0], ev)
     assert 480 <= ev["window_s"] <= 530, ev["window_s"]
+    # A history shorter than that window (the sidecar's --history) still proves it: the
+    # table's rhythms know when it last moved (a server past its start-up grace: a view this
+    # short no longer shows the learner trained).
+    short, _ = run(buffered_learner(hang_at=300.5), 300 + 510, probe=False, reach_cap_s=200.0,
+                   age_s=1000.0)
+    assert next(t for t, f in short if f.kind == "insert_blocked") == first[0]
 
 
 def test_a_marked_evaluation_is_never_paged_and_says_so() -> None:

@@ -38,6 +38,9 @@ class TableCase:
     came_back_how: str | None = None
     # The stall window its rules judge by, learned from the job's rhythm (stall_window.py).
     window: Window | None = None
+    # When its counters last moved, as its rhythms saw it: a rest longer than the view holds
+    # (a learner living on a deep pipeline's fill) is still proven.
+    rested_since: float | None = None
 
     @property
     def latest(self) -> TableSnapshot:
@@ -46,6 +49,13 @@ class TableCase:
     @property
     def name(self) -> str:
         return self.latest.name
+
+    def resting_s(self) -> float:
+        """Seconds neither its inserts nor its samples moved, up to the newest snapshot."""
+        idle = win.idle_for(self.history, win.inserts_of, win.samples_of)
+        if self.rested_since is None:
+            return idle
+        return max(idle, self.latest.observed_at - self.rested_since)
 
     def finding(self, kind: Kind, summary: str, evidence: dict[str, Any], fix: str,
                 since: float) -> Finding:

@@ -138,7 +138,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                          declared_layout=layout, came_back_at=came_back and came_back[0],
                          came_back_how=came_back and came_back[1])
         window = sw.table_window(view, case, th)
-        case = dataclasses.replace(case, window=window)
+        case = dataclasses.replace(case, window=window,
+                                   rested_since=sw.rested_since(view, name))
         judging = _judging(th, window)
         stalls = []
         if has_enough_history(history, th):

@@ -175,7 +175,7 @@ def is_insert_blocked(case: TableCase, th: Thresholds) -> Finding | None:
     `waiting_for_sampling`, so inserts are queued behind it.
     """
     t = case.latest
-    idle = win.idle_for(case.history, inserts_of, samples_of)
+    idle = case.resting_s()
     if (idle < th.stall_window_s or can_insert(t, 1)
             or not worker_waited(case, "waiting_for_sampling", th)):
         return None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import rhythm as rh
-from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import TableCase, limiter_evidence
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -56,7 +55,7 @@ def is_pipeline_draining(case: TableCase, th: Thresholds) -> Finding | None:
     w = case.window
     if w is None or w.basis not in rh.HELD_BY_PIPELINE or w.normal_s is None:
         return None
-    idle = win.idle_for(case.history, win.inserts_of, win.samples_of)
+    idle = case.resting_s()
     if idle < w.normal_s:
         return None
     t = case.latest

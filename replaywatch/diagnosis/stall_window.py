@@ -97,6 +97,14 @@ def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window
     return _in_sections(normal, inside, onsets, th)
 
 
+def rested_since(view: TargetView, table: str) -> float | None:
+    """When the table's inserts and samples last moved, from their rhythms (None: either not
+    known)."""
+    rested = [r.last_event_at for side in ("samples", "inserts")
+              if (r := view.rhythms.get(f"{side} {table}")) is not None]
+    return None if not rested or None in rested else max(x for x in rested if x is not None)
+
+
 def _fed_by_pipeline(normal: rh.Window, view: TargetView, case: TableCase, th: Thresholds
                      ) -> rh.Window:
     """Inserts wait at max_diff: the table moves when the learner's pipeline draws, which it
@@ -106,11 +114,9 @@ def _fed_by_pipeline(normal: rh.Window, view: TargetView, case: TableCase, th: T
     if lim.can_insert(case.latest, 1):
         return normal
     rhythms = view.rhythms
-    table = [rhythms.get(f"{side} {case.name}") for side in ("samples", "inserts")]
-    rested = [r.last_event_at for r in table if r is not None and r.last_event_at is not None]
-    if not rested:
+    onset = rested_since(view, case.name)
+    if onset is None:
         return normal
-    onset = max(rested)
     held: list[rh.Window] = []
     for p in case.probes:
         r = rhythms.get(f"probe {p[-1].probe}")
