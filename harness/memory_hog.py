@@ -16,6 +16,13 @@ episode (a continuing task), so the server keeps every chunk alive with its tabl
 leak. `--actor-probe`: the writer is made through an ActorProbe's wrapped client, whose URL
 is printed as "actor_probe". `--replay-probe`: a ReplayProbe serves the process's memory,
 its URL printed as "replay_probe".
+
+    python harness/memory_hog.py --cgroup /sys/fs/cgroup/memory/X --max-size 40000 --serve-only
+    python harness/memory_hog.py --write-to 127.0.0.1:PORT --rate 100
+
+As a real job runs: the server alone in its cgroup (`--serve-only`: no writer), its frames
+inserted by an actor in a process of its own (`--write-to`: no server), which pays its own
+client's memory and starts when it is ready, not when the server does.
 """
 
 from __future__ import annotations
@@ -31,22 +38,33 @@ from pathlib import Path
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cgroup", type=Path, default=None)
-    p.add_argument("--max-size", type=int, required=True)
-    p.add_argument("--rate", type=float, required=True)
+    p.add_argument("--max-size", type=int, default=None)
+    p.add_argument("--rate", type=float, default=None)
+    p.add_argument("--serve-only", action="store_true")
+    p.add_argument("--write-to", default=None)
     p.add_argument("--keep-episode", action="store_true")
     p.add_argument("--actor-probe", action="store_true")
     p.add_argument("--replay-probe", action="store_true")
     args = p.parse_args()
+    if args.max_size is None and args.write_to is None:
+        p.error("--max-size is needed for a server")
+    if args.rate is None and not args.serve_only:
+        p.error("--rate is needed for a writer")
     if args.cgroup is not None:
         (args.cgroup / "cgroup.procs").write_text(f"{os.getpid()}\n")
     import numpy as np
     import reverb
 
-    server = reverb.Server([reverb.Table(
-        "replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), args.max_size,
-        reverb.rate_limiters.MinSize(1))], port=None)
-    client = reverb.Client(f"127.0.0.1:{server.port}")
-    start = {"reverb": f"127.0.0.1:{server.port}", "pid": os.getpid()}
+    if args.write_to is not None:
+        address = args.write_to
+        start: dict[str, object] = {"writer": address, "pid": os.getpid()}
+    else:
+        server = reverb.Server([reverb.Table(
+            "replay", reverb.selectors.Uniform(), reverb.selectors.Fifo(), args.max_size,
+            reverb.rate_limiters.MinSize(1))], port=None)
+        address = f"127.0.0.1:{server.port}"
+        start = {"reverb": address, "pid": os.getpid()}
+    client = reverb.Client(address)
     probe = None
     if args.replay_probe:
         from replaywatch.probe import ReplayProbe
@@ -62,6 +80,9 @@ def main() -> None:
         client = probe.wrap_client(client)
         start["actor_probe"] = probe.url
     print(json.dumps(start), flush=True)
+    if args.serve_only:
+        server.wait()
+        return
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (84, 84, 9), np.uint8) for _ in range(64)]
     started, n = time.monotonic(), 0
