@@ -6,7 +6,9 @@ tests/test_memory_cgroup.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from replaywatch.cli import main as cli_main
@@ -15,6 +17,8 @@ from replaywatch.diagnosis import rules_memory
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
+from replaywatch.findings import view_window_s
+from replaywatch.history import COARSE_EVERY_S
 from replaywatch.model import MemorySnapshot, Severity
 from replaywatch.sources import memory as src
 from tests.builders import TARGET, actor_snapshot, polls, table_snapshot
@@ -262,3 +266,99 @@ def test_predict_says_whether_the_seed_table_fits_in_its_memory(capsys) -> None:
     assert code == 1
     code = cli_main(["predict", *seed, "--max-size", "100000", "--memory-limit", "24GiB"])
     assert "fits" in capsys.readouterr().out and code == 0
+
+
+# A real fill (bench/memory.py's actor_apart, its readings in tests/fixtures): a server alone
+# in a 2 GiB cgroup, 63,504-byte frames written at 100 items/s by an actor in a process of its
+# own, started beside the sidecar: the table stood empty ~10 s while the actor loaded.
+APART = json.loads((Path(__file__).parent / "fixtures" / "memory_actor_apart.json").read_text()
+                   )["actor_apart"]
+
+
+def recorded_polls(run: dict) -> Iterator[tuple[float, TargetView]]:
+    """The recorded run's views poll by poll, as the sidecar held them: every poll's table
+    snapshot over the view's window, the coarse copy one per COARSE_EVERY_S, and the memory
+    readings since the first poll."""
+    window = view_window_s(TH, 1.0)
+    tables: list = []
+    coarse: list = []
+    memory: list = []
+    for t, size, m_at, counted in run["polls"]:
+        snap = table_snapshot(t, size, 0, size=size, max_size=run["max_size"], item_bytes=FRAME)
+        tables.append(snap)
+        if not coarse or t - coarse[-1].observed_at >= COARSE_EVERY_S:
+            coarse.append(snap)
+        memory.append(MemorySnapshot(TARGET, m_at, 77, counted, run["limit_bytes"],
+                                     "cgroup v1", None, 0, "--reverb-pid", counted))
+        fine = tuple(s for s in tables if s.observed_at >= t - window)
+        yield t, TargetView(TARGET, polls([s.observed_at for s in fine]), {"replay": fine}, {},
+                            {}, coarse_tables={"replay": tuple(coarse)}, memory=tuple(memory))
+
+
+def test_the_time_left_is_never_long_on_a_real_fill_whose_actor_started_late() -> None:
+    # The table stood empty while the actor loaded: a rate averaged over the look-back, the
+    # empty stretch in it, said 694 s at the opening of this fill, where the kill came 261 s
+    # later (a user's run of the same: 653 s against 287).
+    killed = APART["killed_at_clock_s"]
+    said = [(t, f.evidence) for t, view in recorded_polls(APART)
+            if (f := rules_memory.is_memory_exhaustion(view, TH, t)) is not None]
+    assert said and said[0][1]["current_size"] <= 200  # named as the fill began
+    first_at, first = said[0]
+    truth = killed - first_at
+    # The first estimate: not optimistic, and within a quarter of the time there was.
+    assert 0.75 * truth <= first["seconds_left"] <= truth, (first, truth)
+    for t, ev in said:
+        left = killed - t
+        assert ev["seconds_left"] <= max(1.25 * left, left + 2), (t, ev, left)
+    # Its range narrows as the fill goes on, and once a few seconds of it are read it holds
+    # the time there was (within a poll).
+    first_span = first["seconds_left_range"][1] - first["seconds_left_range"][0]
+    later = next(ev for t, ev in said if t >= first_at + 60)
+    assert later["seconds_left_range"][1] - later["seconds_left_range"][0] < first_span
+    for t, ev in said:
+        if t >= first_at + 5:
+            low, high = ev["seconds_left_range"]
+            assert low - 1.5 <= killed - t <= high + 1.5, (t, ev, killed - t)
+
+
+def test_the_exhaustion_says_the_range_of_the_time_left_and_what_it_is_read_from() -> None:
+    t, view = next((t, v) for t, v in recorded_polls(APART)
+                   if rules_memory.is_memory_exhaustion(v, TH, t) is not None)
+    f = rules_memory.is_memory_exhaustion(view, TH, t)
+    assert f is not None
+    ev = f.evidence
+    low, high = ev["seconds_left_range"]
+    assert ev["seconds_left"] == low < high
+    b_low, b_high = ev["bytes_per_item_range"]
+    assert b_low < ev["bytes_per_item"] < b_high
+    assert ev["items_per_s_range"][0] <= ev["items_per_s"] <= ev["items_per_s_range"][1]
+    assert f"reaches the limit in {low} to {high} s (the soonest first" in f.summary
+    assert f"read over {ev['items_per_s_over_s']} s of the fill" in f.summary
+
+
+def rate_of(sizes: list[int], every_s: float = 1.0) -> mem.FillRate | None:
+    points = [table_snapshot(1000.0 + i * every_s, n, 0, size=n) for i, n in enumerate(sizes)]
+    return mem.fill_rate(points, points[-1].observed_at)
+
+
+# (what, the table's size at each poll, a second apart, the rate and its range or None)
+FILL_RATE_CASES = [
+    ("empty while the actor loads, then 100 items/s: the rate from its first growth",
+     [0] * 10 + [30, 130, 230, 330], (100.0, 100.0, 100.0)),
+    ("growing from the window's first reading: that reading counts",
+     [10, 110, 210, 310], (100.0, 100.0, 100.0)),
+    ("empty, then one reading that grew: no rate yet", [0] * 10 + [30], None),
+    ("a writer speeding up: the newest 30 s's rate is the range's top",
+     [i * 50 for i in range(60)] + [2950 + i * 100 for i in range(1, 31)], (None, None, 100.0)),
+]
+
+
+def test_the_fill_rate_is_read_from_the_tables_first_growth() -> None:
+    for what, sizes, want in FILL_RATE_CASES:
+        got = rate_of(sizes)
+        if want is None:
+            assert got is None, what
+            continue
+        assert got is not None, what
+        for value, expected in zip((got.value, got.low, got.high), want, strict=True):
+            assert expected is None or abs(value - expected) < 0.5, (what, got)

@@ -296,8 +296,8 @@ MEMORY_EXHAUSTION = Kind(
     meaning="The replay server's process will not fit: its table filled to `max_size` (an item's "
             "bytes measured from the process's memory against `current_size` as it fills) "
             "takes it past its memory limit (its cgroup's, else the host's). Named while the "
-            "table fills, with the time left at the current insert rate; needs the server's "
-            "host (a local target, `--reverb-pid`).",
+            "table fills, with the time left at its insert rate (the soonest the readings "
+            "allow, and its range); needs the server's host (a local target, `--reverb-pid`).",
     fix="Lower `max_size` to the value given (it fits under 90% of the limit), or raise the "
         "limit.")
 MEMORY_LEAK = Kind(

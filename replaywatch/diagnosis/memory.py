@@ -15,6 +15,17 @@ the table has grown by `MIN_ITEMS` items and the memory by `MIN_BYTES` in step w
     fits             = current_size + (FIT_SHARE x limit - rss now) / bytes per item
     time left        = (limit - rss now) / (bytes per item x items per second)
 
+The time left is a range, its soonest end said first: each slope SPREAD_SE standard errors
+either side, the rate's range also taking in its newest RATE_RECENT_S (a writer speeding up):
+
+    soonest          = (limit - rss now) / (bytes per item high x items per second high)
+    latest           = (limit - rss now) / (bytes per item low x items per second low)
+
+The rate is read from the table's first growth on: an actor that loads after the sidecar
+starts leaves the table empty a while, and a rate averaged over that said 694 s where the
+kernel killed the server 261 s later. Both slopes read every poll's snapshot the view holds
+(`window.reach`), not the coarse copy's one per 10 s alone: the fill's first seconds count.
+
 Freed items' memory is released later, on clients' insert calls (table.cc), so a full
 table's memory moves in steps; none of this is judged once the table is full.
 
@@ -40,7 +51,11 @@ from replaywatch.model import MemorySnapshot, TableSnapshot
 MIN_ITEMS = 100  # the table's growth a measurement needs ...
 MIN_BYTES = 4 << 20  # ... and the memory's: below, allocator noise is the slope
 FIT_SHARE = 0.9  # a max_size that fits leaves a tenth of the limit to the rest
-RATE_SPAN_S = 120.0  # the insert rate the time left is judged at
+RATE_SPAN_S = 120.0  # the insert rate the time left is judged at, at most this far back
+RATE_RECENT_S = 30.0  # ... and over its newest stretch alone
+# A slope's range: this many standard errors either side (about 95% where the readings
+# scatter at random about a line; fewer readings, or a worse fit, widen it).
+SPREAD_SE = 2.0
 # Measured over the newest stretch, and only where the memory follows the table: a process
 # that also grows for its own reasons (a learner's first compile beside an in-process
 # server) does not move in step with current_size, and its one-off growth ages out.
@@ -67,6 +82,8 @@ class ItemBytes:
     value: float
     source: str  # "measured over N items" or "the table's signature (an upper bound)"
     measured: bool
+    low: float  # the range the readings allow (the signature's: the value itself)
+    high: float
 
 
 def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
@@ -84,13 +101,16 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
         signature = table[-1].item_bytes
         bound = (None if not signature
                  else OVERHEAD_FACTOR * signature + ITEM_OVERHEAD_BYTES)
-        if (grown >= MIN_ITEMS and fit is not None and fit[0] * grown >= MIN_BYTES
-                and fit[1] >= MIN_R2 and (bound is None or fit[0] <= bound)):
-            return ItemBytes(fit[0], f"measured over {grown:.0f} items", True)
+        # Two readings always lie on a line: a third says whether the memory follows it.
+        if (grown >= MIN_ITEMS and fit is not None and fit.se is not None
+                and fit.slope * grown >= MIN_BYTES and fit.r2 >= MIN_R2
+                and (bound is None or fit.slope <= bound)):
+            return ItemBytes(fit.slope, f"measured over {grown:.0f} items", True,
+                             *fit.range())
     latest = table[-1] if table else None
     if latest is not None and latest.item_bytes:
         return ItemBytes(float(latest.item_bytes), "the table's signature (uncompressed: an "
-                         "upper bound)", False)
+                         "upper bound)", False, latest.item_bytes, latest.item_bytes)
     return None
 
 
@@ -105,6 +125,8 @@ class TableMemory:
     projected_bytes: float | None  # the process with this table at max_size
     limit_bytes: int | None
     fits_max_size: int | None  # the largest max_size under FIT_SHARE of the limit
+    bytes_per_item_low: float = 0.0  # ItemBytes.low and .high
+    bytes_per_item_high: float = 0.0
 
 
 def table_memory(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
@@ -116,12 +138,13 @@ def table_memory(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot
     if per is None or not table:
         return None
     if m is None or m.counted_bytes is None:
-        return TableMemory(per.value, per.source, per.measured, None, None, None, None)
+        return TableMemory(per.value, per.source, per.measured, None, None, None, None,
+                           per.low, per.high)
     latest = table[-1]
     projected = m.counted_bytes + per.value * max(0, latest.max_size - latest.current_size)
     fits = fitting_max_size(latest.current_size, m.counted_bytes, m.limit_bytes, per.value)
     return TableMemory(per.value, per.source, per.measured, m.counted_bytes, projected,
-                       m.limit_bytes, fits)
+                       m.limit_bytes, fits, per.low, per.high)
 
 
 def _read_with(at: float, times: Sequence[float], memory: Sequence[MemorySnapshot]
@@ -135,8 +158,23 @@ def _read_with(at: float, times: Sequence[float], memory: Sequence[MemorySnapsho
     return None if best is None else best.counted_bytes
 
 
-def _fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """The least-squares slope and its r squared."""
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """A least-squares line: its slope, r squared, and the slope's standard error (None
+    from two points, which always lie on a line)."""
+
+    slope: float
+    r2: float
+    se: float | None
+
+    def range(self) -> tuple[float, float]:
+        """The slope SPREAD_SE standard errors either side (none known: the slope alone)."""
+        spread = SPREAD_SE * (self.se or 0.0)
+        return max(0.0, self.slope - spread), self.slope + spread
+
+
+def _fit(pairs: Sequence[tuple[float, float]]) -> Fit | None:
+    """The least-squares line through the pairs."""
     n = len(pairs)
     mx = sum(x for x, _ in pairs) / n
     my = sum(y for _, y in pairs) / n
@@ -145,16 +183,63 @@ def _fit(pairs: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     if sxx == 0 or syy == 0:
         return None
     sxy = sum((x - mx) * (y - my) for x, y in pairs)
-    return sxy / sxx, sxy * sxy / (sxx * syy)
+    slope, r2 = sxy / sxx, sxy * sxy / (sxx * syy)
+    unexplained = max(0.0, syy - slope * sxy)
+    return Fit(slope, r2, None if n < 3 else (unexplained / (n - 2) / sxx) ** 0.5)
 
 
-def fill_rate(table: Sequence[TableSnapshot], now: float) -> float | None:
-    """Items the table grew by per second over the last RATE_SPAN_S."""
-    recent = [t for t in table if t.observed_at >= now - RATE_SPAN_S]
-    if len(recent) < 2 or recent[-1].observed_at <= recent[0].observed_at:
+@dataclasses.dataclass(frozen=True)
+class FillRate:
+    """Items a table grows by per second while it fills: the slope since it began growing
+    (at most RATE_SPAN_S back) and its range."""
+
+    value: float
+    low: float  # the slope's range, widened to take in the newest RATE_RECENT_S's rate
+    high: float
+    over_s: float  # the stretch it was read over
+
+
+def fill_rate(table: Sequence[TableSnapshot], now: float) -> FillRate | None:
+    """The table's growth in items per second since it began growing (module docstring)."""
+    window = [t for t in table if t.observed_at >= now - RATE_SPAN_S]
+    start = next((i for i, t in enumerate(window) if t.current_size != window[0].current_size),
+                 len(window))
+    # The size stood still over two readings or more before it grew: the fill began after
+    # the last of them, at a moment no reading shows, so the stretch starts at its first
+    # growth. One reading before the growth is the window's edge, not a standstill.
+    points = window[start:] if start >= 2 else window
+    if len(points) < 2 or points[-1].observed_at <= points[0].observed_at:
         return None
-    return ((recent[-1].current_size - recent[0].current_size)
-            / (recent[-1].observed_at - recent[0].observed_at))
+    t0 = points[0].observed_at
+    fit = _fit([(t.observed_at - t0, float(t.current_size)) for t in points])
+    if fit is None:
+        return None
+    newest = [t for t in points if t.observed_at >= points[-1].observed_at - RATE_RECENT_S]
+    recent = fit.slope if newest[-1].observed_at <= newest[0].observed_at else (
+        (newest[-1].current_size - newest[0].current_size)
+        / (newest[-1].observed_at - newest[0].observed_at))
+    low, high = fit.range()
+    return FillRate(fit.slope, max(0.0, min(low, recent)), max(high, recent),
+                    points[-1].observed_at - t0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeLeft:
+    """Seconds until the process reaches its limit: the soonest the readings allow (the
+    items' cost and the fill rate at the high ends of their ranges), and the latest (None:
+    a range reaching down to no growth)."""
+
+    soonest: float
+    latest: float | None
+
+
+def time_left(headroom: float, low: float, high: float, rate: FillRate) -> TimeLeft | None:
+    """`headroom` bytes used up by items of `low` to `high` bytes at the fill rate."""
+    fastest, slowest = high * rate.high, low * rate.low
+    if fastest <= 0:
+        return None
+    return TimeLeft(max(0.0, headroom) / fastest,
+                    max(0.0, headroom) / slowest if slowest > 0 else None)
 
 
 def fitting_max_size(current_size: int, rss: int, limit: int, per_item: float) -> int:
@@ -221,6 +306,6 @@ def steady_growth(memory: Sequence[MemorySnapshot], since: float, limit: int
     if lows[1] - lows[0] < band / 4 or lows[2] - lows[1] < band / 4 or lows[2] - lows[0] < band:
         return None
     fit = _fit([(t - start, float(b)) for t, b in points])
-    if fit is None or fit[0] <= 0:
+    if fit is None or fit.slope <= 0:
         return None
-    return Growth(start, end - start, (lows[0], lows[1], lows[2]), fit[0], points[-1][1])
+    return Growth(start, end - start, (lows[0], lows[1], lows[2]), fit.slope, points[-1][1])

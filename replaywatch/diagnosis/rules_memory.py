@@ -40,19 +40,27 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
     tm, name = max(found, key=lambda f: f[0].projected_bytes or 0.0)
     projected = tm.projected_bytes or 0.0
     t = view.tables[name][-1]
-    rate = mem.fill_rate(view.fill(name), now)
-    grows = tm.bytes_per_item * rate if rate and rate > 0 else None
-    seconds_left = (m.limit_bytes - rss) / grows if grows else None
+    rate = mem.fill_rate(view.fill_polls(name), now)
+    left = (mem.time_left(m.limit_bytes - rss, tm.bytes_per_item_low, tm.bytes_per_item_high,
+                          rate) if rate is not None else None)
     fits = tm.fits_max_size or 0
     evidence = {"bytes_per_item": round(tm.bytes_per_item), "bytes_per_item_from": tm.source,
+                "bytes_per_item_range": [round(tm.bytes_per_item_low),
+                                         round(tm.bytes_per_item_high)],
                 "memory_bytes": rss, "projected_bytes": round(projected),
                 "limit_bytes": m.limit_bytes, "limit_from": m.limit_from,
                 "current_size": t.current_size, "max_size": t.max_size,
-                "items_per_s": None if rate is None else round(rate, 1),
-                "seconds_left": None if seconds_left is None else round(seconds_left),
+                "items_per_s": None if rate is None else round(rate.value, 1),
+                "items_per_s_range": None if rate is None else [round(rate.low, 1),
+                                                                round(rate.high, 1)],
+                "items_per_s_over_s": None if rate is None else round(rate.over_s),
+                # the soonest the readings allow: the time left is never said long
+                "seconds_left": None if left is None else round(left.soonest),
+                "seconds_left_range": None if left is None else [
+                    round(left.soonest), None if left.latest is None else round(left.latest)],
                 "fits_max_size": fits, "pid": m.pid, "found_by": m.found_by}
-    when = (f"at {rate:.0f} items/s it reaches the limit in about {seconds_left:.0f} s"
-            if seconds_left is not None else "it reaches the limit as the table fills")
+    when = (_when(rate, left, tm) if rate is not None and left is not None
+            else "it reaches the limit as the table fills")
     summary = (f"The replay server of '{view.target}' will not fit: table '{name}' full at "
                f"{t.max_size:,} items of {tm.bytes_per_item:,.0f} bytes ({tm.source}) takes "
                f"the process to {projected / GIB:.2f} GiB against its limit of "
@@ -63,6 +71,22 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
            f"{projected / mem.FIT_SHARE / GIB:.1f} GiB.")
     return kinds.MEMORY_EXHAUSTION.finding(view.target, name, summary, evidence, fix,
                                            since=m.observed_at, last_seen=now)
+
+
+def _when(rate: mem.FillRate, left: mem.TimeLeft, tm: mem.TableMemory) -> str:
+    """The time left as the range the readings allow, soonest first, and what it is read
+    from: the insert rate over the fill and an item's bytes."""
+    seconds = (f"{left.soonest:.0f} s or later" if left.latest is None
+               else f"{_span(left.soonest, left.latest, '.0f')} s")
+    return (f"at {_span(rate.low, rate.high, '.0f')} items/s (read over {rate.over_s:.0f} s "
+            f"of the fill) and {_span(tm.bytes_per_item_low, tm.bytes_per_item_high, ',.0f')} "
+            f"bytes an item it reaches the limit in {seconds} (the soonest first: the range "
+            "narrows as the table fills)")
+
+
+def _span(low: float, high: float, spec: str) -> str:
+    a, b = format(low, spec), format(high, spec)
+    return a if a == b else f"{a} to {b}"
 
 
 def is_memory_leak(view: TargetView, th: Thresholds, now: float) -> Finding | None:

@@ -74,6 +74,12 @@ class TargetView:
             points = (*points, self.tables[name][-1])
         return tuple(points)
 
+    def fill_polls(self, name: str) -> tuple[TableSnapshot, ...]:
+        """A table's snapshots since its last reset, every poll's where the fine history
+        has them (`reach`): an item's bytes and the fill rate are read from the fill's first
+        seconds, which the coarse copy's one per 10 s would leave one reading of."""
+        return since_last_reset(reach(self, name))
+
     @functools.cached_property
     def table_memories(self) -> dict[str, mem.TableMemory]:
         """Each table's cost to its process (memory.table_memory over its fill), worked out
@@ -81,7 +87,7 @@ class TargetView:
         read it. Not a field: a bundle carries the view, and this follows from it."""
         out = {}
         for name in sorted(self.tables):
-            if (tm := mem.table_memory(self.fill(name), self.memory)) is not None:
+            if (tm := mem.table_memory(self.fill_polls(name), self.memory)) is not None:
                 out[name] = tm
         return out
 
