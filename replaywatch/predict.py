@@ -264,7 +264,7 @@ def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
     return {"verdict": b.verdict, "budget": b.released, "strandable": b.strandable,
             "safe_from": b.needed, "reason": b.reason,
             "conservative": [t.document() for t in budget_terms.explain(lim, ds, layout)],
-            "fixes": [f.document() for f in budget_fixes.fixes(lim, ds, layout)],
+            "fixes": [f.document() for f in budget_fixes.fixes(lim, ds, layout.for_fixes(lim))],
             "limiter": {"samples_per_insert": lim.samples_per_insert,
                         "min_size_to_sample": lim.min_size_to_sample,
                         "min_diff": lim.min_diff,

@@ -128,8 +128,10 @@ def probe_snapshot(
     name: str = "learner",
     **declared: Any,
 ) -> ProbeSnapshot:
-    """One `/probe` document; blocked_for > 0 means blocked in next() since t - blocked_for."""
+    """One `/probe` document; blocked_for > 0 means blocked in next() since t - blocked_for.
+    Its iterator is wrapped (`wrapped=None`: a probe that holds none yet)."""
     blocked = blocked_for > 0
+    declared.setdefault("wrapped", "iterator")
     return ProbeSnapshot(
         probe=url, observed_at=float(t), pid=pid, name=name, batch_size=batch_size,
         num_parallel_calls=workers, prefetch_size=prefetch, batches_retrieved=batches,

@@ -188,3 +188,74 @@ def test_bad_gate_and_pacing_are_refused_with_the_value() -> None:
         Layout("async-lag", max_policy_lag=2, max_items_ahead=3)
     with pytest.raises(ValueError, match="shape"):
         Dataset(1, 16, shape="sideways")
+
+
+# TF-Agents' DQN job (issue 45): spi 8, min_size 200, error_buffer 40, batch 64, 3 threads over
+# as_dataset's 32 datasets, one collect step a train step, finite max_diff.
+TFA_LIM = Limiter.ratio(8, 200, 40)
+TFA_DS = Dataset(3, 64, shape=AFTER_INTERLEAVE, cycle_length=32)
+
+
+def chain(fix: budget_fixes.Fix) -> list[tuple[str, int, float | int | None]]:
+    out, part = [], fix
+    while part is not None:
+        out.append((part.knob, part.value, part.was))
+        part = part.together
+    return out
+
+
+# (name, layout the fixes are searched under, the chain of each fix): a stride nobody said or
+# proved feeds no fix but one that sets it. The old model took K = B / spi = 8 and printed
+# error_buffer 222 and batch_size 10 (K following the batch), and both hung at the job's K of 1.
+STRIDE_ROWS = [
+    # Proven a schedule by one early ask (layout.fix_model: gate and first step dropped, as
+    # the fixed run is judged from its first poll): K set, and 238 > 237 strandable at
+    # min_size under both gates.
+    ("asked_early_gets_k_and_the_buffer_for_both_gates",
+     Layout("sync", stride_known=False), [[("inserts_per_step", 8, None),
+                                           ("error_buffer", 238, 40.0)]]),
+    # The gate unknown, max_diff finite: the same (Layout.for_fixes).
+    ("unknown_gate_and_finite_max_diff_sets_k_too", Layout("sync").for_fixes(TFA_LIM),
+     [[("inserts_per_step", 8, None), ("error_buffer", 238, 40.0)]]),
+    # Declared K of 1 (the README's TF-Agents recipe): proven single and pair fixes.
+    ("declared_k_of_1_keeps_its_fixes",
+     Layout("sync-ratio", inserts_per_step=1, first_step_at=202),
+     [[("batch_size", 8, 64)], [("inserts_per_step", 8, 1), ("error_buffer", 222, 40.0)]]),
+]
+
+
+@pytest.mark.parametrize("name,layout,chains", STRIDE_ROWS, ids=[r[0] for r in STRIDE_ROWS])
+def test_a_stride_nobody_said_feeds_only_fixes_that_set_it(
+        name: str, layout: Layout, chains: list[list[tuple[str, int, float | int | None]]]
+) -> None:
+    found = budget_fixes.fixes(TFA_LIM, TFA_DS, layout)
+    assert [chain(f) for f in found] == chains
+    for f in found:  # each, applied with its stride, is safe by the model
+        applied = layout
+        lim, ds = TFA_LIM, TFA_DS
+        for knob, value, _ in chain(f):
+            if knob == "inserts_per_step":
+                applied = replace(applied, inserts_per_step=value, stride_known=True)
+            elif knob == "error_buffer":
+                lim = lim.with_error_buffer(value)
+            else:
+                ds = replace(ds, batch_size=value)
+        assert budget.predict(lim, ds, applied).verdict == SAFE
+
+
+def test_a_schedule_of_unknown_stride_is_judged_at_the_one_k_that_runs() -> None:
+    asked = Layout("sync", gate=SCHEDULE, first_step_at=202, stride_known=False)
+    b = budget.predict(TFA_LIM, TFA_DS, asked)
+    # 40 + 8 x 2 released at its first step, short of 64 at every K.
+    assert (b.verdict, b.released, b.strandable) == (WILL_HANG, 56, 237)
+    assert "unknown stride" in b.reason and "a step every 8 inserts" not in b.reason
+    # Enough at its first step, it is never safe: only K = 8 runs for good.
+    wide = budget.predict(TFA_LIM.with_error_buffer(238), TFA_DS, asked)
+    assert (wide.verdict, wide.conservative) == (CAN_HANG, (Conservative.STRIDE_UNKNOWN,))
+    (term,) = budget_terms.explain(TFA_LIM.with_error_buffer(238), TFA_DS, asked)
+    assert "one step every 8 inserts" in term.why and "inserts_per_step" in term.settled_by
+    # Told K = 8, the same numbers are safe.
+    assert budget.predict(TFA_LIM.with_error_buffer(238), TFA_DS,
+                          replace(asked, stride_known=True)).verdict == SAFE
+    # With insert blocking disabled a fix at B / spi holds at every larger K: judged so.
+    assert Layout("sync").for_fixes(blocking_off(8, 200, 40)).stride_known

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from replaywatch.diagnosis import budget
 from replaywatch.diagnosis import layout as lay
 from replaywatch.diagnosis.budget import CAN_SAMPLE, SCHEDULE
 from replaywatch.model import FLOAT_MAX, NextStrides
@@ -179,3 +180,19 @@ def test_a_trainer_without_tensorflow_is_told_so_and_never_imports_it() -> None:
                          timeout=60).stdout.strip()
     assert out == ("{'read': False, 'reason': 'TensorFlow is not imported in this process'} "
                    "False")
+
+
+def test_an_early_ask_proves_the_gate_not_the_stride_and_fixes_forget_what_it_read() -> None:
+    known = lay.resolve(sync_table(1000), (loop_probe(3.0),), ())
+    assert (known.gate, known.stride_known, known.inserts_per_step) == (SCHEDULE, False, None)
+    model = known.model()
+    assert model is not None and not model.stride_known and model.first_step_at == 1000
+    # The fixed run is judged from its first poll: gate unknown, first step at min_size.
+    fixing = known.fix_model(budget.Limiter.ratio(1, 1000, 100))
+    assert fixing is not None
+    assert (fixing.gate, fixing.first_step_at, fixing.stride_known) == (None, None, False)
+    # A gate learned from enough strides is the loop's own, and its K with it.
+    learned = lay.resolve(sync_table(1156), (dataclasses.replace(
+        loop_probe(0.0), next_strides=NextStrides(1000, 1032, 8, 4, 4)),), ())
+    assert (learned.gate, learned.stride_known, learned.inserts_per_step) == (SCHEDULE, True, 4)
+    assert learned.fix_model(budget.Limiter.ratio(1, 1000, 100)) == learned.model()

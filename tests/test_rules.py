@@ -558,13 +558,17 @@ def test_deadlock_risk_on_a_loop_with_a_finite_max_diff_gives_proven_fixes() -> 
     assert "num_parallel_calls=4 " in finding.fix and "error_buffer=3061 " in finding.fix
     assert "batch_size=94 " in finding.fix
     # The gate not declared: a loop that waits on can_sample, its items' size unknown, may be
-    # dealt thin answers, so the one fix that holds under both readings is one worker.
+    # dealt thin answers, so the one fix that holds under both readings is one worker; and
+    # with max_diff finite a scheduled loop runs only at the 2 inserts a step its ratio
+    # pays for, which nobody said: so the fix sets that too (one worker alone hangs a loop
+    # of 1 insert a step, whose credit falls by 128 a step).
     undeclared = probe_history(T20, 0, workers=12, writers_wrapped=1)
     finding = rules_config.is_deadlock_risk(*with_probe(table, undeclared), DEFAULT)
     assert finding is not None and finding.evidence["gate"] == "unknown"
     assert finding.evidence["released_samples"] == 1128
-    assert [(f["knob"], f["value"]) for f in finding.evidence["fixes"]] == [
-        ("num_parallel_calls", 1)]
+    assert [(f["knob"], f["value"], f["was"], f["together_with"]["knob"],
+             f["together_with"]["value"]) for f in finding.evidence["fixes"]] == [
+        ("inserts_per_step", 2, None, "num_parallel_calls", 1)]
 
 
 def test_no_prediction_while_the_layout_is_unknown_and_max_diff_finite() -> None:

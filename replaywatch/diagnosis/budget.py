@@ -74,6 +74,16 @@ next():
     unknown     both readings are judged and the worse is given, both said: a loop whose
                 gate is not known is never called safe on the can_sample reading alone.
 
+A schedule's stride K may itself be unknown (`Layout.stride_known` False): a loop proven to
+step on a schedule by one early ask (layout.py) has shown no stride yet. Only K * spi = B
+runs for good under a finite max_diff, and any smaller K runs its credit down, so the model
+judges that K alone: a `will_hang` there holds at every K (its first step is short, or
+max_diff blocks the loop's inserts before it), and anything better is at most `can_hang`
+(`stride_unknown`). TF-Agents' DQN job, spi 8, batch 64, one collect step a train step,
+asked at its first step for 64 of 56 released: a default K of B / spi = 8 fed the fixes
+error_buffer 222 and batch_size 10 (K following the batch to 1.25), and both hung, since its
+K is 1; only a fix that sets K is proven there (budget_fixes).
+
 The warm-up burst of a can_sample loop is dealt more tightly, when every iterator is read:
 all of them wait with a request, none holds a sample, and Reverb's in-process sampler
 worker asks for 16 samples first and doubles each answered request up to `max_in_flight`
@@ -139,6 +149,8 @@ change of the job removes:
     item_size_unknown  a known small size would use the whole-insert granularity and rule
                        out thin answers, and be safe
     gate_unknown       the loop's gate is not known, and the other reading is better
+    stride_unknown     a scheduled loop whose inserts a step are not known: only B / spi of
+                       them runs for good
     layout_unknown     (the engine's, never the model's) no layout declared, judged as a
                        synchronous loop: actors that never wait on the learner cannot hang
 
@@ -185,6 +197,7 @@ class Conservative(enum.StrEnum):
     THIN_ANSWERS = "thin_answers"
     ITEM_SIZE_UNKNOWN = "item_size_unknown"
     GATE_UNKNOWN = "gate_unknown"
+    STRIDE_UNKNOWN = "stride_unknown"
     # The engine's, never the model's: `predict` is always told the layout.
     LAYOUT_UNKNOWN = "layout_unknown"
 
@@ -286,6 +299,9 @@ class Layout:
     inserts_per_step: float | None = None  # schedule: K (None: batch / spi)
     first_step_at: int | None = None  # schedule: items in the table at the first next()
     max_items_ahead: int | None = None  # async-lag: items ahead of what was consumed
+    # schedule: False where inserts_per_step is unknown rather than B / spi by definition
+    # (a gate proven by one early ask, before the loop showed a stride: module docstring)
+    stride_known: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in LAYOUTS:
@@ -317,6 +333,19 @@ class Layout:
 
     def gated(self, gate: str) -> Layout:
         return dataclasses.replace(self, gate=gate)
+
+    def for_fixes(self, lim: Limiter) -> Layout:
+        """The layout a fix is searched under. A verdict may judge an unknown gate's
+        scheduled reading at K = B / spi (a loop that waits on can_sample is never paged
+        for it), but a fix must hold for the loop as it is: with neither the gate nor K
+        said and a finite max_diff, where K = B / spi is the one schedule that runs, K is
+        unknown and only a fix that sets it is proven (module docstring). With insert
+        blocking disabled (Acme's rewrite) a fix found at B / spi holds at every larger K,
+        and a smaller K is a loop no fix but K's can save: judged so, as before."""
+        if (self.synchronous and self.gate is None and self.kind != SYNC_RATIO
+                and self.inserts_per_step is None and not lim.insert_blocking_disabled):
+            return dataclasses.replace(self, stride_known=False)
+        return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,10 +533,22 @@ def inserts_before_blocking(lim: Limiter) -> float:
 
 
 def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
-    """A loop that calls next() at m items, then every K inserts (module docstring)."""
+    """A loop that calls next() at m items, then every K inserts (module docstring); K
+    unknown, judged at B / spi, the one K that can run for good."""
+    judged = _predict_paced(lim, ds, layout)
+    if layout.stride_known or judged.verdict == WILL_HANG:
+        return judged  # at K = B / spi a will_hang is the first step's, whatever K is
+    return Budget(CAN_HANG, judged.released, judged.strandable,
+                  f"{judged.reason}; but how many items the loop inserts a step is unknown, "
+                  f"and one step every {ds.batch_size / lim.samples_per_insert:g} inserts is "
+                  "the only schedule that runs for good", SCHEDULE,
+                  _terms((Conservative.STRIDE_UNKNOWN,), judged.conservative))
+
+
+def _predict_paced(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
     b, e, spi = ds.batch_size, lim.error_buffer, lim.samples_per_insert
     s = strandable(ds, granularity(lim, ds))
-    k = layout.inserts_per_step or b / spi
+    k = (layout.inserts_per_step if layout.stride_known else None) or b / spi
     m = lim.min_size_to_sample if layout.first_step_at is None else layout.first_step_at
     if m < lim.min_size_to_sample:
         return Budget(WILL_HANG, 0.0, s, f"the loop first asks for a batch at {m} items, "
@@ -520,7 +561,9 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"step, but with nothing drawn before it (tf.data opens its Reverb "
                       f"datasets at the first next()) max_diff ({lim.max_diff:g}) blocks its "
                       f"own insert at {inserts_before_blocking(lim):g}", SCHEDULE)
-    at = (f"a step every {k:g} inserts from {m} items on; at the first the limiter has "
+    every = (f"a step every {k:g} inserts" if layout.stride_known else
+             f"a step on a schedule of unknown stride (judged at every {k:g} inserts)")
+    at = (f"{every} from {m} items on; at the first the limiter has "
           f"released {first:g} (error_buffer {e:g}"
           + (f" + {spi:g} x {m - lim.min_size_to_sample} inserts past min_size" if m >
              lim.min_size_to_sample else "") + ")")
@@ -542,7 +585,9 @@ def _predict_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Budget:
                       f"{per_step - b:g} a step until max_diff ({lim.max_diff:g}) blocks the "
                       f"loop's own insert, by about step {steps}, and a loop blocked inserting "
                       "never asks for the batch that would free it", SCHEDULE)
-    more = "and more at each later step" if per_step > b + 1e-9 else "and as much at every step"
+    more = ("and more at each later step" if per_step > b + 1e-9
+            else "and as much at every step" if layout.stride_known
+            else "its later steps unknown")
     return _judge(first, s, ds, f"{at}, {more}", SCHEDULE)
 
 

@@ -74,6 +74,8 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     """
     if predict(lim, ds, layout).verdict == SAFE:
         return ()
+    if _schedule_reading(layout) and not layout.stride_known:
+        return _set_stride(lim, ds, layout)
     if steady_race(ds, layout):
         # No error_buffer or batch size removes a race of thin answers that the grid has
         # run; one read iterator takes every answer.
@@ -93,6 +95,21 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     if pair is not None and not any(f.knob == "inserts_per_step" for f in found):
         found += (pair,)
     return found
+
+
+def _set_stride(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
+    """K unknown: every other knob's safety turns on it, so each fix sets it first, to what
+    the ratio pays for (budget's docstring), together with what that schedule still needs."""
+    paid = math.ceil(ds.batch_size / lim.samples_per_insert)
+    scheduled = dataclasses.replace(layout, inserts_per_step=paid, stride_known=True)
+    cost = (f"one learner step every {paid} inserts, the schedule the ratio pays for (Acme: "
+            "observations_per_step; TF-Agents: collect steps per train step)")
+    if _safe(lim, ds, scheduled):
+        return (Fix("inserts_per_step", paid, None, cost),)
+    # A batch fix would move the schedule the ratio pays for: not one to pair with K.
+    return tuple(Fix("inserts_per_step", paid, None, cost, together=f)
+                 for f in fixes(lim, ds, scheduled)
+                 if f.knob not in ("batch_size", "inserts_per_step"))
 
 
 def _paid_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
@@ -313,5 +330,5 @@ def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:
 
 def _num(value: float | int | None) -> str:
     if value is None:
-        return "-"
+        return "unknown"
     return f"{value:g}" if isinstance(value, float) else str(value)

@@ -14,6 +14,7 @@ import functools
 
 from replaywatch.diagnosis import budget, budget_fixes
 from replaywatch.diagnosis.budget import CAN_SAMPLE, Budget, Conservative, Dataset, Layout, Limiter
+from replaywatch.diagnosis.layout import GATE_STRIDES
 
 # The knobs whose fix removes each race itself (fewer read iterators, every sampler read);
 # where none was found, any fix the model proves settles it too.
@@ -95,6 +96,12 @@ def _why(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout, b: Budge
         gate, verdict = _other_reading(lim, ds, layout)
         return (f"the loop's gate is unknown and the worse reading is given; a loop that "
                 f"{_GATE_WORDS[gate]} is {_said(verdict)}")
+    if term == Conservative.STRIDE_UNKNOWN:
+        paid = ds.batch_size / lim.samples_per_insert
+        return (f"the loop steps on a schedule, but how many items it inserts a step is "
+                f"unknown: one step every {paid:g} inserts is the only schedule that runs for "
+                f"good (fewer run the credit down by a batch of {ds.batch_size} a step, more "
+                "pile up against max_diff)")
     return LAYOUT_UNKNOWN_WHY
 
 
@@ -111,6 +118,10 @@ def _settles(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout,
                 "probe learns it from")
     if term == Conservative.LAYOUT_UNKNOWN:
         return LAYOUT_UNKNOWN_SETTLES
+    if term == Conservative.STRIDE_UNKNOWN:
+        return ("declaring it: --inserts-per-step, TrainerProbe(inserts_per_step=...), or "
+                f"{GATE_STRIDES} of the loop's own next() calls, which the probe learns "
+                "it from")
     if not fixes:
         return "no single change the model proves"
     removes = [f for f in fixes if f.knob in _REMOVES.get(term, ())]

@@ -26,7 +26,9 @@ A synchronous loop's **gate** (when it calls next(), budget.py) is known the sam
                     releases, `inserts * spi - min_diff`, less the batches it consumed, are
                     short of one): a loop that waits on can_sample never asks so, so it
                     steps on a schedule, proven on one poll (at its first step, the table's
-                    count is where it first asked)
+                    count is where it first asked); its stride is not (`stride_known`
+                    False): one ask shows no K, and a K guessed as B / spi fed fixes that
+                    hung (budget.py)
     learned         from the loop's inserts between next() calls (the probe's next_strides)
                     over at least GATE_STRIDES calls: a schedule of K inserts a step moves
                     in strides of floor(K) and ceil(K), so strides that never differ by more
@@ -70,6 +72,7 @@ class KnownLayout:
     gate_basis: str | None = None  # declared, or learned from N strides of ...
     inserts_per_step: float | None = None
     first_step_at: int | None = None
+    stride_known: bool = True  # False: a schedule proven by one early ask, K not yet seen
 
     @property
     def known(self) -> bool:
@@ -87,7 +90,23 @@ class KnownLayout:
         return budget.Layout(self.kind, self.max_policy_lag if lagged else None,
                              self.gate if self.synchronous else None,
                              self.inserts_per_step, self.first_step_at,
-                             self.max_items_ahead if lagged else None)
+                             self.max_items_ahead if lagged else None, self.stride_known)
+
+    def fix_model(self, lim: budget.Limiter) -> budget.Layout | None:
+        """The layout a fix is searched under: the fixed run as the sidecar will judge it
+        from its first poll. What was declared holds there too, and a gate learned from
+        enough of the loop's strides is the loop's; but a gate one early ask proved, and the
+        first step it read, are this run's: the fixed run is judged with both gates at
+        min_size until it asks, so a fix is printed only where that reading is safe too
+        (TF-Agents' DQN job: error_buffer 238 with one step every 8 inserts, not the 222 its
+        own first step at 202 items would allow). A gate nobody declared or proved leaves
+        the stride unknown too (`budget.Layout.for_fixes`)."""
+        model = self.model()
+        if model is None:
+            return None
+        if not self.stride_known and self.gate_basis != DECLARED:
+            model = dataclasses.replace(model, gate=None, first_step_at=None)
+        return model.for_fixes(lim)
 
     def evidence(self) -> dict[str, object]:
         doc: dict[str, object] = {"layout": self.kind or "unknown", "layout_basis": self.basis,
@@ -184,7 +203,7 @@ def asked_early(t: TableSnapshot, p: ProbeSnapshot) -> dict[str, Any] | None:
     # Inside next() nothing inserts, so the table's count is what its first step met (the
     # loop's own count runs ahead of it by the items still in its writer).
     first = rl.inserts if p.batches_retrieved == 0 else None
-    return {"gate": budget.SCHEDULE, "first_step_at": first,
+    return {"gate": budget.SCHEDULE, "first_step_at": first, "stride_known": False,
             "gate_basis": f"{LEARNED}: inside next() for batch {p.batches_retrieved + 1} of "
                           f"{batch} with {max(0, short)} released and unconsumed, which "
                           "a loop that waits on can_sample never does"}

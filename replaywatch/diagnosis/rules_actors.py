@@ -121,6 +121,8 @@ def _starvation_fix(case: TableCase, probe: Probe, synchronous: bool
                 "slack (declare batch_size and num_parallel_calls to the trainer probe for "
                 "the numbers)."), []
     limiter = rules_config.limiter_of(case.latest)
+    # Searched as deadlock_risk's are: a stride nobody said or proved feeds no fix.
+    model = known.fix_model(limiter) or model.for_fixes(limiter)
     found, note = budget_fixes.fixes(limiter, ds, model), ""
     if not found and ds.iterators_per_worker < lim.ITERATORS_PER_WORKER_UP_TO:
         # It starved although the declared dataset cannot strand this much: more sampling

@@ -40,10 +40,20 @@ def limiter_of(t: TableSnapshot) -> budget.Limiter:
                           rl.max_diff)
 
 
+def shape_pending(p: ProbeSnapshot) -> bool:
+    """The probe holds no iterator yet, so it has read no graph, and was told no shape: a
+    batch per worker (Acme) or one after the interleave (TF-Agents) would be a guess, and
+    judged as Acme's the TF-Agents DQN job on the plain recipe was told, before its first
+    next(), to use one sampling worker, which hangs it. Judged once the graph is read."""
+    return (p.wrapped is None and p.pipeline is None and p.pipeline_read is None
+            and not p.batch_after_interleave and p.iterators_per_worker is None
+            and p.max_in_flight is None and p.cycle_length is None)
+
+
 def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Dataset | None:
     """The dataset as the probe read it from the tf.data graph, else as it declares it; its
     items' size read from the table's signature where neither says it; None without a
-    batch size or worker count."""
+    batch size or worker count, or while its shape is pending (`shape_pending`)."""
     r = p.pipeline
     if r is not None and r.batch_size:
         return budget.Dataset(
@@ -52,7 +62,7 @@ def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Datas
             r.item_bytes or p.item_bytes or (t.item_bytes if t is not None else None),
             budget.AFTER_INTERLEAVE if r.batch_after_interleave else budget.PER_WORKER,
             r.cycle_length, r.workers_per_iterator)
-    if not p.batch_size or not p.num_parallel_calls:
+    if not p.batch_size or not p.num_parallel_calls or shape_pending(p):
         return None
     item_bytes = p.item_bytes or (t.item_bytes if t is not None else None)
     return budget.Dataset(p.num_parallel_calls, p.batch_size, p.max_in_flight,
@@ -151,7 +161,9 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
     t, p = case.latest, probe[-1]
     ds = dataset_of(p, t)
     assert ds is not None
-    fixes = budget_fixes.fixes(limiter_of(t), ds, model)
+    # Searched under what the fixed run will show from its first poll (layout.fix_model).
+    fixes = budget_fixes.fixes(limiter_of(t), ds, known.fix_model(limiter_of(t))
+                               or model.for_fixes(limiter_of(t)))
     # What keeps the verdict from a better one, as predict says it; a layout nobody declared
     # first, since settling it may clear the finding whatever the rest says.
     terms = (() if known.known else (budget_terms.layout_unknown(),)) + budget_terms.explain(
