@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replaywatch.diagnosis import rhythm as rh
+from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -87,7 +88,7 @@ def buffered_learner(step_s: float = 12.0, fill: int = 448, rest: tuple[float, f
 
 def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
         rhythms: dict[str, rh.Rhythm] | None = None, start: float = 1000.0,
-        age_s: float = 0.0, reach_cap_s: float | None = None
+        age_s: float = 0.0, reach_cap_s: float | None = None, coarse: bool = False
         ) -> tuple[list[tuple[float, Finding]], dict[str, rh.Rhythm]]:
     """Every warning or critical finding at each poll, and the rhythms learned (`age_s`: the
     server's age at the first poll)."""
@@ -111,6 +112,9 @@ def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
                          else [])
         if not probe:
             view = dataclasses.replace(view, probe_polls={})
+        if coarse:  # the keeper's copy for the throughput rule: a snapshot per 10 s
+            view = dataclasses.replace(view, coarse_tables={"replay": tuple(
+                x for x in tables[::10] if x.observed_at >= t - th.throughput_lookback_s)})
         learned = sw.learn_view(view, learned)
         view = dataclasses.replace(view, rhythms=learned)
         paged += [(float(i), f) for f in diagnose(view, th, t).findings
@@ -218,6 +222,17 @@ def test_a_sidecar_that_came_after_the_pipelines_fill_counts_it_from_the_servers
     # table's own rhythm, the rest pages (the test can fail).
     paged, _ = run(lambda t: later(t + 10), 300, probe=False, age_s=3600.0)
     assert any(f.kind == "insert_blocked" for _, f in paged)
+
+
+def test_a_60_s_learner_living_on_its_pipeline_for_5_steps_is_no_throughput_drop(
+        monkeypatch: Any) -> None:
+    job = buffered_learner(step_s=60.0, rest=(480, 780))
+    paged, _ = run(job, 1100, probe=False, coarse=True)
+    assert paged == [], [(t, f.kind) for t, f in paged[:3]]
+    # Its rates judged over its own rhythm alone, the 300 s rest is a drop (it can fail).
+    monkeypatch.setattr(rules_throughput, "pipeline_hold_s", lambda *_: 0.0)
+    paged, _ = run(job, 1100, probe=False, coarse=True)
+    assert {f.kind for _, f in paged} == {"throughput_drop"}
 
 
 def test_a_hung_learner_fed_by_its_pipeline_is_named_by_its_own_window_or_its_fill() -> None:

@@ -21,11 +21,14 @@ and start-up has no baseline yet. Attribution, where the data can tell:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from replaywatch.diagnosis import baseline as bl
 from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import ratelimiter as lim
+from replaywatch.diagnosis import rhythm as rh
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.rhythm import Rhythm, longest_normal
@@ -54,18 +57,37 @@ def is_throughput_drop(view: TargetView, th: Thresholds, now: float) -> Finding 
 
 
 def _judge(points: Sequence[Any], value: Any, th: Thresholds, now: float,
-           held: bl.Baseline | None, rhythm: Rhythm | None = None) -> bl.Drop | None:
-    return bl.judge(_buckets(points, value, th, rhythm), now, th.throughput_drop_for_s,
+           held: bl.Baseline | None, rhythm: Rhythm | None = None, hold_s: float = 0.0
+           ) -> bl.Drop | None:
+    return bl.judge(_buckets(points, value, th, rhythm, hold_s), now, th.throughput_drop_for_s,
                     th.throughput_baseline_s, th.throughput_min_baseline_s, held)
 
 
-def _buckets(points: Sequence[Any], value: Any, th: Thresholds, rhythm: Rhythm | None
-             ) -> list[bl.Bucket]:
+def _buckets(points: Sequence[Any], value: Any, th: Thresholds, rhythm: Rhythm | None,
+             hold_s: float = 0.0) -> list[bl.Bucket]:
     """The series' coarse rates, each over at least two of its longest normal gaps where
-    its rhythm is slower than the coarse buckets (bursts are not drops)."""
+    its rhythm is slower than the coarse buckets (bursts are not drops), and over what the
+    learner's pipeline holds (`hold_s`, pipeline_hold_s)."""
     out = bl.buckets(points, _observed, value)
     normal = None if rhythm is None or not th.learned_windows else longest_normal(rhythm.gaps)
-    return bl.merged(out, 2 * normal) if normal else out
+    span = max(2 * normal if normal else 0.0, hold_s)
+    return bl.merged(out, span) if span else out
+
+
+def pipeline_hold_s(view: TargetView, name: str, points: Sequence[TableSnapshot],
+                    th: Thresholds) -> float:
+    """How long the table may rest while its learner lives on what its pipeline drew, where
+    inserts waited at max_diff over the span judged (stall_window.py): a slow learner behind a
+    deep pipeline draws nothing for minutes, then all it missed, which is no drop. Infinite
+    while not known: no rate can be judged over a shorter span."""
+    recent = [p for p in points if p.observed_at >= points[-1].observed_at
+              - th.throughput_drop_for_s] if points else []
+    if not th.learned_windows or all(lim.can_insert(p, 1) for p in recent):
+        return 0.0
+    drained = rh.drain_s(view.rhythms.get(f"samples {name}"))
+    if drained is None:
+        return 0.0
+    return math.inf if drained[1] is None else drained[1]
 
 
 def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Finding | None:
@@ -74,9 +96,10 @@ def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Find
         return None  # a table not seen lately is the down rules' business
     held = view.held_baselines.get(name, {})
     drops: dict[str, bl.Drop] = {}
+    hold = pipeline_hold_s(view, name, points, th)
     for series, value in (("inserts", inserts_of), ("samples", samples_of)):
         if (d := _judge(points, value, th, now, held.get(series),
-                        view.rhythms.get(f"{series} {name}"))) is not None:
+                        view.rhythms.get(f"{series} {name}"), hold)) is not None:
             drops[series] = d
     actors = {url: h for url, h in sorted(view.coarse_actors.items())
               if view.table_named(h[-1].table if h else None) == name}
@@ -101,7 +124,8 @@ def table_baselines(view: TargetView, th: Thresholds, now: float
         held = view.held_baselines.get(name, {})
         found = {series: b for series, value in (("inserts", inserts_of), ("samples", samples_of))
                  if (b := held.get(series) or bl.current(
-                     _buckets(points, value, th, view.rhythms.get(f"{series} {name}")), now,
+                     _buckets(points, value, th, view.rhythms.get(f"{series} {name}"),
+                              pipeline_hold_s(view, name, points, th)), now,
                      th.throughput_drop_for_s,
                      th.throughput_baseline_s, th.throughput_min_baseline_s)) is not None}
         if found:
