@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -139,15 +141,38 @@ def main() -> None:
     p.add_argument("--probe-declares-nothing", action="store_true",
                    help="the probe is told nothing of the pipeline or the loop: it reads the "
                         "pipeline from the tf.data graph and learns the loop from its calls")
+    p.add_argument("--probe-plain", action="store_true",
+                   help="the README's plain tf.data recipe: the probe is given the batch size "
+                        "and the threads only, the observer's client wrapped")
+    p.add_argument("--server-process", action="store_true",
+                   help="the Reverb server in a process of its own, reached over gRPC at "
+                        "localhost:PORT (TF-Agents' distributed examples' replay job)")
+    p.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
 
     env = tf_py_environment.TFPyEnvironment(suite_gym.load("CartPole-v0"))
     py_env = suite_gym.load("CartPole-v0")
     agent = make_agent(env)
-    server = reverb.Server([make_table(args, agent)], port=None)
-    replay = reverb_replay_buffer.ReverbReplayBuffer(
-        agent.collect_data_spec, table_name=TABLE, sequence_length=2, local_server=server,
-        max_cycle_length=args.max_cycle_length)
+    if args.serve_only:
+        # The replay job of TF-Agents' distributed examples: a server alone on its port.
+        server = reverb.Server([make_table(args, agent)], port=None)
+        print(json.dumps({"port": server.port}), flush=True)
+        server.wait()
+    if args.server_process:
+        # Another process's server: the datasets and the observer reach it over gRPC.
+        child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--serve-only"],
+                                 stdout=subprocess.PIPE, text=True)
+        port = next(json.loads(x)["port"] for x in child.stdout or () if '"port"' in x)
+        replay = reverb_replay_buffer.ReverbReplayBuffer(
+            agent.collect_data_spec, table_name=TABLE, sequence_length=2,
+            server_address=f"localhost:{port}", max_cycle_length=args.max_cycle_length)
+        server_port = port
+    else:
+        server = reverb.Server([make_table(args, agent)], port=None)
+        replay = reverb_replay_buffer.ReverbReplayBuffer(
+            agent.collect_data_spec, table_name=TABLE, sequence_length=2, local_server=server,
+            max_cycle_length=args.max_cycle_length)
+        server_port = server.port
 
     probe = None
     client = replay.py_client
@@ -161,8 +186,11 @@ def main() -> None:
         probe.start()
         actor = ActorProbe(table=TABLE, name="collector")
         client = actor.wrap_client(replay.py_client)
-    elif args.probe_declares_nothing:
-        probe = TrainerProbe(table=TABLE, name="learner")
+    elif args.probe_declares_nothing or args.probe_plain:
+        probe = (TrainerProbe(batch_size=args.batch_size,
+                              num_parallel_calls=args.num_parallel_calls, table=TABLE,
+                              name="learner") if args.probe_plain
+                 else TrainerProbe(table=TABLE, name="learner"))
         probe.start()
         client = probe.wrap_client(replay.py_client)
     elif not args.no_probe:
@@ -180,7 +208,7 @@ def main() -> None:
         # [/README]
     observer = reverb_utils.ReverbAddTrajectoryObserver(client, TABLE, sequence_length=2,
                                                         stride_length=1)
-    print(json.dumps({"reverb": f"localhost:{server.port}",
+    print(json.dumps({"reverb": f"localhost:{server_port}",
                       "probe": probe.url if probe else None, "pid": os.getpid(),
                       "actor_probe": f"http://127.0.0.1:{actor.start()}" if actor else None}),
           flush=True)

@@ -190,7 +190,7 @@ def test_bad_gate_and_pacing_are_refused_with_the_value() -> None:
         Dataset(1, 16, shape="sideways")
 
 
-# TF-Agents' DQN job (issue 45): spi 8, min_size 200, error_buffer 40, batch 64, 3 threads over
+# TF-Agents' DQN job: spi 8, min_size 200, error_buffer 40, batch 64, 3 threads over
 # as_dataset's 32 datasets, one collect step a train step, finite max_diff.
 TFA_LIM = Limiter.ratio(8, 200, 40)
 TFA_DS = Dataset(3, 64, shape=AFTER_INTERLEAVE, cycle_length=32)

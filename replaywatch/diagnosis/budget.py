@@ -31,6 +31,17 @@ samples in all: e at once when the table reaches min_size, spi with each insert 
                           thread inside an empty sampler's GetNext blocks there, so with
                           every thread so held the other C - P samplers keep what they drew:
         strandable = (B - 1) + max(0, C - P) * M * workers_per_iterator
+                          The same over gRPC: a sampler's queue holds M x workers samples
+                          whether its workers are the in-process ones (a client at
+                          `localhost:PORT` in the server's own process, as TF-Agents builds
+                          it, gets the table itself, reverb/cc/client.cc NewSampler) or gRPC
+                          ones (each request at most M, reverb/cc/sampler.cc); an auto
+                          `num_workers_per_iterator` (-1, TF-Agents' default) is one worker
+                          (kDefaultNumWorkers); and the interleave's per-element buffers
+                          (2 x block_length + 1 results, parallel_interleave_dataset_op.cc)
+                          hold samples the batch takes as they come (deterministic off), so
+                          they strand none. Measured on TF-Agents 0.19.0's DQN job (B 64, P 3,
+                          M 6): 238 released at its first step trained 300 steps.
 
 **Granularity.** Samples leave the table in whole requests' worth of what the limiter
 allows: the table fills the request at the head of its queue while the limiter commits
