@@ -527,6 +527,17 @@ def test_worker_starvation_evidence_shows_the_stranded_arithmetic() -> None:
     assert finding.since == 1000.0
 
 
+def test_worker_starvation_after_the_interleave_names_the_datasets_not_batching_workers(
+) -> None:
+    # TF-Agents' as_dataset: no worker batches on its own; the datasets no thread reads hold
+    # the samples, and Acme's repeat-interleave is no part of it.
+    probe = seed_hung_probe(batch_after_interleave=True, cycle_length=32)
+    finding = rules_actors.is_worker_starvation(case(seed_hung_table(), probe), DEFAULT)
+    assert finding is not None
+    assert "32 Reverb datasets read by 12 interleave thread(s)" in finding.summary
+    assert "Acme" not in finding.summary and "batching workers" not in finding.summary
+
+
 def test_worker_starvation_counts_from_the_iterator_start_when_history_reaches_it() -> None:
     # The probe started at t=1005; the table had drawn 1,300,000 by then. Since then 5600
     # were drawn and the (new) learner got 20 batches = 5120: 480 stranded.

@@ -90,6 +90,13 @@ def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: 
     summary = (f"The learner '{p.name}' is blocked in next() while batching workers ({iterators}) "
                f"hold samples from '{t.name}' that no batch of {batch} completes, and {who}: "
                "parallel batching workers starve one another.")
+    ds = rules_config.dataset_of(p, t)
+    if ds is not None and ds.after_interleave:
+        # TF-Agents' shape has no batching workers: the samplers no thread reads hold them.
+        summary = (f"The learner '{p.name}' is blocked in next() while {ds.samplers} Reverb "
+                   f"datasets read by {ds.workers} interleave thread(s) hold samples from "
+                   f"'{t.name}' that no batch of {batch} completes, and {who}: the datasets "
+                   "no thread is in keep what they drew.")
     fix, proven = _starvation_fix(case, probe, synchronous)
     evidence["fixes"] = proven
     return case.finding(kinds.WORKER_STARVATION, summary, evidence, fix,
