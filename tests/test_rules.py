@@ -866,3 +866,16 @@ def test_async_starvation_under_a_lag_bound_is_fixed_by_the_lag_not_the_configur
     knobs = {f["knob"]: f["value"] for f in finding.evidence["fixes"]}
     assert "error_buffer" not in knobs and "num_parallel_calls" not in knobs
     assert knobs["max_policy_lag"] == 16 and "max_policy_lag=16 (now 3" in finding.fix
+
+
+def test_a_declared_cycle_is_tf_agents_most_not_a_contradiction_of_a_smaller_batch() -> None:
+    # The README's TF-Agents recipe declares cycle_length=max_cycle_length (32); a batch of 8
+    # opens min(8, 32) = 8 datasets, which the graph reads: nothing the user said was wrong.
+    read = PipelineShape(8, 3, False, 3, 1, 1, True, 8, None, 3, "uniform_table")
+    said = probe_snapshot(1000.0, 0, batch_size=8, workers=3, batch_after_interleave=True,
+                          cycle_length=32, pipeline=read, pipeline_read=True)
+    assert rules_config.declared_differs(said) == {}
+    wrong = dataclasses.replace(said, cycle_length=4)
+    assert rules_config.declared_differs(wrong) == {
+        "cycle_length": {"declared": 4, "read": 8}}
+

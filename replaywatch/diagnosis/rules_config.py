@@ -83,7 +83,10 @@ def declared_differs(p: ProbeSnapshot) -> dict[str, dict[str, object]]:
              "iterators_per_worker": (p.iterators_per_worker, r.iterators_per_worker),
              "batch_after_interleave": (p.batch_after_interleave or None,
                                         r.batch_after_interleave),
-             "cycle_length": (p.cycle_length, r.cycle_length)}
+             # TF-Agents opens min(B, max_cycle_length) datasets: a declared cycle is a most
+             # (its recipe says max_cycle_length; a batch of 8 reads 8 of 32)
+             "cycle_length": (min(p.cycle_length, r.batch_size or p.cycle_length)
+                              if p.cycle_length else None, r.cycle_length)}
     return {name: {"declared": said, "read": read} for name, (said, read) in pairs.items()
             if said is not None and read is not None and said != read}
 
