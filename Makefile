@@ -161,6 +161,12 @@ bench-waste: $(STAMP)
 bench-rhythms: $(STAMP)
 	$(PY) -m bench.rhythms --results bench/RESULTS.md
 
+# TF-Agents' DQN job that hangs, on the plain and the TF-Agents recipe, its server in-process
+# and over gRPC: every fix the sidecar prints applied and trained 300 steps under its watch
+# (about 5 minutes, one job at a time).
+bench-tf-agents-fixes: $(STAMP)
+	$(PY) -m bench.tf_agents_fixes --results bench/RESULTS.md
+
 # What the trainer probe's batch statistics cost a learner step at batch 256 (two minutes).
 bench-batch-stats: $(STAMP)
 	$(PY) -m bench.batch_stats --results bench/RESULTS.md

@@ -207,3 +207,29 @@ def test_an_asynchronous_collector_that_dies_is_sample_blocked_not_starvation(
     assert "worker_starvation" not in kinds, kinds
     probe = get_json(f"{job['probe']}/probe", 2.0)[1]
     assert probe["blocked_in_next"] and probe["batches_retrieved"] > 0, probe
+
+
+def test_on_the_plain_recipe_the_printed_fix_sets_the_stride_it_was_not_told_and_trains(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    # The README's plain tf.data recipe: the probe told the batch and the threads only. The
+    # loop's gate and stride are not told; its first step may prove the gate (asked for 64
+    # with 56 released) but one ask shows no stride, and K taken as batch / spi = 8 printed
+    # error_buffer=222 and batch_size=10, which hang at its K of 1. The fix it prints now
+    # sets K, with the error_buffer safe under both gates from min_size (237 can strand).
+    job = start_job(spawn, "tfa-plain", *BELOW_A_BATCH, "--probe-plain")
+    with ExitStack() as stack:
+        watched = sidecar(stack, job, tmp_path, "plain.db")
+        deadline, named = time.monotonic() + 60, None
+        while time.monotonic() < deadline and named is None:
+            named = next((f for f in watched.poller.tick().findings
+                          if f.kind in ("batch_exceeds_headroom", "deadlock_risk")), None)
+            time.sleep(POLL_S)
+    assert named is not None
+    ev = named.evidence
+    assert (ev["pipeline"], ev["samplers"], ev["strandable_samples"]) == (
+        "after-interleave", 32, 237)
+    assert [(f["knob"], f["value"], f["was"], f["together_with"]["knob"],
+             f["together_with"]["value"]) for f in ev["fixes"]] == [
+        ("inserts_per_step", 8, None, "error_buffer", 238)]
+    outcome = run_to_the_end([*BELOW_A_BATCH, *fixed_flags(ev["fixes"][0])])
+    assert outcome["outcome"] == "ran", outcome
