@@ -6,8 +6,8 @@ overlapping items (reverb/cc/chunk_store.cc), so the table signature's size is a
 bound, not the truth. So they are measured: the process's resident memory against the
 table's `current_size` while it fills, a least-squares slope over the polls where both were
 read in one poll cycle (a local server's are read by the same poll; a replay probe's beside
-it, within `PAIR_WITHIN_S`) over the newest `MEASURE_SPAN_S`, once
-the table has grown by `MIN_ITEMS` items and the memory by `MIN_BYTES` in step with it
+it, within `PAIR_WITHIN_S`) over the newest `MEASURE_SPAN_S`, once the table has grown by
+`MIN_ITEMS` items and the memory by `MIN_BYTES` in step with it over `MIN_READINGS` readings
 (r squared at least `MIN_R2`):
 
     bytes per item   = slope(rss, current_size)
@@ -50,6 +50,10 @@ from replaywatch.model import MemorySnapshot, TableSnapshot
 
 MIN_ITEMS = 100  # the table's growth a measurement needs ...
 MIN_BYTES = 4 << 20  # ... and the memory's: below, allocator noise is the slope
+# ... and its readings: a slope's standard error from three is a guess (one degree of
+# freedom: a real fill's first three said 70 to 92 KB an item, its first five 72 to 80 KB,
+# the whole fill 73.6 KB).
+MIN_READINGS = 5
 FIT_SHARE = 0.9  # a max_size that fits leaves a tenth of the limit to the rest
 RATE_SPAN_S = 120.0  # the insert rate the time left is judged at, at most this far back
 RATE_RECENT_S = 30.0  # ... and over its newest stretch alone
@@ -101,8 +105,8 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
         signature = table[-1].item_bytes
         bound = (None if not signature
                  else OVERHEAD_FACTOR * signature + ITEM_OVERHEAD_BYTES)
-        # Two readings always lie on a line: a third says whether the memory follows it.
-        if (grown >= MIN_ITEMS and fit is not None and fit.se is not None
+        if (grown >= MIN_ITEMS and len(pairs) >= MIN_READINGS and fit is not None
+                and fit.se is not None
                 and fit.slope * grown >= MIN_BYTES and fit.r2 >= MIN_R2
                 and (bound is None or fit.slope <= bound)):
             return ItemBytes(fit.slope, f"measured over {grown:.0f} items", True,
