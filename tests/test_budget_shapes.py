@@ -259,3 +259,18 @@ def test_a_schedule_of_unknown_stride_is_judged_at_the_one_k_that_runs() -> None
                           replace(asked, stride_known=True)).verdict == SAFE
     # With insert blocking disabled a fix at B / spi holds at every larger K: judged so.
     assert Layout("sync").for_fixes(blocking_off(8, 200, 40)).stride_known
+
+
+def test_a_fix_found_at_a_stride_nobody_said_says_the_stride_it_rests_on() -> None:
+    # Insert blocking disabled, gate unknown: the scheduled reading takes B / spi inserts a
+    # step, and a fix found so holds for a scheduled loop only at that stride or more.
+    lim, ds = blocking_off(8, 200, 40), TFA_DS
+    found = {f.knob: f for f in budget_fixes.fixes(lim, ds, UNKNOWN)}
+    assert found["error_buffer"].cost.endswith(
+        "if the loop steps on a schedule, with at least 8 inserts between its steps")
+    # A batch fix moves the stride its ratio pays for with it.
+    batch = found["batch_size"]
+    assert batch.cost.endswith(f"with at least {batch.value / 8:g} inserts between its steps")
+    # Declared, nothing is added.
+    said = budget_fixes.fixes(lim, ds, replace(UNKNOWN, gate=SCHEDULE))
+    assert said and not any("between its steps" in f.cost for f in said)

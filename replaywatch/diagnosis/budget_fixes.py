@@ -19,6 +19,7 @@ from replaywatch.diagnosis.budget import (
     FIRST_REQUEST,
     SAFE,
     SCHEDULE,
+    SYNC_RATIO,
     Dataset,
     Layout,
     Limiter,
@@ -76,6 +77,30 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
         return ()
     if _schedule_reading(layout) and not layout.stride_known:
         return _set_stride(lim, ds, layout)
+    found = _found(lim, ds, layout)
+    if (layout.synchronous and layout.gate is None and layout.kind != SYNC_RATIO
+            and layout.inserts_per_step is None):
+        # The scheduled reading took B / spi inserts a step, a stride nobody said: what the
+        # fix rests on is said with it (with insert blocking disabled it holds at any larger
+        # stride, Layout.for_fixes).
+        least = "at least " if lim.insert_blocking_disabled else ""
+        return tuple(dataclasses.replace(f, cost=f"{f.cost}; if the loop steps on a schedule, "
+                                                 f"with {least}{_paid(lim, ds, f):g} inserts "
+                                                 "between its steps") for f in found)
+    return found
+
+
+def _paid(lim: Limiter, ds: Dataset, fix: Fix) -> float:
+    """The inserts a step the fixed loop's ratio pays for: B / spi, with the fix's B."""
+    batch = ds.batch_size
+    part: Fix | None = fix
+    while part is not None:
+        batch = part.value if part.knob == "batch_size" else batch
+        part = part.together
+    return batch / lim.samples_per_insert
+
+
+def _found(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     if steady_race(ds, layout):
         # No error_buffer or batch size removes a race of thin answers that the grid has
         # run; one read iterator takes every answer.
