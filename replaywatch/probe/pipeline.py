@@ -226,8 +226,10 @@ def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
         "num_parallel_calls": 1 if parallel == AUTOTUNE else parallel,
         "num_parallel_calls_autotune": parallel == AUTOTUNE,
         "max_in_flight": sampler["max_in_flight_samples_per_worker"],
-        # Reverb's auto (-1) runs one worker in-process (measured on 0.14: one iterator
-        # draws max_in_flight samples, two workers twice as many).
+        # Reverb's auto (-1) is one worker, in-process and over gRPC alike (GetNumWorkers,
+        # kDefaultNumWorkers 1, reverb/cc/sampler.cc; measured on 0.14: one iterator draws
+        # max_in_flight samples, two workers twice as many; TF-Agents' DQN job at the
+        # strand bound trained over gRPC too, bench/RESULTS.md).
         "workers_per_iterator": workers if workers and workers > 0 else 1,
         "iterators_per_worker": (REPEAT_ITERATORS_PER_WORKER
                                  if inter and inter["over"] == "repeat" else 1),
