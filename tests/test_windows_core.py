@@ -229,6 +229,10 @@ def test_a_60_s_learner_living_on_its_pipeline_for_5_steps_is_no_throughput_drop
     job = buffered_learner(step_s=60.0, rest=(480, 780))
     paged, _ = run(job, 1100, probe=False, coarse=True)
     assert paged == [], [(t, f.kind) for t, f in paged[:3]]
+    # At 12 s its fill (448 samples, 336 s of its sampling) would swell any baseline of spans
+    # that long: a table whose pipeline holds longer than a drop is judged over is not judged.
+    paged, _ = run(buffered_learner(), 1100, probe=False, coarse=True)
+    assert paged == [], [(t, f.kind) for t, f in paged[:3]]
     # Its rates judged over its own rhythm alone, the 300 s rest is a drop (it can fail).
     monkeypatch.setattr(rules_throughput, "pipeline_hold_s", lambda *_: 0.0)
     paged, _ = run(job, 1100, probe=False, coarse=True)
