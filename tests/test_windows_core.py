@@ -245,6 +245,8 @@ def test_a_hung_learner_fed_by_its_pipeline_is_named_by_its_own_window_or_its_fi
     first = next((t, f) for t, f in paged if f.severity is Severity.CRITICAL)
     assert 300 + 36 <= first[0] <= 300 + 36 + 2, first[0]
     assert first[1].kind == "learner_stalled"
+    # It says the window it was judged by: its own (3 x 12 s), not the table's.
+    assert first[1].evidence["window_s"] == 36.0, first[1].evidence["window_why"]
     # From Reverb alone: the 448 samples its pipeline drew at once last it 336 s at the
     # 16 samples per 12 s it draws beside them; 1.5 x that after the table last moved (300).
     paged, _ = run(buffered_learner(hang_at=300.5), 300 + 510, probe=False)

@@ -154,7 +154,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         on_table = tuple(stalls) + tuple(f for f in found if f.table == name)
         stalls += [f for rule in rules.of_shape(Shape.AFTER_STALLS)
                    if (f := _judged(rule, errors, case, judging, on_table)) is not None]
-        stalls = [_windowed(f, window) for f in stalls]
+        # A learner's own stall keeps the window it was judged by (its own, not the table's).
+        stalls = [f if "window_s" in f.evidence else _windowed(f, window) for f in stalls]
         found += rules_startup.with_restore_evidence(stalls, view.tables[name])
         found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
                   if (f := _judged(rule, errors, case, th)) is not None]
