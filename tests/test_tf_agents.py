@@ -141,6 +141,20 @@ def test_a_limiter_that_releases_less_than_a_batch_is_named_before_the_first_nex
         assert outcome["outcome"] == "ran", (fix, outcome)
 
 
+def first_risk(job: dict[str, Any], tmp_path: Path, db: str, timeout_s: float) -> Finding:
+    """The first batch_exceeds_headroom or deadlock_risk a sidecar watching `job` names."""
+    with ExitStack() as stack:
+        watched = sidecar(stack, job, tmp_path, db)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            named = next((f for f in watched.poller.tick().findings
+                          if f.kind in ("batch_exceeds_headroom", "deadlock_risk")), None)
+            if named is not None:
+                return named
+            time.sleep(POLL_S)
+    raise AssertionError(f"no risk named in {timeout_s:g} s")
+
+
 def test_with_nothing_declared_the_read_pipeline_judges_as_the_declared_one(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     # Only the iterator and the observer's client wrapped: the probe reads as_dataset's
@@ -151,14 +165,7 @@ def test_with_nothing_declared_the_read_pipeline_judges_as_the_declared_one(
     # schedule: will_hang) is a risk, not a page, until the loop's calls prove its gate (it
     # asks at 204 items with 72 released, which a can_sample loop would do too).
     job = start_job(spawn, "tfa-undeclared", *BELOW_A_BATCH, "--probe-declares-nothing")
-    with ExitStack() as stack:
-        watched = sidecar(stack, job, tmp_path, "undeclared.db")
-        deadline, named = time.monotonic() + 90, None
-        while time.monotonic() < deadline and named is None:
-            named = next((f for f in watched.poller.tick().findings
-                          if f.kind in ("batch_exceeds_headroom", "deadlock_risk")), None)
-            time.sleep(POLL_S)
-    assert named is not None
+    named = first_risk(job, tmp_path, "undeclared.db", 90)
     ev = named.evidence
     assert ev["dataset_from"] == "the tf.data graph" and ev["declared_differs"] == {}
     assert (ev["batch_size"], ev["workers"], ev["samplers"], ev["pipeline"]) == (
@@ -217,14 +224,7 @@ def test_on_the_plain_recipe_the_printed_fix_sets_the_stride_it_was_not_told_and
     # error_buffer=222 and batch_size=10, which hang at its K of 1. The fix it prints now
     # sets K, with the error_buffer safe under both gates from min_size (237 can strand).
     job = start_job(spawn, "tfa-plain", *BELOW_A_BATCH, "--probe-plain")
-    with ExitStack() as stack:
-        watched = sidecar(stack, job, tmp_path, "plain.db")
-        deadline, named = time.monotonic() + 60, None
-        while time.monotonic() < deadline and named is None:
-            named = next((f for f in watched.poller.tick().findings
-                          if f.kind in ("batch_exceeds_headroom", "deadlock_risk")), None)
-            time.sleep(POLL_S)
-    assert named is not None
+    named = first_risk(job, tmp_path, "plain.db", 60)
     ev = named.evidence
     assert (ev["pipeline"], ev["samplers"], ev["strandable_samples"]) == (
         "after-interleave", 32, 237)
