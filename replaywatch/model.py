@@ -173,8 +173,9 @@ class PipelineShape:
     batch_after_interleave: bool
     cycle_length: int | None
     item_bytes: int | None
-    prefetch_size: int | None
+    prefetch_size: int | None  # None where unknown: no prefetch, or an autotuned one
     table: str | None
+    prefetch_autotune: bool = False  # tf.data chooses the depth at run time: not known
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
