@@ -73,6 +73,10 @@ RECUR_BAND = 1.5  # "as long": within this factor
 MIN_GAPS = 4  # fewer gaps cannot tell a pause from the rhythm: the longest is normal
 PHASE_SHARE = 0.25  # a pause is due within this share of its period
 KNOWN_GAPS = 2  # a series seen moving at three polls has shown a rhythm, if a short one
+# A burst is what it drew over this many polls: a first fill may land across two or three
+# (a 12 s learner's 448 samples came as 228 and 220), while a job that moves at every poll
+# draws a few polls' worth, which lasts it a few polls.
+BURST_POLLS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +92,8 @@ class Rhythm:
     first_event_at: float | None = None  # the first progress seen (a period from one pause)
     gaps: tuple[float, ...] = ()  # newest last, at most GAPS_KEPT
     pauses: tuple[tuple[float, float], ...] = ()  # (began at, seconds), at most PAUSES_KEPT
-    burst: float = 0.0  # the most it moved between two polls (a pipeline's fill, for samples)
+    burst: float = 0.0  # the most it moved over BURST_POLLS polls (a pipeline's fill)
+    tail: tuple[float, ...] = ()  # its values at the newest polls, at most BURST_POLLS
     moved: float = 0.0  # how much it moved since first sight, restarts summed
     moved_at: float | None = None  # when it last moved (kept across restarts, unlike last_event_at)
     # (its value, the server's age) at first sight of a young server's samples: a pipeline's
@@ -98,7 +103,7 @@ class Rhythm:
     def resumed(self) -> Rhythm:
         """After the sidecar's own restart: what was learned stays; the time between the last
         progress it saw and the first it sees now is no gap of the job's."""
-        return dataclasses.replace(self, last_event_at=None, seen_at=0.0)
+        return dataclasses.replace(self, last_event_at=None, seen_at=0.0, tail=())
 
 
 def learn(prev: Rhythm | None, points: Iterable[tuple[float, float]],
@@ -112,15 +117,17 @@ def learn(prev: Rhythm | None, points: Iterable[tuple[float, float]],
             # most the true one: the window it sets errs short, as a fixed one does).
             before = (value, age_s) if age_s is not None and value > 0 else None
             r = Rhythm(value, at, at if value > 0 else None, at if value > 0 else None,
-                       drawn_before=before)
-        elif at <= r.seen_at:
+                       tail=(value,), drawn_before=before)
+            continue
+        if at <= r.seen_at:
             continue
         elif value < r.value:  # a restart: its counters start over, no gap spans it
-            r = dataclasses.replace(r, value=value, seen_at=at, last_event_at=None)
+            r = dataclasses.replace(r, value=value, seen_at=at, last_event_at=None, tail=())
         elif value > r.value:
             r = _moved(r, at, value)
         else:
             r = dataclasses.replace(r, seen_at=at)
+        r = dataclasses.replace(r, tail=(*r.tail, value)[-BURST_POLLS:])
     return r
 
 
@@ -129,7 +136,8 @@ def _moved(r: Rhythm, at: float, value: float) -> Rhythm:
     step = value - r.value
     # A sidecar resumed after its own restart sees in one step all the job did meanwhile:
     # no burst of the job's.
-    burst = r.burst if r.seen_at == 0.0 else max(r.burst, step)
+    drawn = value - (r.tail[0] if r.tail else r.value)
+    burst = r.burst if r.seen_at == 0.0 else max(r.burst, drawn)
     r = dataclasses.replace(r, burst=burst, moved=r.moved + step, moved_at=at)
     if r.last_event_at is None:
         return dataclasses.replace(r, value=value, seen_at=at, last_event_at=at,
