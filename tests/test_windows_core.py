@@ -18,7 +18,7 @@ from replaywatch.diagnosis import rules_throughput
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import FLOAT_MAX, Finding, Section, SectionStat, Severity
+from replaywatch.model import Finding, Section, SectionStat, Severity
 from tests.builders import PROBE, polls, probe_snapshot, table_snapshot
 from tests.builders import target_view as make_view
 
@@ -345,40 +345,3 @@ def test_reverb_alone_names_a_hung_12_s_learner_too() -> None:
     first = next((t, f) for t, f in paged if f.severity is Severity.CRITICAL)
     assert 300 + 36 <= first[0] <= 300 + 36 + 2, first
     assert first[1].evidence["window_basis"] == "learned"
-
-
-def sync_loop(fill_polls: int, hang: bool, seconds: int, step_s: float = 12.0
-              ) -> list[tuple[float, Finding]]:
-    """Reverb alone, a synchronous loop (insert blocking off) that fills its table in
-    `fill_polls` polls, then steps every `step_s` (or never: hung in its first next()); at
-    each step it inserts a batch's worth and draws it, resting at the limiter's edge."""
-    tables: list[Any] = []
-    learned: dict[str, rh.Rhythm] = {}
-    found: list[tuple[float, Finding]] = []
-    for i in range(seconds + 1):
-        if i < fill_polls:
-            inserts, samples = 100 * (i + 1) // fill_polls, 0
-        else:
-            k = 0 if hang else int((i - fill_polls) // step_s)
-            inserts = 100 + B * k
-            samples = inserts + 100  # cursor at min_diff: can_sample is false
-        tables.append(table_snapshot(1000.0 + i, inserts, samples, max_diff=FLOAT_MAX,
-                                     waiting_for_inserts_ms=500 * i))
-        view = make_view([tuple(tables[-90:])])
-        learned = sw.learn_view(view, learned)
-        found += [(float(i), f) for f in diagnose(dataclasses.replace(view, rhythms=learned),
-                                                  TH, 1000.0 + i).findings]
-    return found
-
-
-def test_a_sync_loop_that_filled_within_a_poll_and_steps_slowly_is_start_up_not_a_hang() -> None:
-    found = sync_loop(fill_polls=1, hang=False, seconds=120)
-    assert [(t, f.kind) for t, f in found if f.severity >= Severity.WARNING] == []
-    held = [f for t, f in found if f.kind == "learner_starting"]
-    assert held and held[0].evidence["rhythm_known"] is False
-    assert held[0].evidence["would_be"] == ["sample_blocked"]
-    # One that filled over five polls has shown a rhythm: hung in its first next() (the
-    # seed's hang), it is named in the stall window, as before.
-    found = sync_loop(fill_polls=5, hang=True, seconds=30)
-    first = next(t for t, f in found if f.kind == "sample_blocked")
-    assert first <= 5 + TH.stall_window_s + 2, first

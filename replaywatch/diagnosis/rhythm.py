@@ -40,13 +40,6 @@ pipeline's first fill: what it can hold) last at the series' rate beside that bu
 pause_slack times, at most `startup_grace_s`, and until a rate is seen, `startup_grace_s`.
 Reverb alone cannot tell a learner living on its buffer from one that hangs with it full.
 
-**Not yet known.** A table seen moving (its fill) none of whose series (nor its learners')
-has moved at three polls has shown no rhythm: a loop that filled its table within a poll and
-then took a first 12 s step looks, from Reverb alone, like a loop hung in its first next().
-Start-up holds such a stall (`learner_starting`, up to `startup_grace_s`) and says so; a loop
-that filled its table over a few polls (the seed's 4 s warm-up) has shown one, and a job found
-already frozen shows nothing to wait for: their hangs are named in the window.
-
 **Pinned.** `--stall-window-s` (or `stall_window_s` in the config file) pins the window:
 nothing is learned over it.
 
@@ -72,7 +65,6 @@ NORMAL_SHARE = 0.1  # ... and normal all the same when this share of the gaps ar
 RECUR_BAND = 1.5  # "as long": within this factor
 MIN_GAPS = 4  # fewer gaps cannot tell a pause from the rhythm: the longest is normal
 PHASE_SHARE = 0.25  # a pause is due within this share of its period
-KNOWN_GAPS = 2  # a series seen moving at three polls has shown a rhythm, if a short one
 # A burst is what it drew over this many polls: a first fill may land across two or three
 # (a 12 s learner's 448 samples came as 228 and 220), while a job that moves at every poll
 # draws a few polls' worth, which lasts it a few polls.
@@ -195,9 +187,6 @@ class Window:
     basis: Basis
     why: str
     normal_s: float | None = None
-    # Whether any of its series has shown a rhythm (KNOWN_GAPS gaps): start-up holds what
-    # Reverb alone cannot tell from a first step while none has (rules_startup).
-    known: bool = True
 
     def evidence(self) -> dict[str, object]:
         doc: dict[str, object] = {"window_s": round(self.seconds, 1),

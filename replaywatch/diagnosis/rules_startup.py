@@ -116,17 +116,16 @@ def sampling_has_flowed(case: TableCase, th: Thresholds) -> bool:
     `PACED_POLLS` poll intervals (a learner that trains for 5 s and hangs is judged as a
     hang), or seen moving for a whole stall window: a learner faster than its actors draws
     every sample as it is released, which from Reverb alone looks like a slow first fill
-    until then (a trainer probe tells at once). Synchronous layout: any sample counts once
-    the table has shown a rhythm. There a loop that drew samples and stopped inserting is,
-    from Reverb alone, the seed's stranded workers or a first step: a loop that filled its
-    table over a few polls (the seed's 4 s warm-up) has shown one and pages (sample_blocked
-    says both); one that filled it within a poll has not, and its rest is start-up.
+    until then (a trainer probe tells at once). Synchronous layout: any sample counts. There
+    a loop that drew samples and stopped inserting is, from Reverb alone, the seed's
+    stranded workers or a first compile; the one that pages is the one that must
+    (sample_blocked says both).
     """
     t = case.latest
     if t.rate_limiter.samples == 0:
         return False
     if lim.is_insert_blocking_disabled(t):
-        return not rhythm_unknown(case)
+        return True
     return (learner_paced_polls(case.history) >= PACED_POLLS
             or win.progressing_s(case.history, samples_of) >= th.stall_window_s)
 
@@ -178,17 +177,7 @@ def _held(case: TableCase, stalls: Sequence[Finding]) -> list[str]:
     explained = {kinds.Name.INSERT_BLOCKED, kinds.Name.LEARNER_STALLED}
     if any(not p[-1].blocked_in_next for p in case.probes):
         explained.add(kinds.Name.SAMPLE_BLOCKED)
-    if rhythm_unknown(case):
-        explained.add(kinds.Name.SAMPLE_BLOCKED)
     return sorted({f.kind for f in stalls if f.kind in explained})
-
-
-def rhythm_unknown(case: TableCase) -> bool:
-    """Reverb alone, the learner's pipeline has drawn, and nothing has shown the job's rhythm:
-    a loop that filled its table within a poll and took a slow first step looks just like
-    one hung in its first next() (a table that never reached min_size waits on the actors)."""
-    return (not case.probes and case.latest.rate_limiter.samples > 0
-            and case.window is not None and not case.window.known)
 
 
 def _first_step_just_ended(case: TableCase, th: Thresholds,
@@ -238,11 +227,6 @@ def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str]
                 "batches_retrieved": [p[-1].batches_retrieved for p in case.probes]}
     summary = (f"No learner on table '{t.name}' has finished its first step yet: the stall "
                "is start-up (a first compile), not a hang, until the grace ends.")
-    if rhythm_unknown(case):
-        evidence["rhythm_known"] = False
-        summary += (" Nothing has shown the job's rhythm yet (no series moved at three "
-                    "polls): from Reverb alone a slow first step and a loop hung in its first "
-                    "next() look the same; a trainer probe tells them apart.")
     fix = (f"Wait: if the learner has not finished a step {th.startup_grace_s:g} s after it "
            f"started, this becomes {' / '.join(held)}.")
     return case.finding(kinds.LEARNER_STARTING, summary, evidence, fix, since=start)

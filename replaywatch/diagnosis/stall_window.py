@@ -11,7 +11,6 @@ trainer's batches and steps), "actor URL" (an actor's steps and items).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -95,12 +94,7 @@ def table_window(view: TargetView, case: TableCase, th: Thresholds) -> rh.Window
     actors = [a.history[-1] for a in case.actors if a.history]
     if actors and all(a.section is not None for a in actors):
         inside += [(f"actor '{a.name}'", a) for a in actors]
-    # Unknown only where the sidecar saw the job move (its fill) and no rhythm yet: a job
-    # found frozen, or a view judged without its rhythms, claims nothing either way.
-    seen = [r for k, _ in keyed if (r := rhythms.get(k)) is not None]
-    known = (not any(r.moved > 0 for r in seen)
-             or any(len(r.gaps) >= rh.KNOWN_GAPS for r in seen))
-    return dataclasses.replace(_in_sections(normal, inside, onsets, th), known=known)
+    return _in_sections(normal, inside, onsets, th)
 
 
 def rested_since(view: TargetView, table: str) -> float | None:
