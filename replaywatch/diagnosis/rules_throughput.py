@@ -79,8 +79,8 @@ def pipeline_hold_s(view: TargetView, name: str, points: Sequence[TableSnapshot]
     """How long the table may rest while its learner lives on what its pipeline drew, where
     inserts waited at max_diff over the span judged (stall_window.py): a slow learner behind a
     deep pipeline draws nothing for minutes, then all it missed, which is no drop. Infinite
-    while not known: no rate can be judged over a shorter span. At throughput_drop_for_s or
-    more, the table is not judged at all (_table_drop)."""
+    while not known: no rate can be judged over a shorter span. At a stall window or more,
+    the table is not judged at all (_table_drop)."""
     recent = [p for p in points if p.observed_at >= points[-1].observed_at
               - th.throughput_drop_for_s] if points else []
     if not th.learned_windows or all(lim.can_insert(p, 1) for p in recent):
@@ -98,10 +98,11 @@ def _table_drop(view: TargetView, name: str, th: Thresholds, now: float) -> Find
     held = view.held_baselines.get(name, {})
     drops: dict[str, bl.Drop] = {}
     hold = pipeline_hold_s(view, name, points, th)
-    if hold >= th.throughput_drop_for_s:
-        # The learner's pipeline may hold longer than a drop is judged over: the table's and
-        # its actors' rates (held at max_diff with it) say nothing of the learner then, and
-        # its first fill swells any baseline. Its trainer probe judges it by its own steps.
+    if hold >= th.stall_window_s:
+        # The learner lives on what its pipeline drew, longer than a stall window: the
+        # table's and its actors' rates (held at max_diff with it) are the pipeline's draws,
+        # its first fill swells any baseline, and how much of it a poll saw varies (a 12 s
+        # learner's 448 came over one to four polls). Its trainer probe judges its steps.
         return None
     for series, value in (("inserts", inserts_of), ("samples", samples_of)):
         if (d := _judge(points, value, th, now, held.get(series),
