@@ -118,19 +118,6 @@ def test_an_autotuned_interleave_reads_as_autotuned_and_is_judged_as_one_thread(
     assert shape["num_parallel_calls_autotune"] is True
 
 
-def test_an_autotuned_interleave_of_batching_datasets_is_not_read_as_one_thread(
-        server: str) -> None:
-    # One thread is the fewest partial batches here, not the most: judged so, a limiter that
-    # releases 64 (error_buffer 64, spi 4) read as safe where four workers can hang.
-    ds = tf.data.Dataset.range(4).interleave(
-        lambda _: trajectories(server, 64).batch(32), cycle_length=4,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    doc = pipe.read(ds)
-    assert doc == {"read": False, "reason": (
-        "num_parallel_calls is AUTOTUNE and each interleaved dataset batches on its own: how "
-        "many batch at once is chosen at run time, from 1 to cycle_length 4")}
-
-
 def test_an_autotuned_prefetch_is_an_unknown_depth_never_minus_one(server: str) -> None:
     ds = trajectories(server, 64).batch(32, drop_remainder=True).prefetch(
         2).prefetch(tf.data.AUTOTUNE)

@@ -127,15 +127,6 @@ class Graph:
         self._walk(self._top, ret.input[0], found, inside=False)
         if not found["samplers"]:
             raise NotRead("no Reverb dataset in the pipeline")
-        inter = found["interleave"]
-        if (inter is not None and inter["num_parallel_calls"] is None
-                and any(b["inside_interleave"] for b in found["batches"])):
-            # Each interleaved dataset batching on its own strands a partial batch, so the
-            # more threads the more is stranded, and tf.data tunes between 1 and the cycle:
-            # the one-thread judgment that is the worst after the interleave is the best here.
-            raise NotRead("num_parallel_calls is AUTOTUNE and each interleaved dataset "
-                          "batches on its own: how many batch at once is chosen at run time, "
-                          f"from 1 to cycle_length {inter['cycle_length']}")
         return found
 
     def _walk(self, scope: dict[str, Any], ref: str, found: dict[str, Any],
@@ -263,10 +254,9 @@ REPEAT_ITERATORS_PER_WORKER = 3
 
 def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The budget model's inputs from a read pipeline, in the TrainerProbe's own names; None
-    when the pipeline was not read. An AUTOTUNE interleave before the batch may run one
-    thread, which leaves the most unread there: judged so (`num_parallel_calls_autotune`).
-    An autotuned prefetch's depth is unknown: `prefetch_size` None and `prefetch_autotune`
-    say so, never a depth."""
+    when the pipeline was not read. An AUTOTUNE interleave may run one thread: judged so
+    (`num_parallel_calls_autotune` says it). An autotuned prefetch's depth is unknown:
+    `prefetch_size` None and `prefetch_autotune` say so, never a depth."""
     if not doc.get("read"):
         return None
     inter, samplers, batches = doc["interleave"], doc["samplers"], doc["batches"]
