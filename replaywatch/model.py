@@ -173,9 +173,8 @@ class PipelineShape:
     batch_after_interleave: bool
     cycle_length: int | None
     item_bytes: int | None
-    prefetch_size: int | None  # None where unknown: no prefetch, or an autotuned one
+    prefetch_size: int | None
     table: str | None
-    prefetch_autotune: bool = False  # tf.data chooses the depth at run time: not known
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

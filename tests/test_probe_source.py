@@ -19,7 +19,7 @@ from replaywatch.diagnosis.window import actor_since_last_restart
 from replaywatch.history import History
 from replaywatch.model import WRITER_CALLS, PollOutcome
 from replaywatch.probe import ActorProbe, TrainerProbe
-from replaywatch.sources.probe_http import HttpProbeSource, snapshot_from_probe
+from replaywatch.sources.probe_http import HttpProbeSource
 from tests.builders import actor_snapshot, probe_snapshot
 
 pytestmark = pytest.mark.timeout(30)
@@ -117,16 +117,6 @@ def test_a_trainer_probe_still_reads_as_a_trainer_with_its_thread_counts() -> No
     assert out.ok and out.actor is None and out.probe is not None
     assert out.probe.batch_size == 8 and out.probe.table == "replay"
     assert out.probe.os_threads is None or out.probe.os_threads >= out.probe.thread_count
-
-
-def test_an_older_probes_autotuned_prefetch_of_minus_one_is_an_unknown_depth() -> None:
-    # Before the reader knew AUTOTUNE it sent prefetch(tf.data.AUTOTUNE) as a depth of -1.
-    doc = TrainerProbe(batch_size=8, num_parallel_calls=2).snapshot()
-    doc["pipeline"] = {"read": True}
-    doc["pipeline_shape"] = {"batch_size": 8, "num_parallel_calls": 2, "prefetch_size": -1}
-    shape = snapshot_from_probe(doc, "http://p", 1000.0).pipeline
-    assert shape is not None
-    assert (shape.prefetch_size, shape.prefetch_autotune) == (None, True)
 
 
 class _Fixed(http.server.BaseHTTPRequestHandler):

@@ -6,8 +6,7 @@ its constant inputs, the interleaved function in its library, and an iterator ke
 dataset it was made from (`iter(ds)` holds `_dataset`; `as_numpy_iterator()` wraps `iter(ds)`,
 tensorflow/python/data/ops/iterator_ops.py and dataset_ops.py). From the graph's output down:
 
-    PrefetchDataset              a prefetch depth (complete batches: they reach the learner);
-                                 AUTOTUNE (-1) is tf.data's to choose at run time
+    PrefetchDataset              a prefetch depth (complete batches: they reach the learner)
     BatchDataset(V2)             a batch: above the interleave one batch gathers every
                                  sampler's samples (TF-Agents' as_dataset), inside the
                                  interleaved function each sampler batches on its own (Acme)
@@ -20,8 +19,7 @@ tensorflow/python/data/ops/iterator_ops.py and dataset_ops.py). From the graph's
 
 TensorFlow is touched only when the trainer already imported it (the probe never imports it
 itself), and a graph that does not read as one of these shapes is said ("not read: ..."),
-never guessed. A value tf.data autotunes is not in the graph: it reads as None, its field
-named in `autotuned`, never as AUTOTUNE's -1.
+never guessed.
 """
 
 from __future__ import annotations
@@ -64,7 +62,6 @@ BATCHES = frozenset({"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset"})
 REVERB = frozenset({"ReverbTrajectoryDataset", "ReverbDataset"})
 SOURCES = frozenset({"RangeDataset", "TensorDataset", "TensorSliceDataset", "TFRecordDataset",
                      "TextLineDataset", "GeneratorDataset"})
-AUTOTUNE = -1  # tf.data.AUTOTUNE: the runtime chooses the value, the graph holds only -1
 SAMPLER_ATTRS = ("max_in_flight_samples_per_worker", "num_workers_per_iterator",
                  "max_samples_per_stream", "rate_limiter_timeout_ms")
 
@@ -123,7 +120,7 @@ class Graph:
         if ret is None:
             raise NotRead("the graph has no output")
         found: dict[str, Any] = {"prefetch": [], "batches": [], "interleave": None,
-                                 "samplers": [], "autotuned": []}
+                                 "samplers": []}
         self._walk(self._top, ret.input[0], found, inside=False)
         if not found["samplers"]:
             raise NotRead("no Reverb dataset in the pipeline")
@@ -135,7 +132,7 @@ class Graph:
         while node is not None:
             op = node.op
             if op == "PrefetchDataset":
-                found["prefetch"].append(self._tunable(scope, node.input[1], "prefetch", found))
+                found["prefetch"].append(self._const(scope, node.input[1]))
             elif op in BATCHES:
                 # ParallelBatchDataset's num_parallel_calls comes before drop_remainder. Its
                 # parallel calls copy complete batches: one batch fills at a time, as in
@@ -163,16 +160,9 @@ class Graph:
         if found["interleave"] is not None:
             raise NotRead("an interleave inside an interleave")
         extra = len(node.attr["Targuments"].list.type)
-        tail = node.input[1 + extra:]
-        cycle = self._tunable(scope, tail[0], "interleave.cycle_length", found) if tail else None
-        if tail and cycle is None:
-            # The cycle is how many Reverb datasets are open at once, which every verdict
-            # counts; tf.data's Python resolves AUTOTUNE to the CPU count (TF 2.15), so a -1
-            # left in the graph is the runtime's to choose.
-            raise NotRead("the interleave's cycle_length is AUTOTUNE: how many Reverb "
-                          "datasets are open is chosen at run time")
-        parallel = (self._tunable(scope, tail[-1], "interleave.num_parallel_calls", found)
-                    if node.op != "InterleaveDataset" and len(tail) > 2 else 1)
+        tail = [self._const(scope, ref) for ref in node.input[1 + extra:]]
+        cycle = tail[0] if tail else None
+        parallel = tail[-1] if node.op != "InterleaveDataset" and len(tail) > 2 else 1
         found["interleave"] = {
             "op": node.op, "cycle_length": cycle, "num_parallel_calls": parallel,
             "over": self._source(scope, node.input[0]),
@@ -228,16 +218,6 @@ class Graph:
             total += count * self._tf.dtypes.as_dtype(dtype).size
         return total or None
 
-    def _tunable(self, scope: dict[str, Any], ref: str, field: str,
-                 found: dict[str, Any]) -> Any:
-        """A constant tf.data may autotune: None, with its field named in `autotuned`, where
-        the graph holds AUTOTUNE (the value is chosen at run time, not known here)."""
-        value = self._const(scope, ref)
-        if value != AUTOTUNE:
-            return value
-        found["autotuned"].append(field)
-        return None
-
     def _const(self, scope: dict[str, Any], ref: str) -> Any:
         node = scope.get(ref.lstrip("^").split(":")[0])
         if node is None or node.op != "Const":
@@ -247,16 +227,16 @@ class Graph:
         return value.decode() if isinstance(value, bytes) else value
 
 
+
 # Acme's make_reverb_dataset before dea9307 interleaves an endless repeat, and tf.data then
 # opens about three sampling iterators per requested worker (the budget model's docstring).
 REPEAT_ITERATORS_PER_WORKER = 3
+AUTOTUNE = -1
 
 
 def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The budget model's inputs from a read pipeline, in the TrainerProbe's own names; None
-    when the pipeline was not read. An AUTOTUNE interleave may run one thread: judged so
-    (`num_parallel_calls_autotune` says it). An autotuned prefetch's depth is unknown:
-    `prefetch_size` None and `prefetch_autotune` say so, never a depth."""
+    when the pipeline was not read. An AUTOTUNE interleave may run one thread: judged so."""
     if not doc.get("read"):
         return None
     inter, samplers, batches = doc["interleave"], doc["samplers"], doc["batches"]
@@ -266,11 +246,10 @@ def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
     batch = (inside or after or [{}])[0].get("size")
     parallel = inter["num_parallel_calls"] if inter else 1
     workers = sampler["num_workers_per_iterator"]
-    prefetch = doc["prefetch"]
     return {
         "batch_size": batch,
-        "num_parallel_calls": 1 if parallel is None else parallel,
-        "num_parallel_calls_autotune": parallel is None,
+        "num_parallel_calls": 1 if parallel == AUTOTUNE else parallel,
+        "num_parallel_calls_autotune": parallel == AUTOTUNE,
         "max_in_flight": sampler["max_in_flight_samples_per_worker"],
         # Reverb's auto (-1) is one worker, in-process and over gRPC alike (GetNumWorkers,
         # kDefaultNumWorkers 1, reverb/cc/sampler.cc; measured on 0.14: one iterator draws
@@ -282,9 +261,6 @@ def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
         "batch_after_interleave": bool(after) and not inside,
         "cycle_length": inter["cycle_length"] if inter and after and not inside else None,
         "item_bytes": sampler["item_bytes"],
-        # One autotuned prefetch makes the whole depth unknown: a sum of the others would
-        # be a number the pipeline does not have.
-        "prefetch_size": None if None in prefetch else sum(prefetch) or None,
-        "prefetch_autotune": None in prefetch,
+        "prefetch_size": sum(doc["prefetch"]) or None,
         "table": sampler["table"],
     }

@@ -149,10 +149,6 @@ def _pipeline(doc: dict[str, Any]) -> dict[str, Any]:
     fields: dict[str, Any] = {"pipeline_read": bool(raw.get("read")),
                               "pipeline_reason": _opt_text(raw, "reason")}
     if isinstance(shape, dict):
-        # A probe older than the reader's AUTOTUNE check sends an autotuned prefetch as -1:
-        # a depth nobody has, and below the budget model's floor.
-        prefetch = _opt_int(shape, "prefetch_size")
-        autotuned = prefetch is not None and prefetch < 0
         fields["pipeline"] = PipelineShape(
             batch_size=_opt_int(shape, "batch_size"),
             num_parallel_calls=int(shape["num_parallel_calls"]),
@@ -163,9 +159,8 @@ def _pipeline(doc: dict[str, Any]) -> dict[str, Any]:
             batch_after_interleave=bool(shape.get("batch_after_interleave")),
             cycle_length=_opt_int(shape, "cycle_length"),
             item_bytes=_opt_int(shape, "item_bytes"),
-            prefetch_size=None if autotuned else prefetch,
-            table=_opt_text(shape, "table"),
-            prefetch_autotune=autotuned or bool(shape.get("prefetch_autotune")))
+            prefetch_size=_opt_int(shape, "prefetch_size"),
+            table=_opt_text(shape, "table"))
     return fields
 
 
