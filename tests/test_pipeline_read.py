@@ -113,42 +113,6 @@ def test_an_autotuned_interleave_is_judged_as_one_thread(server: str) -> None:
     assert shape["num_parallel_calls_autotune"] is True
 
 
-def test_a_repeat_after_an_endless_reverb_dataset_reads_as_without_it(server: str) -> None:
-    def per_worker(repeat: bool) -> Any:
-        def sampler(_: Any) -> Any:
-            ds = trajectories(server, 64)
-            return (ds.repeat() if repeat else ds).batch(32, drop_remainder=True)
-        return tf.data.Dataset.range(4).interleave(sampler, cycle_length=4,
-                                                   num_parallel_calls=4).prefetch(2)
-
-    def after(repeat: bool) -> Any:
-        ds = trajectories(server, 6)
-        return (ds.repeat() if repeat else ds).take(-1).map(lambda s: s).batch(16).prefetch(1)
-
-    for build in (per_worker, after):
-        plain = pipe.shape(pipe.read(build(False)))
-        assert plain is not None
-        assert pipe.shape(pipe.read(build(True))) == plain
-
-
-def test_a_parallel_batch_reads_its_drop_remainder_not_its_parallel_calls(server: str
-                                                                         ) -> None:
-    doc = pipe.read(trajectories(server, 6).batch(16, num_parallel_calls=4))
-    assert doc["batches"] == [{"size": 16, "drop_remainder": False,
-                               "inside_interleave": False}]
-
-
-@pytest.mark.parametrize(("build", "op"), [
-    (lambda ds: ds.shuffle(100).batch(8), "ShuffleDatasetV3"),
-    (lambda ds: ds.batch(4).unbatch().batch(8), "UnbatchDataset"),
-    (lambda ds: ds.filter(lambda s: True).batch(8), "FilterDataset"),
-])
-def test_an_op_that_would_make_a_number_wrong_is_not_read(server: str, build: Any,
-                                                           op: str) -> None:
-    doc = pipe.read(build(trajectories(server, 6)))
-    assert not doc["read"] and doc["reason"].startswith(f"op {op}: "), doc
-
-
 def test_what_is_not_read_is_said_never_guessed() -> None:
     assert pipe.read(iter([1, 2]))["reason"] == "no tf.data dataset behind list_iterator"
     plain = pipe.read(tf.data.Dataset.range(3))

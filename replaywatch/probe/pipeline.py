@@ -30,38 +30,20 @@ from typing import Any
 # A Reverb dataset's outputs start with SampleInfo's fields (key, probability, table_size,
 # priority, times_sampled); an item's own tensors follow.
 SAMPLE_INFO_FIELDS = 5
-# Ops that change neither how many samplers draw nor what is held when the learner waits: a
-# map (parallel or not) is a FIFO whose results the batch above takes, so with its consumer
-# waiting it holds nothing; take and skip end or drop elements, not hold them; a repeat only
-# starts its input again once it ends, and an endless Reverb dataset never does (one ended by
-# rate_limiter_timeout_ms is reopened: still one at a time), so `.repeat()` after it is read
-# through rather than taken for the pipeline's source.
 PASS_THROUGH = frozenset({
-    "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2",
+    "MapDataset", "ParallelMapDataset", "ParallelMapDatasetV2", "FilterDataset",
     "OptionsDataset", "ModelDataset", "MaxIntraOpParallelismDataset", "AssertCardinalityDataset",
-    "PrivateThreadPoolDataset", "TakeDataset", "SkipDataset", "CacheDatasetV2", "Identity",
+    "PrivateThreadPoolDataset", "ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+    "UnbatchDataset", "TakeDataset", "SkipDataset", "CacheDatasetV2", "Identity",
     "IgnoreErrorsDataset", "ApplyDataset", "AutoShardDataset", "DatasetToGraphV2",
-    "RepeatDataset",
 })
-# Ops whose reading would be a wrong number, so the pipeline is not read (op: why).
-UNREADABLE = {
-    "ShuffleDataset": "a shuffle fills its buffer before it yields, so while the learner waits "
-                      "it holds up to buffer_size samples the model does not count",
-    "UnbatchDataset": "an unbatch splits elements, so a batch above it no longer counts "
-                      "samples and one below it strands a partial batch of its own",
-    "FilterDataset": "a filter drops samples the table handed out, so a batch takes more "
-                     "than its size off the rate limiter",
-    "LegacyParallelInterleaveDatasetV2": "parallel_interleave opens prefetch_input_elements "
-                                         "datasets ahead of its cycle, samplers the model "
-                                         "does not count",
-}
-UNREADABLE |= {f"ShuffleDatasetV{v}": UNREADABLE["ShuffleDataset"] for v in (2, 3)}
 INTERLEAVES = frozenset({"ParallelInterleaveDatasetV4", "ParallelInterleaveDatasetV3",
-                         "ParallelInterleaveDatasetV2", "InterleaveDataset"})
+                         "ParallelInterleaveDatasetV2", "InterleaveDataset",
+                         "LegacyParallelInterleaveDatasetV2"})
 BATCHES = frozenset({"BatchDataset", "BatchDatasetV2", "ParallelBatchDataset"})
 REVERB = frozenset({"ReverbTrajectoryDataset", "ReverbDataset"})
 SOURCES = frozenset({"RangeDataset", "TensorDataset", "TensorSliceDataset", "TFRecordDataset",
-                     "TextLineDataset", "GeneratorDataset"})
+                     "TextLineDataset", "GeneratorDataset", "RepeatDataset"})
 SAMPLER_ATTRS = ("max_in_flight_samples_per_worker", "num_workers_per_iterator",
                  "max_samples_per_stream", "rate_limiter_timeout_ms")
 
@@ -134,11 +116,7 @@ class Graph:
             if op == "PrefetchDataset":
                 found["prefetch"].append(self._const(scope, node.input[1]))
             elif op in BATCHES:
-                # ParallelBatchDataset's num_parallel_calls comes before drop_remainder. Its
-                # parallel calls copy complete batches: one batch fills at a time, as in
-                # BatchDataset, so it strands no more and the count is not read.
-                at = 3 if op == "ParallelBatchDataset" else 2
-                drop = self._const(scope, node.input[at]) if len(node.input) > at else False
+                drop = self._const(scope, node.input[2]) if len(node.input) > 2 else False
                 found["batches"].append({"size": self._const(scope, node.input[1]),
                                          "drop_remainder": bool(drop),
                                          "inside_interleave": inside})
@@ -150,8 +128,6 @@ class Graph:
                 return
             elif op in SOURCES:
                 raise NotRead(f"no Reverb dataset in the pipeline: it reads {op}")
-            elif op in UNREADABLE:
-                raise NotRead(f"op {op}: {UNREADABLE[op]}")
             elif op not in PASS_THROUGH:
                 raise NotRead(f"op {op} is not one this reader knows")
             node = scope.get(node.input[0].lstrip("^").split(":")[0]) if node.input else None
@@ -181,8 +157,7 @@ class Graph:
         """What the interleave reads from: `range N`, `repeat` (an endless repeat), or the
         op's name."""
         node = scope.get(ref.lstrip("^").split(":")[0])
-        # A repeat is read through in the pipeline's chain, but here it is what is interleaved.
-        while node is not None and node.op in PASS_THROUGH and node.op != "RepeatDataset":
+        while node is not None and node.op in PASS_THROUGH:
             node = scope.get(node.input[0].split(":")[0])
         if node is None:
             return "unknown"
