@@ -70,7 +70,10 @@ def _probed(limiter: reverb.rate_limiters.RateLimiter,
     with `pipeline` (the server's address -> a tf.data dataset), wrapping its iterator."""
     def make() -> Iterator[tuple[int, str | None, dict[str, float]]]:
         server = reverb.Server([table(limiter)], port=None)
-        probe = TrainerProbe(table="replay", listen="127.0.0.1:0", **declared)
+        # Told its shape (one iterator per worker, Acme's): a probe told only the batch and
+        # the threads gives no verdict before it reads its graph (rules_config.shape_pending).
+        probe = TrainerProbe(table="replay", listen="127.0.0.1:0",
+                             **{"iterators_per_worker": 1, **declared})
         if pipeline is not None:
             probe.wrap(iter(pipeline(f"127.0.0.1:{server.port}")))
         probe.start()
