@@ -47,14 +47,6 @@ BUFFERED = ["harness/loop_workload.py", "--layout", "async", "--workers", "4", "
 def test_slow_learners_are_never_paged_nor_after_a_sidecar_restart(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     watched: dict[str, tuple[str, tuple[ProbeTarget, ...]]] = {}
-    for name, argv in (("", JOB), ("buffered: ", BUFFERED)):
-        job = spawn([PYTHON, *argv], name=f"{name or 'slow'}learner").announce(timeout_s=120)
-        reverb = job["reverb"].replace("localhost", "127.0.0.1")
-        trainer, actor = ProbeTarget(job["probe"], None), ProbeTarget(job["actor_probe"], None)
-        watched.update({f"{name}reverb alone": (reverb, ()),
-                        f"{name}trainer probe": (reverb, (trainer,)),
-                        f"{name}every probe": (reverb, (trainer, actor)),
-                        f"{name}pinned 10 s": (reverb, (trainer, actor))})
 
     def start(stack: ExitStack, mode: str) -> Sidecar:
         th = Thresholds(learned_windows="pinned" not in mode)
@@ -63,14 +55,29 @@ def test_slow_learners_are_never_paged_nor_after_a_sidecar_restart(
         return stack.enter_context(build_sidecar(
             config, incidents_path=str(tmp_path / f"{mode.replace(' ', '-')}.db")))
 
-    paged: dict[str, list[tuple[float, str, str]]] = {m: [] for m in watched}
-    held: dict[str, set[str]] = {m: set() for m in watched}
-    began = time.monotonic()
+    paged: dict[str, list[tuple[float, str, str]]] = {}
+    held: dict[str, set[str]] = {}
     restarted = False
     with ExitStack() as outer:
-        cars = {m: start(outer, m) for m in watched if m != "every probe"}
+        cars: dict[str, Sidecar] = {}
         inner = ExitStack()
-        cars["every probe"] = start(inner, "every probe")
+        # Each job's sidecars start as soon as it serves, as a sidecar started with its job
+        # does (the buffered one first: its 4 s steps fit the stall window from any poll).
+        for name, argv in (("buffered: ", BUFFERED), ("", JOB)):
+            job = spawn([PYTHON, *argv], name=f"{name or 'slow'}learner").announce(
+                timeout_s=120)
+            reverb = job["reverb"].replace("localhost", "127.0.0.1")
+            trainer = ProbeTarget(job["probe"], None)
+            actor = ProbeTarget(job["actor_probe"], None)
+            modes = {f"{name}reverb alone": (reverb, ()),
+                     f"{name}trainer probe": (reverb, (trainer,)),
+                     f"{name}every probe": (reverb, (trainer, actor)),
+                     f"{name}pinned 10 s": (reverb, (trainer, actor))}
+            watched.update(modes)
+            for mode in modes:
+                cars[mode] = start(inner if mode == "every probe" else outer, mode)
+                paged[mode], held[mode] = [], set()
+        began = time.monotonic()
         try:
             while time.monotonic() - began < WATCH_S:
                 at = time.monotonic() - began
