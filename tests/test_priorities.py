@@ -49,7 +49,13 @@ def job(sampler: Any) -> tuple[reverb.Server, reverb.Client, TrainerProbe, Any]:
 
 
 def keys(client: reverb.Client, n: int = 8) -> list[int]:
-    return [int(s[0].info.key) for s in client.sample("replay", num_samples=n)]
+    # Samples are drawn with replacement: draw until n distinct keys, so an update's key
+    # count is n and not n less the repeats.
+    seen: dict[int, None] = {}
+    while len(seen) < n:
+        for s in client.sample("replay", num_samples=n):
+            seen.setdefault(int(s[0].info.key))
+    return list(seen)[:n]
 
 
 def test_updates_to_a_uniform_table_are_ignored_and_a_nan_is_rejected(tmp_path: Path) -> None:
