@@ -271,6 +271,49 @@ def test_a_synchronous_loop_compiling_its_first_step_is_starting_not_sample_bloc
         "sample_blocked"]
 
 
+def first_draw_then_rest(step_ends_at: int | None = None) -> tuple[TableSnapshot, ...]:
+    """Reverb alone, a synchronous loop seen from its fill: 100 items inserted by the
+    third poll, 64 samples drawn at the fourth, then nothing; or, `step_ends_at`, a step
+    that ends there (10 inserts) and a second batch drawn, then nothing."""
+    inserts = [0, 50, 100] + [100] * 17
+    samples = [0, 0, 0] + [64] * 17  # the cursor (36) at min_diff: one insert per sample
+    if step_ends_at is not None:
+        inserts = inserts[:step_ends_at] + [110] * (20 - step_ends_at)
+        samples = samples[:step_ends_at] + [74] * (20 - step_ends_at)
+    return table_history(T20, inserts, samples, min_diff=36.0, max_diff=FLOAT_MAX,
+                         waiting_for_inserts_ms=waiting())
+
+
+def test_reverb_alone_a_synchronous_loops_first_rest_is_named_but_pages_only_after_the_grace(
+        ) -> None:
+    # A first step and a hang in the first next() are the same counters on the server.
+    view = target_view([first_draw_then_rest()])
+    th = Thresholds(stall_window_s=5.0)
+    [f] = diagnose(view, th, 1019.0).findings
+    assert (f.kind, f.severity) == ("sample_blocked", Severity.INFO)
+    assert f.evidence["first_step_or_hang"] is True
+    assert f.evidence["first_draw_at"] == T20[3]
+    assert f.evidence["pages_in_s"] == pytest.approx(th.startup_grace_s - (1019.0 - T20[3]))
+    assert "look the same" in f.summary
+    # The grace spent: it pages as before.
+    [f] = diagnose(view, dataclasses.replace(th, startup_grace_s=10.0), 1019.0).findings
+    assert (f.kind, f.severity) == ("sample_blocked", Severity.CRITICAL)
+    # A sidecar that came after the first draw cannot say a step is pending: it pages.
+    late = target_view([first_draw_then_rest()[4:]])
+    assert [(f.kind, f.severity) for f in diagnose(late, th, 1019.0).findings] == [
+        ("sample_blocked", Severity.CRITICAL)]
+
+
+def test_a_synchronous_loop_seen_inserting_after_its_first_draw_is_judged_by_its_rhythm(
+        ) -> None:
+    # It inserted after the draw (a step ended), so the rest that follows is judged as a
+    # stall of a job seen stepping, and pages.
+    view = target_view([first_draw_then_rest(step_ends_at=6)])
+    [f] = diagnose(view, Thresholds(stall_window_s=5.0), 1019.0).findings
+    assert (f.kind, f.severity) == ("sample_blocked", Severity.CRITICAL)
+    assert "first_step_or_hang" not in f.evidence
+
+
 # The bench's healthy first_step_60s run (probe sidecar), in its numbers: the pipeline drew
 # 768 samples (12 batches of 64) before the first step; 846 inserts * spi 8 - 768 = 6000 =
 # max_diff, so the actors rest at max_diff; nothing moved for the whole first step.

@@ -156,6 +156,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
                    if (f := _judged(rule, errors, case, judging, on_table)) is not None]
         # A learner's own stall keeps the window it was judged by (its own, not the table's).
         stalls = [f if "window_s" in f.evidence else _windowed(f, window) for f in stalls]
+        stalls = rules_startup.as_first_step(stalls, case, th)
         found += rules_startup.with_restore_evidence(stalls, view.tables[name])
         found += [f for rule in rules.of_shape(Shape.TABLE_SETTINGS)
                   if (f := _judged(rule, errors, case, th)) is not None]

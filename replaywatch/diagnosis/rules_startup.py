@@ -2,6 +2,7 @@
 
     warmup_impossible   max_size < min_size_to_sample: one snapshot proves it never starts
     learner_starting    no learner has finished its first step: blocked is start-up, for a while
+    (as_first_step)     Reverb alone, a synchronous loop's first step: sample_blocked as info
     server_restarted    the server was replaced or restored from a checkpoint
     reconnecting        the server came back and its clients are reconnecting: stalls wait
 
@@ -17,14 +18,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import kinds, rules_config
 from replaywatch.diagnosis import ratelimiter as lim
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView, inserts_of, samples_of
-from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.model import Finding, ProbeSnapshot, Severity, TableSnapshot
 
 # A fresh server's counters start at zero, so at its first poll it has inserted at most what
 # the actors insert per second times its uptime; a restore shows counters far beyond
@@ -230,6 +231,47 @@ def _learner_starting(case: TableCase, began: tuple[float, str], held: list[str]
     fix = (f"Wait: if the learner has not finished a step {th.startup_grace_s:g} s after it "
            f"started, this becomes {' / '.join(held)}.")
     return case.finding(kinds.LEARNER_STARTING, summary, evidence, fix, since=start)
+
+
+def first_draw_at(case: TableCase) -> float | None:
+    """When the sidecar saw the table's first samples drawn; None when it did not (it came
+    after them, or none were drawn)."""
+    if samples_of(case.history[0]) > 0:
+        return None
+    return next((t.observed_at for t in case.history if samples_of(t) > 0), None)
+
+
+def as_first_step(found: list[Finding], case: TableCase, th: Thresholds) -> list[Finding]:
+    """Reverb alone, a synchronous loop that drew its first batch and has inserted nothing
+    since: sample_blocked is said, as info, until `startup_grace_s` after that draw.
+
+    From the server a loop taking its first (compiling) step and a loop hung in its first
+    next() with the samples stranded in its batching workers (the seed's hang) are the same
+    counters: samples drawn once, inserts stopped, samplers waiting. Paging the first would
+    page every healthy job whose first step outlasts the stall window; saying nothing would
+    hide the second. So the finding is named at once with both readings and what settles
+    them, and pages once the grace is spent; a loop seen inserting after its first draw has
+    finished a step and is judged by its rhythm, and a trainer probe tells the two apart
+    from its first poll.
+    """
+    if case.probes or not rules_config.loop_is_synchronous(case):
+        return found
+    drawn = first_draw_at(case)
+    if drawn is None or case.now - drawn >= th.startup_grace_s:
+        return found
+    after = [t for t in case.history if t.observed_at >= drawn]
+    if inserts_of(after[-1]) > inserts_of(after[0]):
+        return found
+    left = th.startup_grace_s - (case.now - drawn)
+    extra = {"first_step_or_hang": True, "first_draw_at": drawn,
+             "pages_in_s": round(left, 1), "startup_grace_s": th.startup_grace_s}
+    note = (f" Nothing was inserted since the loop drew its first samples "
+            f"{case.now - drawn:.0f} s ago: from Reverb alone its first step (a compile) and "
+            "a hang in its first next() look the same, so this pages only if nothing moves "
+            f"for startup_grace_s ({th.startup_grace_s:g} s) after that draw.")
+    return [dataclasses.replace(f, severity=Severity.INFO, summary=f.summary + note,
+                                evidence={**f.evidence, **extra})
+            if f.kind == kinds.Name.SAMPLE_BLOCKED else f for f in found]
 
 
 # -- server_restarted ---------------------------------------------------------------------------
