@@ -19,7 +19,7 @@ LP_VENV := .venv-launchpad
 LP_PY := $(LP_VENV)/bin/python
 LP_STAMP := $(LP_VENV)/.installed
 REQUIRE_LAUNCHPAD ?= 0
-# make test's xdist workers: the agent tests in one lane (tests/conftest.py's AGENT_LANE),
+# make test's xdist workers: the agent tests in one lane (modules marked `agents` in tests/),
 # the rest in two lanes beside it. With one, that lane (~300 s of tests, half of it waiting
 # on stall windows and real processes) outlasted the agent lane; the three average ~70% of
 # both cores. TEST_WORKERS=0 runs everything in one process.

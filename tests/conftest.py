@@ -47,9 +47,8 @@ def is_slow_module(path: Path) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: starts processes, Reverb, an agent or needs Debian packages; "
-                   "deselect with -m 'not slow' (make test-fast)")
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -119,29 +118,22 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
     return start
 
 
-# `make test` runs three xdist workers with `--dist loadgroup`: these modules start the JAX
-# agent (a Ray cluster, 12 tf.data workers, an Acme or a TF-Agents loop), each some 10-20 s
-# of both cores at start-up, and assert that a stall is named within windows of seconds.
-# They share one lane, one after another as before; every other test runs beside them in
-# the other two.
-# Two agents starting at once on 2 cores starve each other's actors of CPU for seconds,
-# which is a real `sample_blocked`, not a test flake to retry.
-AGENT_LANE = frozenset({
-    "test_agents_distributed.py", "test_agents_hang.py", "test_agents_sync.py",
-    "test_alerting_e2e.py", "test_detection_real.py", "test_ray_cluster.py",
-    "test_acme_real.py", "test_launchpad.py", "test_tf_agents.py",
-})
-
-
-# Modules with tests of 15 s or more (sleep-bound sidecars over learned windows, browsers, real
-# faults), handed out first: xdist hands tests out in collection order, and the 100 s one
-# in test_windows.py, collected near the end, made its lane the last to finish by minutes.
-LONG_FIRST = (
-    "test_windows.py", "test_watch.py", "test_status_page.py", "test_faults.py",
-    "test_load_smoke.py", "test_loop_layout.py", "test_repro_startup.py", "test_wheel.py",
-    "test_repro_throughput.py", "test_api_fuzz.py", "test_priorities.py", "test_consumption.py",
-    "test_waste.py",
-)
+# `make test` runs three xdist workers with `--dist loadgroup`. A module marked `agents`
+# starts the JAX agent (a Ray cluster, 12 tf.data workers, an Acme, TF-Agents or Launchpad
+# loop), each some 10-20 s of both cores at start-up, and asserts that a stall is named within
+# windows of seconds: those modules share one lane, one after another; every other test runs
+# beside them in the other two. Two agents starting at once on 2 cores starve each other's
+# actors of CPU for seconds, which is a real `sample_blocked`, not a test flake to retry.
+# A module marked `long` has tests of 15 s or more (sleep-bound sidecars over learned
+# windows, browsers, real faults): handed out first, since xdist hands tests out in
+# collection order and a long test collected last makes its lane the last to finish.
+MARKERS = {
+    "slow": "starts processes, Reverb, an agent or needs Debian packages; deselect with "
+            "-m 'not slow' (make test-fast)",
+    "agents": "starts an agent or a framework's loop: runs in make test's one agent lane",
+    "long": "has tests of 15 s or more: handed out first",
+    "launchpad": "the Launchpad tier: required to pass where REPLAYWATCH_REQUIRE_LAUNCHPAD=1",
+}
 
 
 # The agent lane is make test's critical path; the other two lanes, handed their long tests
@@ -155,15 +147,15 @@ _niced: list[bool] = []
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if (os.environ.get("PYTEST_XDIST_WORKER") and not _niced
-            and Path(str(item.fspath)).name not in AGENT_LANE):
+            and item.get_closest_marker("agents") is None):
         os.nice(OTHER_LANES_NICE)  # for good: a worker that ran the agent lane has done so
         _niced.append(True)
 
 
 def _handed_out(item: pytest.Item) -> int:
     """The agent lane first (one group, one worker), then the long modules, then the rest."""
-    name = Path(str(item.fspath)).name
-    return 0 if name in AGENT_LANE else 1 if name in LONG_FIRST else 2
+    return (0 if item.get_closest_marker("agents") else 1 if item.get_closest_marker("long")
+            else 2)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -179,7 +171,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or is_slow_module(
                 Path(str(item.fspath))):
             item.add_marker(pytest.mark.slow)
-        if Path(str(item.fspath)).name in AGENT_LANE:
+        if item.get_closest_marker("agents"):
             item.add_marker(pytest.mark.xdist_group("agents"))
     items.sort(key=_handed_out)  # stable: each module's own order is kept
     shim = sys.modules.get("haiku.experimental.flax")
@@ -189,12 +181,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # CI (.ci/run) sets REPLAYWATCH_REQUIRE_LAUNCHPAD=1 through the Makefile: there the Launchpad
 # tier must have run and passed, whatever skipped or deselected it, or the session fails.
-LAUNCHPAD_TIER = "tests/test_launchpad.py"
 _launchpad_passed: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "call" and report.passed and report.nodeid.startswith(LAUNCHPAD_TIER):
+    if report.when == "call" and report.passed and "launchpad" in report.keywords:
         _launchpad_passed.append(report.nodeid)
 
 
@@ -205,6 +196,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stdout.write(f"\nLaunchpad tier: {len(_launchpad_passed)} tests passed on real "
                          "Launchpad programs (Python 3.10, dm-launchpad 0.5.2)\n")
     elif os.environ.get("REPLAYWATCH_REQUIRE_LAUNCHPAD") == "1":
-        sys.stderr.write(f"\nREPLAYWATCH_REQUIRE_LAUNCHPAD=1: no test of {LAUNCHPAD_TIER} ran "
+        sys.stderr.write("\nREPLAYWATCH_REQUIRE_LAUNCHPAD=1: no test marked launchpad ran "
                          "and passed (the Launchpad tier was skipped)\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -13,8 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from harness.agent import AgentProcess
 from harness.procs import Proc, get_json, wait_until
+
+pytestmark = pytest.mark.agents
 
 SMALL = [
     "--mode", "distributed", "--batch-size", "64", "--samples-per-insert", "64",

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from agents import seed_hang
 from harness.agent import AgentProcess
+
+pytestmark = pytest.mark.agents
 
 HANG_TIMEOUT_S = 10.0
 # The parameters recorded in agents/README.md: error_buffer = 4000 * 128 * 0.002 = 1024

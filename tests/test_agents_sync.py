@@ -7,6 +7,8 @@ import pytest
 from harness.agent import AgentProcess
 from harness.procs import get_json, wait_until
 
+pytestmark = pytest.mark.agents
+
 SMALL = [
     "--mode", "sync", "--batch-size", "64", "--samples-per-insert", "64",
     "--min-replay-size", "200", "--eval-every", "0", "--log-every", "0.5",

@@ -37,6 +37,8 @@ from tests.support.monitoring import (
     substitute,
 )
 
+pytestmark = pytest.mark.agents
+
 # The seed incident's layout as agents/README.md records it: a synchronous loop with Acme's
 # 12 batching workers, batch 256, samples_per_insert 128; tolerance 0.002 and min replay
 # 4000 make the limiter release 1024 samples at once, too few for 12 workers to fill a batch.

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 from harness.procs import Proc, get_json, wait_until
 
-pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import reverb
 import tensorflow as tf
 
@@ -25,6 +26,8 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.metrics import render_published
 from replaywatch.probe import TrainerProbe
 from replaywatch.wiring import build_sidecar
+
+pytestmark = pytest.mark.long
 
 BATCH = 16
 WINDOW_S = 10.0

@@ -33,6 +33,8 @@ from bench.detection import SCENARIOS, run_once
 from bench.results_md import replace_sections
 from bench.watched import INTERVAL_S, STALL_WINDOW_S
 
+pytestmark = pytest.mark.agents
+
 DEADLINE_S = STALL_WINDOW_S + 3 * INTERVAL_S
 
 

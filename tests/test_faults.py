@@ -14,7 +14,7 @@ import pytest
 
 from harness.procs import PYTHON, Proc, free_port, get_json, get_text, wait_until
 
-pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
 INTERVAL = 0.5
 FAST = ("--interval", str(INTERVAL), "--stall-window-s", "3", "--min-history-s", "1")

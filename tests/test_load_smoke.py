@@ -12,7 +12,7 @@ import pytest
 from bench.load import run
 from harness.procs import Proc, get_json
 
-pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
 
 def test_five_targets_and_twenty_clients_get_no_errors_and_polls_stay_on_time() -> None:

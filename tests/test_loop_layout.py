@@ -19,7 +19,7 @@ import reverb
 from harness.procs import PYTHON, ROOT, get_json
 from replaywatch.probe import ActorProbe, TrainerProbe
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

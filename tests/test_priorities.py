@@ -36,6 +36,8 @@ from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
 from tests.support.repro import assert_replays, tick_until
 
+pytestmark = pytest.mark.long
+
 
 def job(sampler: Any) -> tuple[reverb.Server, reverb.Client, TrainerProbe, Any]:
     server = reverb.Server([reverb.Table("replay", sampler, reverb.selectors.Fifo(), 1000,

@@ -35,7 +35,7 @@ from harness.agent import AgentProcess
 from harness.procs import PYTHON, ROOT, Proc, free_port, get_json, wait_until
 from harness.ray_cluster import RayCluster, ray_cluster  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.agents]
 
 INTERVAL_S = 1.0
 STALL_WINDOW_S = 10.0  # the sidecar's default

@@ -38,7 +38,7 @@ from tests.support.repro import (
     tick_until,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.long]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import reverb
 
 from tests.support.repro import SLACK_S, Loop, alarms, kinds, sidecar_for, table, tick_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.long]
 
 DROP_FOR_S = 5.0
 BUCKET_S = DROP_FOR_S / 10

@@ -22,7 +22,7 @@ import pytest
 from harness.procs import PYTHON, ROOT, Proc, get_json, get_text, wait_until
 from replaywatch.probe import ActorProbe, TrainerProbe
 
-pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

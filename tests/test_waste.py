@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import reverb
 
 from harness.replay_waste import Shape, drive, start
@@ -26,6 +27,8 @@ from replaywatch.config import PollConfig, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.wiring import build_sidecar
 from tests.support.repro import assert_replays
+
+pytestmark = pytest.mark.long
 
 TH = Thresholds(spi_window_s=1.0)
 

@@ -13,7 +13,7 @@ import pytest
 
 from harness.procs import Proc, free_port, get_json, get_text, wait_until
 
-pytestmark = pytest.mark.slow  # starts processes (see tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
 INTERVAL = 0.5
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("tensorflow", "jax", "jaxlib", "reverb", "dm-reverb", "ray")

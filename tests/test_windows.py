@@ -29,7 +29,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
 from replaywatch.wiring import Sidecar, build_sidecar
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.long]
 
 STEP_S = 12.0
 RESTART_AT_S = 30.0
