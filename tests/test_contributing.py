@@ -92,8 +92,9 @@ def test_a_kind_is_in_every_file_the_recipe_names() -> None:
     named = set(re.findall(r"`([A-Za-z_./<>-]+\.(?:py|md|yml|yaml|libsonnet))`", listed))
     assert named >= {"replaywatch/model.py", "replaywatch/diagnosis/kinds.py",
                      "replaywatch/diagnosis/rules_<family>.py", "tests/test_bundle_kinds.py",
-                     "docs/runbooks/<kind>.md", "README.md", "dashboards/mixin/kinds.libsonnet",
-                     "dashboards/prometheus/alerts.yml", "dashboards/prometheus/alerts_test.yml",
+                     "docs/runbooks/<kind>.md", "docs/findings.md",
+                     "dashboards/mixin/kinds.libsonnet", "dashboards/prometheus/alerts.yml",
+                     "dashboards/prometheus/alerts_test.yml",
                      "deploy/kubernetes/base/prometheusrule.yaml"}, named
     rule_modules = [p.read_text() for p in (ROOT / "replaywatch" / "diagnosis").glob("rules_*.py")]
     tests = [p.read_text() for p in (ROOT / "tests").glob("test_*.py")
@@ -105,7 +106,7 @@ def test_a_kind_is_in_every_file_the_recipe_names() -> None:
             "replaywatch/diagnosis/kinds.py": f"Name.{const}",
             "tests/test_bundle_kinds.py": f'"{name}"',
             f"docs/runbooks/{name}.md": f"# {name} (",
-            "README.md": f"`{name}`",
+            "docs/findings.md": f"`{name}`",
         }
         if k.severity >= Severity.WARNING:
             every["dashboards/prometheus/alerts_test.yml"] = f"kind: {name}"

@@ -1,10 +1,11 @@
-"""The docs stay true of the code: README's generated blocks, the paths the docs name, the commands.
+"""The docs stay true of the code: the generated blocks, the paths the docs name, the commands.
 
-README.md's finding table and metric list sit between markers and are rendered from the code
-(the kind declaration; the families the collector emits for a full picture). When a test here
-fails because a kind or a metric changed, regenerate them and review the diff:
+The finding table (docs/findings.md) and the metric list (docs/operations.md) sit between
+markers and are rendered from the code (the kind declaration; the families the collector emits
+for a full picture). When a test here fails because a kind or a metric changed, regenerate them
+and review the diff:
 
-    .venv/bin/python -m tests.test_docs        # rewrites README.md's generated blocks
+    .venv/bin/python -m tests.test_docs        # rewrites the docs' generated blocks
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from tests.builders import ACTOR, actor_snapshot, probe_snapshot, table_history
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CONTRIBUTOR_DOCS = ("ARCHITECTURE.md", "CONTRIBUTING.md")
+# The user's guides README links to; each generated block lives in one of them.
+GUIDES = tuple(sorted((ROOT / "docs").glob("*.md")))
+FINDINGS = ROOT / "docs" / "findings.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+GENERATED = {"kinds": FINDINGS, "metrics": OPERATIONS}
 # A backticked repository path: a file of these kinds, or a directory (trailing slash).
 PREFIX = "replaywatch_"
 PATH = re.compile(r"`([A-Za-z0-9_.][\w./-]*(?:\.py|\.md|\.yml|\.json|/))`")
@@ -37,7 +43,8 @@ LINK = re.compile(r"\]\((?!https?:|#)([^)#\s]+)(?:#[^)]*)?\)")
 def block(text: str, name: str) -> str:
     """The text between `<!-- name:begin -->` and `<!-- name:end -->`, stripped."""
     found = re.search(rf"<!-- {name}:begin -->\n(.*?)\n?<!-- {name}:end -->", text, re.DOTALL)
-    assert found, f"README.md has no <!-- {name}:begin --> ... <!-- {name}:end --> block"
+    where = GENERATED[name].relative_to(ROOT)
+    assert found, f"{where} has no <!-- {name}:begin --> ... <!-- {name}:end --> block"
     return found.group(1).strip()
 
 
@@ -75,7 +82,7 @@ def full_picture() -> Published:
 
 
 def metrics_table() -> str:
-    """README's metric list: every family the collector emits, grouped by its label names.
+    """docs/operations.md's metric list: every family the collector emits, grouped by labels.
 
     Names drop the common `replaywatch_` prefix; `/metrics` itself has each one's help text.
     """
@@ -97,18 +104,27 @@ def emitted_names() -> list[str]:
     return [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
 
 
-def test_readme_finding_table_is_the_declarations_rendering() -> None:
-    assert block(README.read_text(), "kinds") == kinds.markdown_table(), (
-        "README's finding table differs from kinds.markdown_table(); "
+def test_the_finding_table_is_the_declarations_rendering() -> None:
+    assert block(FINDINGS.read_text(), "kinds") == kinds.markdown_table(), (
+        "docs/findings.md's finding table differs from kinds.markdown_table(); "
         "run .venv/bin/python -m tests.test_docs")
 
 
-def test_readme_metric_list_is_every_family_the_collector_emits() -> None:
-    rows = block(README.read_text(), "metrics").splitlines()[2:]
+def test_the_metric_list_is_every_family_the_collector_emits() -> None:
+    rows = block(OPERATIONS.read_text(), "metrics").splitlines()[2:]
     listed = [PREFIX + n for row in rows for n in re.findall(r"`(\w+)`", row.split(" | ")[1])]
     assert sorted(listed) == sorted(emitted_names())
-    assert block(README.read_text(), "metrics") == metrics_table(), (
-        "README's metric list differs from the collector; run .venv/bin/python -m tests.test_docs")
+    assert block(OPERATIONS.read_text(), "metrics") == metrics_table(), (
+        "docs/operations.md's metric list differs from the collector; "
+        "run .venv/bin/python -m tests.test_docs")
+
+
+def test_each_generated_block_is_in_one_doc_only() -> None:
+    # A copy left behind in README (or another guide) would go stale unchecked.
+    for name, home in GENERATED.items():
+        holders = [d.relative_to(ROOT).as_posix() for d in (README, *GUIDES)
+                   if f"<!-- {name}:begin -->" in d.read_text()]
+        assert holders == [home.relative_to(ROOT).as_posix()], (name, holders)
 
 
 def test_the_metric_picture_really_reaches_every_family() -> None:
@@ -123,12 +139,22 @@ def test_the_metric_picture_really_reaches_every_family() -> None:
 
 
 def test_every_path_the_docs_name_exists() -> None:
-    for doc in (*CONTRIBUTOR_DOCS, "README.md"):
-        text = (ROOT / doc).read_text()
-        paths = PATH.findall(text) + LINK.findall(text)
-        assert paths, f"{doc} names no path"
+    # A backticked path is named from the repository's root; a link, as Markdown reads it,
+    # from the directory of the doc that holds it.
+    assert {g.name for g in GUIDES} >= {"attach.md", "predict.md", "memory.md",
+                                        "replay-health.md", "findings.md", "operations.md"}
+    for doc in (*(ROOT / d for d in CONTRIBUTOR_DOCS), README, *GUIDES):
+        text, name = doc.read_text(), doc.relative_to(ROOT)
+        paths, links = PATH.findall(text), LINK.findall(text)
+        assert paths + links, f"{name} names no path"
         missing = [p for p in paths if not (ROOT / p).exists()]
-        assert missing == [], f"{doc} names paths that do not exist: {missing}"
+        missing += [p for p in links if not (doc.parent / p).exists()]
+        assert missing == [], f"{name} names paths that do not exist: {missing}"
+
+
+def test_readme_links_every_guide() -> None:
+    linked = {(ROOT / p).resolve() for p in LINK.findall(README.read_text())}
+    assert [g.name for g in GUIDES if g.resolve() not in linked] == []
 
 
 def test_the_path_pattern_finds_files_and_directories_only() -> None:
@@ -140,22 +166,27 @@ def test_the_path_pattern_finds_files_and_directories_only() -> None:
 
 def test_readme_commands_are_makefile_targets() -> None:
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
-    commands = set(re.findall(r"\bmake ([\w-]+)", README.read_text()))
-    assert {"demo", "test", "test-fast"} <= commands
-    assert commands <= targets, f"README names make targets that do not exist: " \
-                                f"{sorted(commands - targets)}"
+    assert {"demo", "test", "test-fast"} <= set(re.findall(r"\bmake ([\w-]+)", README.read_text()))
+    for doc in (README, *GUIDES):
+        commands = set(re.findall(r"\bmake ([\w-]+)", doc.read_text()))
+        assert commands <= targets, f"{doc.relative_to(ROOT)} names make targets that do not " \
+                                    f"exist: {sorted(commands - targets)}"
 
 
-def write_readme() -> None:
-    text = README.read_text()
-    for name, body in (("kinds", kinds.markdown_table()), ("metrics", metrics_table())):
-        block(text, name)  # both markers must be there
+def write_docs() -> list[Path]:
+    """Rewrites each generated block in its doc; returns the docs rewritten."""
+    bodies = {"kinds": kinds.markdown_table(), "metrics": metrics_table()}
+    for name, doc in GENERATED.items():
+        text = doc.read_text()
+        block(text, name)  # the markers must be there
         text = re.sub(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)",
-                      lambda m, body=body: f"{m.group(1)}{body}\n{m.group(2)}", text,
+                      lambda m, body=bodies[name]: f"{m.group(1)}{body}\n{m.group(2)}", text,
                       flags=re.DOTALL)
-    README.write_text(text)
+        doc.write_text(text)
+    return sorted(set(GENERATED.values()))
 
 
 if __name__ == "__main__":
-    write_readme()
-    print(f"rewrote the generated blocks of {README.relative_to(ROOT)}", file=sys.stderr)
+    written = write_docs()
+    print("rewrote the generated blocks of "
+          + ", ".join(str(d.relative_to(ROOT)) for d in written), file=sys.stderr)

@@ -2,9 +2,9 @@
 
 The rules build findings from these declarations (`case.finding(SAMPLE_BLOCKED, ...)`), the
 engine takes its precedence and what supersedes what from them, and the alert, runbook and
-README tests read them. Adding a kind starts with its `Name` (replaywatch/model.py), one
+docs tests read them. Adding a kind starts with its `Name` (replaywatch/model.py), one
 `Kind(...)` here and its place in `ALL`; CONTRIBUTING.md lists the rest (its rule in its
-family's `RULES`, the runbook, the README table; the alerts and the dashboard follow).
+family's `RULES`, the runbook, docs/findings.md's table; the alerts and the dashboard follow).
 
 `ALL` is the precedence, worst first: severity first, then, within one severity, the finding
 that names the more specific (or more certain) cause. A kind that supersedes another of its
@@ -27,7 +27,7 @@ RUNBOOKS = "docs/runbooks"
 
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """One kind of finding. `meaning` and `fix` are one line each (README table, status page)."""
+    """One kind of finding. `meaning` and `fix` are one line each (docs/findings.md, the page)."""
 
     name: Name
     severity: Severity
@@ -397,7 +397,7 @@ def superseded_by(kind: str) -> tuple[str, ...]:
 
 
 def markdown_table() -> str:
-    """README's finding table, one row per kind in precedence order."""
+    """docs/findings.md's finding table, one row per kind in precedence order."""
     rows = ["| kind | severity | means | typical fix |", "| --- | --- | --- | --- |"]
     rows += [f"| `{k.name}` | {k.severity.label} | {k.meaning} | {k.fix} |" for k in ALL]
     return "\n".join(rows)

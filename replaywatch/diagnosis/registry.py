@@ -49,7 +49,7 @@ class Rule:
 
     def __post_init__(self) -> None:
         # A rule handed a trainer probe produces a kind that needs one, and only such a rule
-        # among the table rules does: the status page and README say which kinds need it.
+        # among the table rules does: the status page and docs/findings.md say which need it.
         table_rule = self.shape is not Shape.VIEW
         if table_rule and self.shape.reads_a_probe != self.kind.needs_probe:
             raise ValueError(f"{self.kind.name}: a {self.shape} rule must be declared "
