@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from replaywatch.config import WatchConfig
 from replaywatch.diagnosis.kinds import worst_first
+from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import ActorSnapshot, Severity, SourceKind
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
@@ -41,7 +42,8 @@ def to_document(state: Published) -> dict[str, Any]:
             for s in state.sources.values() if s.kind == SourceKind.PROBE
         ],
         "tables": [
-            {**dataclasses.asdict(snap), "derived": dataclasses.asdict(state.derived[key])}
+            {**dataclasses.asdict(snap),
+             "derived": dataclasses.asdict(d) if (d := _derived(state, key)) else None}
             for key, snap in sorted(state.tables.items())
         ],
         "findings": [f.to_document() for f in worst_first(state.findings)],
@@ -49,6 +51,12 @@ def to_document(state: Published) -> dict[str, Any]:
         "actors": {url: dataclasses.asdict(a) for url, a in sorted(state.actors.items())},
         "rule_errors": list(state.rule_errors),
     }
+
+
+def _derived(state: Published, key: tuple[str, str]) -> TableDerived | None:
+    """The table's limiter figures (diagnosis/figures.py), once a diagnosis made them."""
+    figures = state.figures.get(key)
+    return figures.derived if figures is not None else None
 
 
 def render_text(state: Published, out: TextIO) -> None:
@@ -59,7 +67,8 @@ def render_text(state: Published, out: TextIO) -> None:
               "headroom s/i", "ins/s", "smp/s", "can_sample")
     rows = [header]
     for (target, name), snap in sorted(state.tables.items()):
-        d = state.derived[(target, name)]
+        if (d := _derived(state, (target, name))) is None:
+            continue  # a table no diagnosis saw (its target no longer watched)
         rl = snap.rate_limiter
         rows.append((
             target, name, f"{snap.current_size}/{snap.max_size}", str(rl.inserts), str(rl.samples),

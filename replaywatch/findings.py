@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from replaywatch.bundle_store import BundleStore
+from replaywatch.config import RATE_WINDOW_S
 from replaywatch.diagnosis.cycle import Inputs, Key, judge_cycle
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.evidence import Evidence
@@ -98,7 +99,7 @@ class FindingsKeeper:
         held = tuple(f for f in open_here if f.key in self._held) if now < self._hold_until \
             else ()
         return Inputs(view, now, self._th, self._layout, self._evidence.stacks.verdicts(target),
-                      open_here, held)
+                      open_here, held, history.rate_windows(target, now - RATE_WINDOW_S))
 
     def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus], now: float
                        ) -> CycleFindings:
@@ -127,8 +128,7 @@ class FindingsKeeper:
             incident_log_error=log_error, incident_log_dropped=dropped,
             bundles_written=self._bundles.written if self._bundles else 0,
             bundle_failures=self._bundles.failed if self._bundles else 0,
-            rule_errors=verdict.rule_errors, baselines=verdict.baselines,
-            table_memory=verdict.memory, consumption=verdict.consumption)
+            rule_errors=verdict.rule_errors, figures=verdict.figures)
 
 
 def _by_target(findings: Iterable[Finding]) -> dict[str, tuple[Finding, ...]]:

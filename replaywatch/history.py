@@ -157,6 +157,19 @@ class History:
         with self._lock:
             return sorted(self._tables)
 
+    def latest_tables(self) -> dict[tuple[str, str], TableSnapshot]:
+        """Each table's newest snapshot, by (target, table), in key order."""
+        with self._lock:
+            return {key: self._tables[key][-1] for key in sorted(self._tables)
+                    if self._tables[key]}
+
+    def rate_windows(self, target: str, start: float) -> dict[str, tuple[TableSnapshot, ...]]:
+        """Each of the target's tables since `start`, or its newest snapshot however old:
+        what its limiter's figures are derived over (diagnosis/figures.py)."""
+        with self._lock:
+            return {name: tuple(s for s in points if s.observed_at >= start) or (points[-1],)
+                    for (tgt, name), points in self._tables.items() if tgt == target and points}
+
     def probe(self, source: str, start: float = float("-inf")) -> list[ProbeSnapshot]:
         with self._lock:
             return [s for s in self._probes.get(source, ()) if s.observed_at >= start]

@@ -14,13 +14,14 @@ API, never into a label.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.metric_families import Family, Group, Row, counter, gauge
 from replaywatch.metrics_probes import actor_rows, owners, replay_health_rows, role_of, trainer_rows
@@ -116,6 +117,15 @@ PROJECTED = gauge("replay_memory_projected_bytes", "The server's memory with the
                   "max_size: its memory now plus an item's bytes for each item still to come.",
                   TABLE)
 
+# Families drawn from a table's figures alone (diagnosis/figures.py), after the other table
+# families: each with what reads its rows from the record (the labels after target and
+# table, and the value). A new figure's families go here.
+FigureRows = Callable[[TableFigures], Iterable[tuple[tuple[str, ...], float]]]
+TABLE_FIGURE_FAMILIES: list[tuple[Family, FigureRows]] = [
+    (RATE_BASELINE, lambda f: [((s,), b.median) for s, b in sorted(f.baselines.items())]),
+    (RATE_BAND_LOW, lambda f: [((s,), b.low) for s, b in sorted(f.baselines.items())]),
+]
+
 FINDING = ("kind", "severity", "target", "table")
 ACTIVE = gauge("finding_active", "1 for each active finding.", FINDING)
 SINCE = gauge("finding_since_timestamp_seconds", "Onset of each active finding.", FINDING)
@@ -168,7 +178,7 @@ def _memory_rows(state: Published) -> Group:
     yield MEMORY_RSS, [((t,), float(m.rss_bytes)) for t, m in memory if m.rss_bytes is not None]
     yield MEMORY_LIMIT, [((t,), float(m.limit_bytes)) for t, m in memory]
     yield OOM_KILLS, [((t,), float(m.oom_kills)) for t, m in memory if m.oom_kills is not None]
-    tables = sorted(state.table_memory.items())
+    tables = [(key, f.memory) for key, f in sorted(state.figures.items()) if f.memory]
     yield ITEM_BYTES, [((t, n, "true" if tm.measured else "false"), tm.bytes_per_item)
                        for (t, n), tm in tables]
     yield PROJECTED, [((t, n), tm.projected_bytes) for (t, n), tm in tables
@@ -196,12 +206,16 @@ def _source_rows(state: Published) -> Group:
 
 
 def _table_rows(state: Published) -> Group:
-    tables = [(key, snap, state.derived[key]) for key, snap in state.tables.items()]
+    # A table has its limiter's figures once a diagnosis saw it (a table of a target no
+    # longer watched, kept in the history a while, has none).
+    tables = [(key, snap, f.derived) for key, snap in state.tables.items()
+              if (f := state.figures.get(key)) is not None and f.derived is not None]
     for family, value in TABLE_GAUGES:
         yield family, [(key, value(snap, d)) for key, snap, d in tables]
     yield OBSERVED_SPI, [(key, d.observed_samples_per_insert) for key, _, d in tables
                          if d.observed_samples_per_insert is not None]
-    consumed = sorted(state.consumption.items())
+    consumed = [(key, f.consumption) for key, f in sorted(state.figures.items())
+                if f.consumption is not None]
     yield CONSUMED_SPI, [(key, c.consumed_per_insert) for key, c in consumed
                          if c.consumed_per_insert is not None]
     yield UNCONSUMED, [(key, c.unconsumed_samples) for key, c in consumed
@@ -211,12 +225,9 @@ def _table_rows(state: Published) -> Group:
     worker: list[Row] = [((*key, st), snap.worker_time.ms(st) / 1000.0)
                          for key, snap in state.tables.items() for st in TableWorkerTime.STATES]
     yield WORKER, worker
-    yield RATE_BASELINE, [((*key, series), b.median)
-                          for key, found in state.baselines.items()
-                          for series, b in sorted(found.items())]
-    yield RATE_BAND_LOW, [((*key, series), b.low)
-                          for key, found in state.baselines.items()
-                          for series, b in sorted(found.items())]
+    for family, rows in TABLE_FIGURE_FAMILIES:
+        yield family, [((*key, *labels), value) for key, f in state.figures.items()
+                       for labels, value in rows(f)]
 
 
 class ReplaywatchCollector:

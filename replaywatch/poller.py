@@ -18,11 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from replaywatch.config import RATE_WINDOW_S
-from replaywatch.diagnosis.baseline import Baseline
-from replaywatch.diagnosis.consumption import Consumption
-from replaywatch.diagnosis.memory import TableMemory
-from replaywatch.diagnosis.ratelimiter import derive
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.history import History
 from replaywatch.model import Finding, PollOutcome, SourceKind
 from replaywatch.sources import Source
@@ -44,13 +40,8 @@ class CycleFindings:
     bundle_failures: int = 0
     # "target: rule: error" for each rule that raised this cycle (its finding was skipped)
     rule_errors: tuple[str, ...] = ()
-    # (target, table) -> series ("inserts", "samples") -> its throughput baseline now
-    baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
-        default_factory=dict)
-    # (target, table) -> what the table costs its process's memory
-    table_memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
-    # (target, table) -> what the learner consumed per insert (diagnosis/consumption.py)
-    consumption: dict[tuple[str, str], Consumption] = dataclasses.field(default_factory=dict)
+    # (target, table) -> its figures, made by the pure diagnosis (diagnosis/figures.py)
+    figures: dict[tuple[str, str], TableFigures] = dataclasses.field(default_factory=dict)
 
 
 class Diagnoser(Protocol):
@@ -230,13 +221,7 @@ class Poller:
     def _publish(self, t0: float) -> Published:
         now = self._clock()
         statuses = dict(self._statuses)
-        tables, derived = {}, {}
-        for target, name in self._history.table_keys():
-            window = self._history.table(target, name, start=now - RATE_WINDOW_S)
-            if not window:
-                window = self._history.table(target, name)[-1:]
-            tables[(target, name)] = window[-1]
-            derived[(target, name)] = derive(window)
+        tables = self._history.latest_tables()
         probes = {}
         for binding in self.bindings:
             if binding.source.kind == SourceKind.PROBE:
@@ -250,7 +235,6 @@ class Poller:
             cycle=self._cycle,
             sources=statuses,
             tables=tables,
-            derived=derived,
             probes=probes,
             actors=self._history.latest_actors([b.source.name for b in self.bindings]),
             memory=self._history.latest_memory(),
@@ -262,9 +246,7 @@ class Poller:
             bundles_written=found.bundles_written,
             bundle_failures=found.bundle_failures,
             rule_errors=found.rule_errors,
-            baselines=found.baselines,
-            table_memory=found.table_memory,
-            consumption=found.consumption,
+            figures=found.figures,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),
             cycle_duration_s=self._perf() - t0,

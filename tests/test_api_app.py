@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from replaywatch.api import create_app
 from replaywatch.api.routes_health import METRICS_CACHE_KEY
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
@@ -42,7 +43,8 @@ def published(**changes: object) -> Published:
               (T, "aux"): dataclasses.replace(history[-1], name="aux")}
     state = Published(
         at=2.0, cycle=3, sources={T: status(T), "127.0.0.1:2": status("127.0.0.1:2", up=False)},
-        tables=tables, derived={k: derive([v]) for k, v in tables.items()}, probes={},
+        tables=tables, figures={k: TableFigures(*k, derive([v])) for k, v in tables.items()},
+        probes={},
         findings=(finding("spi_drift", Severity.WARNING, 1.0),
                   finding("sample_blocked", Severity.CRITICAL, 1.5),
                   finding("warmup", Severity.INFO, 0.5)),

@@ -87,7 +87,8 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
                 state = sidecar.poller.tick()
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
             assert state is not None
-            c = state.consumption[(address, "replay")]
+            c = state.figures[(address, "replay")].consumption
+            assert c is not None
             # The test's own count over the window the sidecar judged.
             start = time.time() - c.window_s
             first = max((m for m in marks if m[0] <= start + 0.5), key=lambda m: m[0])
@@ -119,7 +120,8 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
                 drawn = now
                 time.sleep(0.5)
             state = sidecar.poller.tick()
-            c = state.consumption[(address, "replay")]
+            c = state.figures[(address, "replay")].consumption
+            assert c is not None
             assert c.unconsumed_samples == drawn - counts["consumed"], (c, drawn, counts)
     finally:
         stop.set()

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from prometheus_client import generate_latest
 
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import Finding, ProbeSnapshot, Severity
@@ -27,7 +28,7 @@ def _published() -> Published:
                                rate_limiter=dataclasses.replace(history[-1].rate_limiter,
                                                                 max_diff=1.7976931348623157e308))
     tables[("127.0.0.1:1", "sync")] = sync
-    derived = {k: derive([v]) for k, v in tables.items()}
+    figures = {k: TableFigures(*k, derive([v])) for k, v in tables.items()}
     sources = {
         "127.0.0.1:1": SourceStatus("127.0.0.1:1", "reverb", "127.0.0.1:1", True, 2.0, 2.0,
                                     None, 0.001, 0, 3, 0, 0),
@@ -44,7 +45,7 @@ def _published() -> Published:
                           1.0, None, 40, 1.0, 600, 0.0)
     finding = Finding("worker_starvation", Severity.CRITICAL, "127.0.0.1:1", weird, "s", {},
                       "f", 1.0, 2.0)
-    return Published(at=2.0, cycle=3, sources=sources, tables=tables, derived=derived,
+    return Published(at=2.0, cycle=3, sources=sources, tables=tables, figures=figures,
                      probes={"http://p:1": probe}, findings=(finding,),
                      actors={ACTOR: actor_snapshot(2.0, 30, url=ACTOR, items=12, in_call="flush",
                                                    blocked_for=4.5, pending=3,

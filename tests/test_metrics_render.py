@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from bench.render_cost import picture
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import ReplaywatchCollector, make_registry, render, render_published
 from replaywatch.model import Finding, Severity
@@ -30,7 +31,7 @@ WEIRD = ['back\\slash', 'new\nline', 'quo"te', '%s {x="y"} 100%', 'ünïcödé �
 def _big_weird_picture() -> Published:
     """50 targets x 5 tables, then some tables, sources and findings with weird names and values."""
     state = picture(50, 5)
-    tables, derived = dict(state.tables), dict(state.derived)
+    tables, figures = dict(state.tables), dict(state.figures)
     sources = dict(state.sources)
     findings = []
     values = [0.0, -0.0, 1e-7, 123456789.0, 1.7976931348623157e308, math.inf, -math.inf,
@@ -42,13 +43,13 @@ def _big_weird_picture() -> Published:
                                 max_diff=values[(i + 3) % len(values)],
                                 min_diff=values[(i + 5) % len(values)])
         tables[(target, name)] = history[-1]
-        derived[(target, name)] = derive(list(history))
+        figures[(target, name)] = TableFigures(target, name, derive(list(history)))
         sources[target] = SourceStatus(target, "reverb", target, i % 2 == 0, 2.0,
                                        None if i % 3 else 1.5, None, values[i % len(values)],
                                        i, 3, 0, 0)
         findings.append(Finding("worker_starvation", Severity.WARNING, target, name, "s", {},
                                 "f", 1.0, values[(i + 1) % len(values)]))
-    return dataclasses.replace(state, tables=tables, derived=derived, sources=sources,
+    return dataclasses.replace(state, tables=tables, figures=figures, sources=sources,
                                findings=tuple(findings), late_cycles=2**40,
                                incident_log_error="disk full", cycle_duration_s=math.nan)
 
@@ -74,7 +75,7 @@ def test_a_foreign_registry_is_walked_through_its_families_to_the_same_bytes() -
 def test_the_renderer_keeps_no_state_between_pictures() -> None:
     # Memo tables live for one render: a value seen in one picture must not leak into the next.
     first = _big_weird_picture()
-    second = dataclasses.replace(first, tables={}, derived={}, late_cycles=3)
+    second = dataclasses.replace(first, tables={}, figures={}, late_cycles=3)
     render_published(first)
     assert render_published(second) == generate_latest(make_registry(lambda: second))
     assert b"replaywatch_table_size_items{" not in render_published(second)

@@ -53,7 +53,8 @@ def test_the_sidecar_reads_a_servers_memory_from_its_replay_probe(
         while True:
             t0 = time.monotonic()
             state = sidecar.poller.tick()
-            tm = state.table_memory.get((target, "replay"))
+            f = state.figures.get((target, "replay"))
+            tm = f.memory if f is not None else None
             if tm is not None and tm.measured or time.monotonic() - began > 60:
                 break
             time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))

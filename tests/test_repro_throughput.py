@@ -112,4 +112,5 @@ def _why(state) -> str:
     """What the sidecar held when no drop was named in time: the baselines it judged against
     and how often its polls failed (a starved machine's ServerInfo can miss its timeout)."""
     sources = {name: (src.failures_total, src.polls_total) for name, src in state.sources.items()}
-    return f"baselines {state.baselines}; (failed, total) polls {sources}"
+    baselines = {k: f.baselines for k, f in state.figures.items()}
+    return f"baselines {baselines}; (failed, total) polls {sources}"

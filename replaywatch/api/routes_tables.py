@@ -21,6 +21,7 @@ from replaywatch.api.schemas import (
 )
 from replaywatch.config import MAX_HISTORY_S, RATE_WINDOW_S
 from replaywatch.diagnosis import window as win
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics_probes import replay_probe
 from replaywatch.model import SourceKind
@@ -46,8 +47,8 @@ def memory(state: PublishedDep) -> MemoryOut:
     return MemoryOut(
         memory=[dataclasses.asdict(m) | {"counted_bytes": m.counted_bytes}
                 for _, m in sorted(state.memory.items())],
-        tables=[{"target": t, "table": n} | dataclasses.asdict(tm)
-                for (t, n), tm in sorted(state.table_memory.items())])
+        tables=[{"target": t, "table": n} | dataclasses.asdict(f.memory)
+                for (t, n), f in sorted(state.figures.items()) if f.memory is not None])
 
 
 @router.get("/tables", response_model=TablesOut)
@@ -61,7 +62,7 @@ def tables(
 
     def render() -> bytes:
         out = TablesOut(tables=[
-            TableOut.of(snap, state.derived.get(key), state.consumption.get(key))
+            TableOut.of(snap, state.figures.get(key))
             for key, snap in sorted(state.tables.items())
             if target is None or key[0] == target
         ])
@@ -86,11 +87,11 @@ def table_history(
             raise ApiError(404, f"unknown target {target!r}")
         raise ApiError(404, f"unknown table {table!r} on target {target!r}")
     points = history.table(target, table, start=state.at - seconds)
-    # Each point carries the values derived from the rate window ending at it.
+    # Each point carries the limiter's figures over the rate window ending at it.
     times = [p.observed_at for p in points]
     out = [
-        TableOut.of(p, derive(points[bisect.bisect_left(times, p.observed_at - RATE_WINDOW_S) :
-                                     i + 1]))
+        TableOut.of(p, TableFigures(target, table, derive(
+            points[bisect.bisect_left(times, p.observed_at - RATE_WINDOW_S) : i + 1])))
         for i, p in enumerate(points)
     ]
     return HistoryOut(target=target, table=table, seconds=seconds, points=out)

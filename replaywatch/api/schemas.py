@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
-from replaywatch.diagnosis.consumption import Consumption
-from replaywatch.diagnosis.ratelimiter import TableDerived
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.model import ActorSnapshot, Finding, Name, ProbeSnapshot, TableSnapshot
 from replaywatch.state import SourceStatus
 
@@ -52,21 +51,26 @@ class TargetsOut(BaseModel):
     config_errors: list[str] = []
 
 
+def figure_fields(record: type[TableFigures]) -> dict[str, Any]:
+    """The figures a table's record names for its document (`DOCUMENTED`: the limiter's
+    `derived`, the learner's `consumption`...), as optional fields of their own types."""
+    hints = typing.get_type_hints(record)
+    return {name: Annotated[hints[name], Field(default=None)] for name in record.DOCUMENTED}
+
+
 class TableOut(BaseModel):
     """One table's snapshot (model.TableSnapshot: its limiter, sampler, remover and worker
-    time as Reverb reports them) and what the sidecar derives from its recent history."""
+    time as Reverb reports them) and what the sidecar works out from its recent history (the
+    documented fields of its diagnosis.figures.TableFigures)."""
 
-    __annotations__ = {**mirrored(TableSnapshot), "derived": TableDerived | None,
-                       "consumption": Consumption | None}
-    derived: TableDerived | None = None
-    # The ratio the learner really trains at, beside the server's (diagnosis/consumption.py)
-    consumption: Consumption | None = None
+    # A figure documented by a record wider than this one is served as it comes.
+    model_config = ConfigDict(extra="allow")
+    __annotations__ = {**mirrored(TableSnapshot), **figure_fields(TableFigures)}
 
     @classmethod
-    def of(cls, snap: TableSnapshot, derived: TableDerived | None = None,
-           consumption: Consumption | None = None) -> TableOut:
+    def of(cls, snap: TableSnapshot, figures: TableFigures | None = None) -> TableOut:
         return cls(**{f.name: getattr(snap, f.name) for f in dataclasses.fields(snap)},
-                   derived=derived, consumption=consumption)
+                   **(figures.document() if figures is not None else {}))
 
 
 class TablesOut(BaseModel):

@@ -6,8 +6,7 @@ construction.
     verdict = judge_cycle(inputs, active, now)
     verdict.active, verdict.transitions       # the keeper's memory and its incident log
     verdict.findings                          # worst first
-    verdict.rule_errors, verdict.baselines    # for the page, /readyz and /metrics
-    verdict.memory                            # each table's cost to its process's memory
+    verdict.rule_errors, verdict.figures      # for the page, /readyz and /metrics
 
 Diagnose each target (its open throughput drops' baselines handed back to the rule), add the
 incidents held open after a restart, reconcile against what was open, resolve what belongs
@@ -19,17 +18,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from replaywatch.diagnosis.baseline import Baseline
-from replaywatch.diagnosis.consumption import Consumption
 from replaywatch.diagnosis.engine import diagnose
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Transition, reconcile
-from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.rules_throughput import held_baselines
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding, Name
+from replaywatch.model import Finding, Name, TableSnapshot
 
 Key = tuple[str, str, str]
 
@@ -45,6 +42,9 @@ class Inputs:
     stacks: dict[str, StackVerdict] = dataclasses.field(default_factory=dict)  # by table
     active_before: tuple[Finding, ...] = ()  # this target's findings open before the cycle
     held: tuple[Finding, ...] = ()  # incidents resumed from the log and held open this cycle
+    # By table: its snapshots over the rate window, for its limiter's figures (not in bundles:
+    # no rule reads them)
+    rates: dict[str, tuple[TableSnapshot, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,14 +56,9 @@ class Verdict:
     findings: tuple[Finding, ...]  # the active ones, worst first
     rule_errors: tuple[str, ...] = ()  # "target: rule: error", once each
     insufficient: tuple[str, ...] = ()  # "target table:NAME": too young to judge
-    # (target, table) -> series -> its throughput baseline now
-    baselines: dict[tuple[str, str], dict[str, Baseline]] = dataclasses.field(
-        default_factory=dict)
     diagnosed: frozenset[Key] = frozenset()  # what the diagnosis named (held ones aside)
-    # (target, table) -> what the table costs its process's memory
-    memory: dict[tuple[str, str], TableMemory] = dataclasses.field(default_factory=dict)
-    # (target, table) -> what the learner consumed per insert (diagnosis/consumption.py)
-    consumption: dict[tuple[str, str], Consumption] = dataclasses.field(default_factory=dict)
+    # (target, table) -> its figures (diagnosis/figures.py)
+    figures: dict[tuple[str, str], TableFigures] = dataclasses.field(default_factory=dict)
 
     def of(self, target: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.target == target)
@@ -83,22 +78,18 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
     found: list[Finding] = []
     errors: list[str] = []
     insufficient: list[str] = []
-    baselines: dict[tuple[str, str], dict[str, Baseline]] = {}
-    memory: dict[tuple[str, str], TableMemory] = {}
-    consumed: dict[tuple[str, str], Consumption] = {}
+    figures: dict[tuple[str, str], TableFigures] = {}
     diagnosed: set[Key] = set()
     for target, i in sorted(inputs.items()):
         d = diagnose(with_held_baselines(i), thresholds or i.thresholds, now,
-                     stacks=i.stacks or None, layout=i.layout)
+                     stacks=i.stacks or None, layout=i.layout, rates=i.rates)
         seen = {f.key for f in d.findings}
         diagnosed |= seen
         # A held incident the diagnosis names again is an ordinary finding from now on.
         found += [*d.findings, *(f for f in i.held if f.key not in seen)]
         errors += [f"{target}: {e}" for e in dict.fromkeys(d.rule_errors)]
         insufficient += [f"{target} {name}" for name in d.insufficient]
-        baselines.update({(target, table): s for table, s in d.baselines.items()})
-        memory.update({(target, table): m for table, m in d.memory.items()})
-        consumed.update({(target, table): c for table, c in d.consumption.items()})
+        figures.update({f.key: f for f in d.figures.values()})
     result = reconcile(dict(active), found, set(inputs), now)
     # Findings of targets no longer watched (a reloaded targets file) resolve too.
     gone = [f for f in result.active.values() if f.target not in inputs]
@@ -107,4 +98,4 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
                      for f in gone))
     kept = {k: f for k, f in result.active.items() if f.target in inputs}
     return Verdict(kept, transitions, worst_first(kept.values()), tuple(errors),
-                   tuple(insufficient), baselines, frozenset(diagnosed), memory, consumed)
+                   tuple(insufficient), frozenset(diagnosed), figures)

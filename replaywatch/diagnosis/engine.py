@@ -5,6 +5,7 @@
     diagnosis.insufficient                         # ("table:replay", ...) too young to judge
     diagnosis.rule_errors                          # rules that raised: bugs, for the edge to log
     diagnose(view, thresholds, now, stacks={"replay": verdict})  # the keeper's stack dumps
+    diagnosis.figures["replay"]                    # the table's TableFigures (figures.py)
 
 Pure: the time is an argument and every number comes from the view. Each shape's rules are
 read from their registrations (`rules.of_shape`); the order they run in decides nothing, as
@@ -16,18 +17,16 @@ week-long job must not go blind on one rule's bug).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from replaywatch.diagnosis import rules, rules_startup, rules_throughput
+from replaywatch.diagnosis import figures as fig
+from replaywatch.diagnosis import rules, rules_startup
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.actors import Actor
-from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.case import Probe, TableCase
-from replaywatch.diagnosis.consumption import Consumption, consumption
 from replaywatch.diagnosis.kinds import superseded_by, worst_first
-from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.registry import Shape
 from replaywatch.diagnosis.rhythm import Window
 from replaywatch.diagnosis.stacks import StackVerdict
@@ -38,17 +37,13 @@ from replaywatch.model import Finding, Name, TableSnapshot
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    """Findings worst first, the tables/probes too young to judge ("table:NAME"), each
-    table's throughput baselines now (by series: what /metrics draws the band from) and
-    what each table costs its process's memory (where an item's bytes are known)."""
+    """Findings worst first, the tables/probes too young to judge ("table:NAME") and each
+    table's figures (figures.py: its limiter, throughput baselines, memory, consumption)."""
 
     findings: tuple[Finding, ...]
     insufficient: tuple[str, ...]
     rule_errors: tuple[str, ...] = ()
-    baselines: dict[str, dict[str, Baseline]] = dataclasses.field(default_factory=dict)
-    memory: dict[str, TableMemory] = dataclasses.field(default_factory=dict)
-    # What the learner consumed per insert, and what is drawn and not yet taken
-    consumption: dict[str, Consumption] = dataclasses.field(default_factory=dict)
+    figures: dict[str, fig.TableFigures] = dataclasses.field(default_factory=dict)
 
 
 def _judged(rule: Callable[..., Any], errors: list[str], *args: Any) -> Finding | None:
@@ -105,12 +100,14 @@ def actors_by_table(view: TargetView) -> dict[str, list[Actor]]:
 
 def diagnose(view: TargetView, thresholds: Thresholds, now: float,
              stacks: Mapping[str, StackVerdict] | None = None,
-             layout: str | None = None) -> Diagnosis:
+             layout: str | None = None,
+             rates: Mapping[str, Sequence[TableSnapshot]] | None = None) -> Diagnosis:
     """Every rule on every table and probe of one target; worst first.
 
     `stacks`: by table, the verdict of two stack dumps of the trainer's loop that the
     findings keeper took when a sample_blocked opened (data with its time, like the view).
     `layout`: the job's layout as its configuration declares it (`--layout`), if it does.
+    `rates`: by table, its snapshots over the rate window, for its limiter's figures.
     """
     th = thresholds
     errors: list[str] = []
@@ -124,14 +121,11 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     insufficient = [] if view.polls or view.tables else [f"target:{view.target}"]
     by_table = probes_by_table(view, th, now)
     answered_again = win.answered_again_at(view.polls, th.down_polls)
-    consumed: dict[str, Consumption] = {}
     for name in sorted(view.tables):
         history = win.since_last_reset(view.tables[name])
         if not history or not is_fresh(history[-1].observed_at, th, now):
             continue
         probes = by_table.get(name, [])
-        if (c := consumption(history, probes, now, th.spi_window_s)) is not None:
-            consumed[name] = c
         came_back = came_back_at(view.tables[name], answered_again)
         case = TableCase(view.target, history, tuple(probes), now,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
@@ -165,8 +159,7 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
     insufficient += [f"probe:{url}" for url, h in sorted(view.probes.items())
                      if h and not has_enough_history(win.since_last_restart(h), th)]
     return Diagnosis(worst_first(_supersede(_first_per_key(found))), tuple(insufficient),
-                     tuple(errors), rules_throughput.table_baselines(view, th, now),
-                     view.table_memories, consumed)
+                     tuple(errors), fig.table_figures(view, th, now, by_table, rates or {}))
 
 
 def _judging(th: Thresholds, window: Window) -> Thresholds:

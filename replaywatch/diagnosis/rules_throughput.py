@@ -125,19 +125,23 @@ def table_baselines(view: TargetView, th: Thresholds, now: float
                     ) -> dict[str, dict[str, bl.Baseline]]:
     """Each table's insert and sample baselines now (those established, or held by an open
     drop), for the metrics."""
-    out: dict[str, dict[str, bl.Baseline]] = {}
-    for name in sorted(view.coarse_tables):
-        points = win.since_last_reset(view.coarse_tables[name])
-        held = view.held_baselines.get(name, {})
-        found = {series: b for series, value in (("inserts", inserts_of), ("samples", samples_of))
-                 if (b := held.get(series) or bl.current(
-                     _buckets(points, value, th, view.rhythms.get(f"{series} {name}"),
-                              pipeline_hold_s(view, name, points, th)), now,
-                     th.throughput_drop_for_s,
-                     th.throughput_baseline_s, th.throughput_min_baseline_s)) is not None}
-        if found:
-            out[name] = found
-    return out
+    return {name: found for name in sorted(view.coarse_tables)
+            if (found := baselines_of(view, name, th, now))}
+
+
+def baselines_of(view: TargetView, name: str, th: Thresholds, now: float
+                 ) -> dict[str, bl.Baseline]:
+    """One table's insert and sample baselines now, by series (none without a coarse copy)."""
+    if name not in view.coarse_tables:
+        return {}
+    points = win.since_last_reset(view.coarse_tables[name])
+    held = view.held_baselines.get(name, {})
+    return {series: b for series, value in (("inserts", inserts_of), ("samples", samples_of))
+            if (b := held.get(series) or bl.current(
+                _buckets(points, value, th, view.rhythms.get(f"{series} {name}"),
+                         pipeline_hold_s(view, name, points, th)), now,
+                th.throughput_drop_for_s,
+                th.throughput_baseline_s, th.throughput_min_baseline_s)) is not None}
 
 
 def held_baselines(evidence: dict[str, Any]) -> dict[str, bl.Baseline]:
