@@ -345,3 +345,13 @@ def in_writer(call: str, since: float, times: list[float] | None = None, url: st
     return tuple(actor_snapshot(t, 500, url=url, in_call=call if t >= since else None,
                                 blocked_for=t - since if t >= since else 0.0, pending=3)
                  for t in times)
+
+
+# -- rules handed a table and a trainer probe (learner and config families) ---------------------
+
+ProbeScenario = Callable[[], tuple[TableCase, tuple[ProbeSnapshot, ...]]]
+
+
+def with_probe(table: tuple[TableSnapshot, ...], probe: tuple[ProbeSnapshot, ...]
+               ) -> tuple[TableCase, tuple[ProbeSnapshot, ...]]:
+    return case(table, probe), probe
