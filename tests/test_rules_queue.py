@@ -1,5 +1,5 @@
 """Queue tables (`reverb.Table.queue`): drained, and the stalls as a queue shows them. One
-table row per case, each with why, as in tests/test_rules.py; then the engine's view.
+table row per case, each with why, as in tests/test_rules_stalls.py; then the engine's view.
 
 Times are 1 s polls from t=1000; the stall window is 10 s. A queue of 100 items has the Queue
 limiter: spi 1, min_size 1, min_diff 0, max_diff 100.

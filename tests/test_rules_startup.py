@@ -1,6 +1,6 @@
 """The start-up and restart rules (warmup_impossible, learner_starting, server_restarted) and
 stale_data, the stall they are most often confused with. One table row per case, each with
-why, as in tests/test_rules.py; then engine scenarios where they interact with other kinds
+why, as in tests/test_rules_stalls.py; then engine scenarios where they interact with other kinds
 (supersession across severities, restarts).
 
 Times are 1 s polls from t=1000 unless a case says otherwise; the stall window is 10 s. The
