@@ -94,7 +94,7 @@ class Cell:
         return (f"{self.layout}{lag} P{self.workers} B{self.batch_size} spi{self.spi:g} "
                 f"e{self.error_buffer:g} min{self.min_size}{extra}")
 
-    def model(self) -> tuple[budget.Limiter, budget.Dataset, budget.Layout]:
+    def model(self) -> tuple[budget.Limiter, budget.Dataset, budget.JobLayout]:
         lim = budget.Limiter.ratio(self.spi, self.min_size, self.error_buffer,
                                    insert_blocking=self.layout != budget.SYNC)
         ds = budget.Dataset(self.workers, self.batch_size,
@@ -105,7 +105,7 @@ class Cell:
         # cell says it steps on a schedule; either way the harness declares it.
         gate = ({"can-sample": budget.CAN_SAMPLE, "schedule": budget.SCHEDULE}[self.gate]
                 if self.layout == budget.SYNC else None)
-        return lim, ds, budget.Layout(self.layout, self.lag, gate, self.inserts_per_step,
+        return lim, ds, budget.JobLayout(self.layout, self.lag, gate, self.inserts_per_step,
                                       self.first_step, self.ahead)
 
     @property

@@ -19,10 +19,13 @@ import time
 from typing import IO, Any
 
 from replaywatch.config import parse_address, read_toml
-from replaywatch.diagnosis import budget, budget_fixes, budget_terms
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms, budget_words
+from replaywatch.diagnosis.budget import Batching, JobLayout
+from replaywatch.diagnosis.budget_reasons import Verdict
 from replaywatch.diagnosis.rules_config import limiter_of
 from replaywatch.errors import ConfigError, SourceError
-from replaywatch.model import LAYOUTS
+from replaywatch.probe.protocol import Gate
+from replaywatch.probe.protocol import Layout as Kind
 
 INT_KEYS = ("min_size_to_sample", "batch_size", "num_parallel_calls", "max_in_flight",
             "prefetch", "max_policy_lag", "iterators_per_worker", "item_bytes",
@@ -33,11 +36,14 @@ STR_KEYS = ("layout", "gate", "pipeline", "memory_limit")
 SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 FIT_SHARE = 0.9  # as memory_exhaustion's fix: a tenth of the limit left to the process
-GATE_FLAGS = {"can-sample": budget.CAN_SAMPLE, "schedule": budget.SCHEDULE}
+LAYOUTS = tuple(kind.value for kind in Kind)
+GATE_FLAGS = {gate.replace("_", "-"): gate for gate in Gate}  # --gate can-sample, schedule
 # Each framework's own pipeline: Acme's make_reverb_dataset batches per worker (in flight
 # 2 x batch); TF-Agents' as_dataset interleaves min(B, 32) datasets (3 x B / cycle in
 # flight each) and batches once after the interleave.
-PIPELINES = {"acme": budget.PER_WORKER, "tf-agents": budget.AFTER_INTERLEAVE}
+PIPELINES = {"acme": Batching.PER_WORKER, "tf-agents": Batching.AFTER_INTERLEAVE}
+VERDICT_WORDS = {Verdict.SAFE: "safe", Verdict.CAN_HANG: "CAN HANG",
+                 Verdict.WILL_HANG: "WILL HANG"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,7 +156,7 @@ def limiter_from(s: dict[str, Any], server: budget.Limiter | None) -> budget.Lim
         if not s["error_buffer"] >= 0:
             raise ConfigError(f"--error-buffer ({s['error_buffer']:g}) must be >= 0")
         return budget.Limiter.ratio(spi, min_size, s["error_buffer"],
-                                    insert_blocking=s.get("layout") != budget.SYNC)
+                                    insert_blocking=s.get("layout") != Kind.SYNC)
     if "min_diff" not in s or "max_diff" not in s:
         raise ConfigError("give --error-buffer, or both --min-diff and --max-diff")
     if s["max_diff"] < s["min_diff"]:
@@ -171,7 +177,7 @@ def dataset_from(s: dict[str, Any]) -> budget.Dataset:
     if pipeline not in PIPELINES:
         raise ConfigError(f"pipeline {pipeline!r} must be one of {', '.join(PIPELINES)}")
     shape = PIPELINES[pipeline]
-    if shape == budget.PER_WORKER and "cycle_length" in s:
+    if shape == Batching.PER_WORKER and "cycle_length" in s:
         raise ConfigError("--cycle-length is for a batch after the interleave "
                           "(--pipeline tf-agents)")
     return budget.Dataset(s["num_parallel_calls"], s["batch_size"], s.get("max_in_flight"),
@@ -180,28 +186,29 @@ def dataset_from(s: dict[str, Any]) -> budget.Dataset:
                           s.get("workers_per_iterator", 1))
 
 
-def layout_from(s: dict[str, Any]) -> budget.Layout:
+def layout_from(s: dict[str, Any]) -> JobLayout:
     kind = s.get("layout")
     if kind is None:
         raise ConfigError(f"--layout is required: one of {', '.join(LAYOUTS)}")
     bounds = [k for k in ("max_policy_lag", "max_items_ahead") if k in s]
-    if kind == budget.ASYNC_LAG and len(bounds) != 1:
+    if kind == Kind.ASYNC_LAG and len(bounds) != 1:
         raise ConfigError("--layout async-lag needs one of --max-policy-lag, --max-items-ahead")
-    if kind != budget.ASYNC_LAG and bounds:
+    if kind != Kind.ASYNC_LAG and bounds:
         raise ConfigError(f"--{bounds[0].replace('_', '-')} is for --layout async-lag, "
                           f"not {kind}")
-    gate = s.get("gate")
-    if gate is not None and gate not in GATE_FLAGS:
-        raise ConfigError(f"gate {gate!r} must be one of {', '.join(GATE_FLAGS)}")
+    flag = s.get("gate")
+    if flag is not None and flag not in GATE_FLAGS:
+        raise ConfigError(f"gate {flag!r} must be one of {', '.join(GATE_FLAGS)}")
+    gate = GATE_FLAGS[flag] if flag else None
     schedule = [k for k in ("inserts_per_step", "first_step_at") if k in s]
-    if gate is not None and kind not in (budget.SYNC, budget.SYNC_RATIO):
+    synchronous = kind in (Kind.SYNC, Kind.SYNC_RATIO)
+    if gate is not None and not synchronous:
         raise ConfigError(f"--gate is for a synchronous loop (--layout sync), not {kind}")
-    if schedule and (kind not in (budget.SYNC, budget.SYNC_RATIO) or gate == "can-sample"):
+    if schedule and (not synchronous or gate == Gate.CAN_SAMPLE):
         raise ConfigError(f"--{schedule[0].replace('_', '-')} is for a loop that steps on a "
                           "schedule (--layout sync, --gate schedule or left out)")
-    return budget.Layout(kind, s.get("max_policy_lag"),
-                         GATE_FLAGS[gate] if gate else None, s.get("inserts_per_step"),
-                         s.get("first_step_at"), s.get("max_items_ahead"))
+    return JobLayout(kind, s.get("max_policy_lag"), gate, s.get("inserts_per_step"),
+                     s.get("first_step_at"), s.get("max_items_ahead"))
 
 
 def server_table(address: str, table: str | None, timeout_s: float = 2.0
@@ -256,13 +263,13 @@ def render_memory(m: dict[str, Any], out: IO[str]) -> None:
           f"({FIT_SHARE:.0%} of the limit)", file=out)
 
 
-def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
+def document(lim: budget.Limiter, ds: budget.Dataset, layout: JobLayout
              ) -> dict[str, Any]:
     """The `--json` document: verdict, budget, strandable, what keeps the verdict from a
     better one, fixes (and what they rest on)."""
     b = budget.predict(lim, ds, layout)
     return {"verdict": b.verdict, "budget": b.released, "strandable": b.strandable,
-            "safe_from": b.needed, "reason": b.reason,
+            "safe_from": b.needed, "reason": budget_words.reason(b),
             "conservative": [t.document() for t in budget_terms.explain(lim, ds, layout)],
             "fixes": [f.document() for f in budget_fixes.fixes(lim, ds, layout.for_fixes(lim))],
             "limiter": {"samples_per_insert": lim.samples_per_insert,
@@ -285,13 +292,12 @@ def document(lim: budget.Limiter, ds: budget.Dataset, layout: budget.Layout
 
 
 def render_text(doc: dict[str, Any], out: IO[str]) -> None:
-    words = {"safe": "safe", "can_hang": "CAN HANG", "will_hang": "WILL HANG"}
     released = "never stops" if doc["budget"] is None else f"{doc['budget']:g}"
     gate = ""
-    if doc["layout"] in (budget.SYNC, budget.SYNC_RATIO):
+    if doc["layout"] in (Kind.SYNC, Kind.SYNC_RATIO):
         gate = (f", gate {doc['gate']}" if doc["gate"] else
                 f", gate unknown: judged as {doc['judged_gate']}, the worse reading")
-    print(f"verdict: {words[doc['verdict']]} ({doc['layout']}{gate})", file=out)
+    print(f"verdict: {VERDICT_WORDS[Verdict(doc['verdict'])]} ({doc['layout']}{gate})", file=out)
     print(f"  released when inserting stops: {released} samples ({doc['reason']})", file=out)
     print(f"  strandable without a complete batch: {doc['strandable']:g} samples (safe from "
           f"{doc['safe_from']:g} released)", file=out)
@@ -307,7 +313,7 @@ def render_text(doc: dict[str, Any], out: IO[str]) -> None:
             print(f"  {_knob(f)}", file=out)
             if "together_with" in f:
                 print(f"    together with {_knob(f['together_with'])}", file=out)
-    elif doc["verdict"] != budget.SAFE:
+    elif doc["verdict"] != Verdict.SAFE:
         print("fixes the model proves: none (no single change it calls safe)", file=out)
 
 
@@ -341,7 +347,7 @@ def probe_settings(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
                                      else p.batch_after_interleave) else None),
         "layout": p.layout, "inserts_per_step": p.inserts_per_step,
         "first_step_at": p.first_step_at,
-        "gate": {"can_sample": "can-sample", "schedule": "schedule", None: None}[p.gate]}
+        "gate": None if p.gate is None else Gate(p.gate).replace("_", "-")}
     return {k: v for k, v in found.items() if v is not None}
 
 
@@ -378,4 +384,4 @@ def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
         if "memory" in doc:
             render_memory(doc["memory"], out)
     fits = doc.get("memory", {}).get("fits", True)
-    return 0 if doc["verdict"] == budget.SAFE and fits else 1
+    return 0 if doc["verdict"] == Verdict.SAFE and fits else 1

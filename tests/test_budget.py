@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from replaywatch.diagnosis import budget, budget_fixes, budget_terms
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms, budget_words
 from replaywatch.diagnosis.budget import (
     CAN_HANG,
     CAN_SAMPLE,
@@ -23,25 +23,26 @@ from replaywatch.diagnosis.budget import (
     WILL_HANG,
     Conservative,
     Dataset,
-    Layout,
+    JobLayout,
     Limiter,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL = Layout("sync", gate=CAN_SAMPLE)  # Acme's LocalLayout: it steps while can_sample
+LOCAL = JobLayout("sync", gate=CAN_SAMPLE)  # Acme's LocalLayout: it steps while can_sample
 
 
 def cell(layout: str, workers: int, batch: int, spi: float, e: float, min_size: int = 1000,
          lag: int | None = None, iterators: int = 1
-         ) -> tuple[Limiter, Dataset, Layout]:
+         ) -> tuple[Limiter, Dataset, JobLayout]:
     lim = Limiter.ratio(spi, min_size, e, insert_blocking=layout != budget.SYNC)
     # The grid's `sync` loop steps while can_sample (Acme's LocalLayout): its gate is known.
     gate = budget.CAN_SAMPLE if layout == budget.SYNC else None
-    return lim, Dataset(workers, batch, iterators_per_worker=iterators), Layout(layout, lag, gate)
+    ds = Dataset(workers, batch, iterators_per_worker=iterators)
+    return lim, ds, JobLayout(layout, lag, gate)
 
 
-def sized(config: tuple[Limiter, Dataset, Layout], item_bytes: int
-          ) -> tuple[Limiter, Dataset, Layout]:
+def sized(config: tuple[Limiter, Dataset, JobLayout], item_bytes: int
+          ) -> tuple[Limiter, Dataset, JobLayout]:
     """The same configuration with its items' size known (the probe's item_bytes)."""
     lim, ds, layout = config
     return lim, Dataset(ds.workers, ds.batch_size, ds.max_in_flight, ds.prefetch,
@@ -123,7 +124,7 @@ SIZED_ROWS = [
 
 @pytest.mark.parametrize("name,config,verdict,released,strand", SIZED_ROWS,
                          ids=[r[0] for r in SIZED_ROWS])
-def test_budget_with_item_size_known(name: str, config: tuple[Limiter, Dataset, Layout],
+def test_budget_with_item_size_known(name: str, config: tuple[Limiter, Dataset, JobLayout],
                                      verdict: str, released: float | None,
                                      strand: float) -> None:
     b = budget.predict(*config)
@@ -139,7 +140,7 @@ def test_granularity_is_one_unless_every_count_shares_a_factor() -> None:
 
 
 @pytest.mark.parametrize("name,config,verdict,released,strand", ROWS, ids=[r[0] for r in ROWS])
-def test_budget_table(name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
+def test_budget_table(name: str, config: tuple[Limiter, Dataset, JobLayout], verdict: str,
                       released: float | None, strand: float) -> None:
     b = budget.predict(*config)
     assert (b.verdict, b.released, b.strandable) == (verdict, released, strand)
@@ -157,7 +158,7 @@ def test_every_grid_cell_is_a_row_or_judged_by_the_same_arithmetic() -> None:
 
 @pytest.mark.parametrize("name,config,verdict,released,strand", ROWS, ids=[r[0] for r in ROWS])
 def test_every_fix_is_proven_safe_and_changes_the_value(
-        name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
+        name: str, config: tuple[Limiter, Dataset, JobLayout], verdict: str,
         released: float | None, strand: float) -> None:
     lim, ds, layout = config
     fixes = budget_fixes.fixes(lim, ds, layout)
@@ -167,8 +168,8 @@ def test_every_fix_is_proven_safe_and_changes_the_value(
         assert budget.predict(*applied(config, fix)).verdict == SAFE, fix.text()
 
 
-def applied(config: tuple[Limiter, Dataset, Layout], fix: budget_fixes.Fix
-            ) -> tuple[Limiter, Dataset, Layout]:
+def applied(config: tuple[Limiter, Dataset, JobLayout], fix: budget_fixes.Fix
+            ) -> tuple[Limiter, Dataset, JobLayout]:
     """The configuration with one fix's knob set to its value."""
     lim, ds, layout = config
     v = fix.value
@@ -192,7 +193,8 @@ def test_fixes_are_the_smallest_change_the_model_calls_safe() -> None:
     assert by_knob == {"num_parallel_calls": 4, "error_buffer": 757, "batch_size": 25}
     assert budget.inserts_before_blocking(lim) == 1037
     late = budget.predict(lim, ds, replace(layout, first_step_at=1058))
-    assert late.verdict == WILL_HANG and "blocks its own insert at 1037" in late.reason
+    assert late.verdict == WILL_HANG
+    assert "blocks its own insert at 1037" in budget_words.reason(late)
 
 
 def test_an_error_buffer_fix_holds_for_every_larger_value_too() -> None:
@@ -240,7 +242,7 @@ def test_a_batch_fix_warns_where_a_smaller_batch_can_hang_again() -> None:
     assert budget_fixes._spans([55, 54, 53, 40, 39, 30, 20, 19, 10]) == "53-55, 39-40, 30, ..."
 
 
-def _buffer_fix(config: tuple[Limiter, Dataset, Layout]) -> int | None:
+def _buffer_fix(config: tuple[Limiter, Dataset, JobLayout]) -> int | None:
     return next((f.value for f in budget_fixes.fixes(*config) if f.knob == "error_buffer"), None)
 
 
@@ -268,9 +270,9 @@ def test_bad_model_input_is_refused_with_the_value() -> None:
     with pytest.raises(ValueError, match=r"workers \(0\)"):
         Dataset(0, 16)
     with pytest.raises(ValueError, match="async-lag needs one bound"):
-        Layout("async-lag")
+        JobLayout("async-lag")
     with pytest.raises(ValueError, match="layout"):
-        Layout("pipelined")
+        JobLayout("pipelined")
 
 
 def test_large_items_answer_fewer_samples_a_request_so_the_burst_strands_more() -> None:
@@ -291,7 +293,7 @@ def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker
     frames = Dataset(12, 256, iterators_per_worker=3, item_bytes=84 * 84 * 9)
     lim = Limiter.ratio(128, 2000, 50_000, insert_blocking=False)  # above 39,900 strandable
     b = budget.predict(lim, frames, LOCAL)
-    assert b.verdict == CAN_HANG and "17 samples an answer" in b.reason
+    assert b.verdict == CAN_HANG and "17 samples an answer" in budget_words.reason(b)
     fixes = budget_fixes.fixes(lim, frames, LOCAL)
     assert [(f.knob, f.value) for f in fixes] == [("num_parallel_calls", 1)]
     # Small items: one answer carries a batch, so the warm-up arithmetic decides.
@@ -299,7 +301,7 @@ def test_a_sync_loop_dealt_thin_answers_is_never_safe_and_is_fixed_by_one_worker
     assert budget.predict(lim, small, LOCAL).verdict == SAFE
     # A loop that steps by count keeps error_buffer held, so frames change nothing there.
     ratio = Limiter.ratio(128, 2000, 50_000)
-    assert budget.predict(ratio, frames, Layout("sync-ratio")).verdict == SAFE
+    assert budget.predict(ratio, frames, JobLayout("sync-ratio")).verdict == SAFE
 
 
 def test_an_unknown_item_size_is_not_safe_for_a_sync_loop() -> None:
@@ -309,8 +311,8 @@ def test_an_unknown_item_size_is_not_safe_for_a_sync_loop() -> None:
     lim, ds, layout = cell("sync", 12, 256, 128, 25600, 2000)
     b = budget.predict(lim, ds, layout)
     assert b.verdict == CAN_HANG
-    assert "from 4,113 bytes an item" in b.reason and "smaller items: the warm-up reading, safe" \
-        in b.reason
+    said = budget_words.reason(b)
+    assert "from 4,113 bytes an item" in said and "smaller items: the warm-up reading, safe" in said
     assert [(f.knob, f.value) for f in budget_fixes.fixes(lim, ds, layout)] == [
         ("num_parallel_calls", 1)]
     assert budget.thin_item_bytes(256) == 4113
@@ -318,7 +320,7 @@ def test_an_unknown_item_size_is_not_safe_for_a_sync_loop() -> None:
     assert budget.response_cap(replace(ds, item_bytes=4112)) >= 256
     # One worker, or a loop that steps by count, or actors: the size does not matter.
     assert budget.predict(lim, replace(ds, workers=1), layout).verdict == SAFE
-    assert budget.predict(Limiter.ratio(128, 2000, 3200), ds, Layout("sync-ratio")).verdict \
+    assert budget.predict(Limiter.ratio(128, 2000, 3200), ds, JobLayout("sync-ratio")).verdict \
         == SAFE
 
 
@@ -362,7 +364,7 @@ SIZE, GATE = Conservative.ITEM_SIZE_UNKNOWN, Conservative.GATE_UNKNOWN
 # items, a scheduled loop whose runs never hung where the model says can_hang.
 EDGE = sized(cell("sync-ratio", 2, 16, 4, 24, 100), 16)
 EDGE_GATE_UNKNOWN = (Limiter.ratio(4, 100, 24, insert_blocking=False),
-                         Dataset(2, 16, item_bytes=16), Layout("sync"))
+                         Dataset(2, 16, item_bytes=16), JobLayout("sync"))
 
 # (name, configuration, verdict, released, strandable, terms): a `can_hang` names the terms
 # of the model it cannot decide, first to settle first; a certain verdict names none.
@@ -405,7 +407,7 @@ TERM_ROWS = [
     # the loop only takes ready batches.
     ("a_will_hang_only_on_a_schedule_waits_on_the_gate",
      (Limiter.ratio(1, 1000, 100, insert_blocking=False), Dataset(1, 256, item_bytes=16),
-      Layout("sync")), WILL_HANG, 100, 255, (GATE,)),
+      JobLayout("sync")), WILL_HANG, 100, 255, (GATE,)),
     ("a_will_hang_with_the_gate_known_is_certain", cell("sync-ratio", 2, 16, 4, 12), WILL_HANG,
      12, 30, ()),
     ("a_safe_verdict_is_certain", cell("sync-ratio", 2, 16, 4, 40), SAFE, 40, 30, ()),
@@ -415,12 +417,12 @@ TERM_ROWS = [
 @pytest.mark.parametrize("name,config,verdict,released,strand,terms", TERM_ROWS,
                          ids=[r[0] for r in TERM_ROWS])
 def test_a_verdict_names_the_terms_that_keep_it_from_a_better_one(
-        name: str, config: tuple[Limiter, Dataset, Layout], verdict: str,
+        name: str, config: tuple[Limiter, Dataset, JobLayout], verdict: str,
         released: float | None, strand: float, terms: tuple[Conservative, ...]) -> None:
     b = budget.predict(*config)
     assert (b.verdict, b.released, b.strandable, b.conservative) == (verdict, released, strand,
                                                                       terms)
-    assert b.evidence()["conservative"] == [t.value for t in terms]
+    assert budget_words.evidence(b)["conservative"] == [t.value for t in terms]
 
 
 def test_two_workers_of_16_at_error_buffer_24_sit_at_the_pigeonholes_edge() -> None:
@@ -472,7 +474,7 @@ WORD_ROWS = [
 @pytest.mark.parametrize("name,config,term,why,settles", WORD_ROWS,
                          ids=[r[0] for r in WORD_ROWS])
 def test_each_term_says_why_and_what_settles_it(
-        name: str, config: tuple[Limiter, Dataset, Layout], term: Conservative, why: str,
+        name: str, config: tuple[Limiter, Dataset, JobLayout], term: Conservative, why: str,
         settles: str) -> None:
     (explained,) = [e for e in budget_terms.explain(*config) if e.term == term]
     assert why in explained.why and settles in explained.settled_by

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from replaywatch.diagnosis import budget, budget_fixes, budget_terms
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms, budget_words
 from replaywatch.diagnosis.budget import (
     AFTER_INTERLEAVE,
     CAN_HANG,
@@ -20,7 +20,7 @@ from replaywatch.diagnosis.budget import (
     WILL_HANG,
     Conservative,
     Dataset,
-    Layout,
+    JobLayout,
     Limiter,
 )
 
@@ -29,8 +29,8 @@ def blocking_off(spi: float, min_size: int, e: float) -> Limiter:
     return Limiter.ratio(spi, min_size, e, insert_blocking=False)
 
 
-SCHEDULED = Layout("sync", gate=SCHEDULE)
-UNKNOWN = Layout("sync")
+SCHEDULED = JobLayout("sync", gate=SCHEDULE)
+UNKNOWN = JobLayout("sync")
 
 # (name, limiter, dataset, layout, verdict): a scheduled loop with insert blocking disabled
 # holds e (plus spi per insert past min_size) at every step, dealt across the workers.
@@ -55,36 +55,36 @@ ROWS = [
      UNKNOWN, CAN_HANG),
     # Steps that take more than their inserts release: the credit runs out, every run.
     ("one_collect_step_of_spi_8_for_batches_of_14", Limiter.ratio(8, 200, 40),
-     Dataset(1, 14), Layout("sync", gate=SCHEDULE, inserts_per_step=1), WILL_HANG),
+     Dataset(1, 14), JobLayout("sync", gate=SCHEDULE, inserts_per_step=1), WILL_HANG),
     # TF-Agents' pipeline, B = 64: 32 datasets of 6 in flight, one batch after the interleave.
     ("tf_agents_32_threads_read_every_sampler", Limiter.ratio(16, 200, 256),
-     Dataset(32, 64, shape=AFTER_INTERLEAVE), Layout("sync", gate=SCHEDULE, inserts_per_step=4),
+     Dataset(32, 64, shape=AFTER_INTERLEAVE), JobLayout("sync", gate=SCHEDULE, inserts_per_step=4),
      SAFE),
     ("tf_agents_limiter_releases_40_of_64", Limiter.ratio(8, 200, 40),
-     Dataset(3, 64, shape=AFTER_INTERLEAVE), Layout("sync", gate=SCHEDULE, inserts_per_step=8),
+     Dataset(3, 64, shape=AFTER_INTERLEAVE), JobLayout("sync", gate=SCHEDULE, inserts_per_step=8),
      WILL_HANG),
     ("tf_agents_3_threads_read_3_of_32_samplers", Limiter.ratio(16, 200, 32),
      Dataset(3, 64, shape=AFTER_INTERLEAVE),
-     Layout("sync", gate=SCHEDULE, inserts_per_step=4, first_step_at=202), CAN_HANG),
+     JobLayout("sync", gate=SCHEDULE, inserts_per_step=4, first_step_at=202), CAN_HANG),
     # Actors paced N items ahead of what the learner consumed: e + spi x N is held.
     ("actors_8_ahead_hold_72_of_4_x_16", Limiter.ratio(4, 200, 40), Dataset(4, 16),
-     Layout("async-lag", max_items_ahead=8), SAFE),
+     JobLayout("async-lag", max_items_ahead=8), SAFE),
     ("actors_2_ahead_hold_48_of_4_x_16", Limiter.ratio(4, 200, 40), Dataset(4, 16),
-     Layout("async-lag", max_items_ahead=2), CAN_HANG),
+     JobLayout("async-lag", max_items_ahead=2), CAN_HANG),
     ("actors_0_ahead_below_a_batch", Limiter.ratio(4, 200, 8), Dataset(1, 16),
-     Layout("async-lag", max_items_ahead=1), WILL_HANG),
+     JobLayout("async-lag", max_items_ahead=1), WILL_HANG),
 ]
 
 
 @pytest.mark.parametrize("name,lim,ds,layout,verdict", ROWS, ids=[r[0] for r in ROWS])
-def test_shape_table(name: str, lim: Limiter, ds: Dataset, layout: Layout,
+def test_shape_table(name: str, lim: Limiter, ds: Dataset, layout: JobLayout,
                      verdict: str) -> None:
     assert budget.predict(lim, ds, layout).verdict == verdict
 
 
 @pytest.mark.parametrize("name,lim,ds,layout,verdict", ROWS, ids=[r[0] for r in ROWS])
 def test_every_fix_of_every_shape_is_safe_by_the_model(name: str, lim: Limiter, ds: Dataset,
-                                                       layout: Layout, verdict: str) -> None:
+                                                       layout: JobLayout, verdict: str) -> None:
     from tests.test_budget import applied
 
     fixes = budget_fixes.fixes(lim, ds, layout)
@@ -113,7 +113,7 @@ TERMS = {
 
 @pytest.mark.parametrize("name,lim,ds,layout,verdict", ROWS, ids=[r[0] for r in ROWS])
 def test_each_shape_names_what_keeps_its_verdict_from_a_better_one(
-        name: str, lim: Limiter, ds: Dataset, layout: Layout, verdict: str) -> None:
+        name: str, lim: Limiter, ds: Dataset, layout: JobLayout, verdict: str) -> None:
     assert budget.predict(lim, ds, layout).conservative == TERMS.get(name, ())
 
 
@@ -128,10 +128,11 @@ def test_the_after_interleave_race_is_settled_by_reading_every_sampler() -> None
 def test_a_loop_whose_gate_is_unknown_is_never_safe_on_the_can_sample_reading() -> None:
     # Acme's LocalLayout takes only ready batches here; a scheduled loop asks for 256 of 100.
     lim, ds = blocking_off(1, 1000, 100), Dataset(1, 256, item_bytes=16)
-    assert budget.predict(lim, ds, Layout("sync", gate=CAN_SAMPLE)).verdict == SAFE
+    assert budget.predict(lim, ds, JobLayout("sync", gate=CAN_SAMPLE)).verdict == SAFE
     b = budget.predict(lim, ds, UNKNOWN)
     assert (b.verdict, b.gate, b.released) == (WILL_HANG, SCHEDULE, 100)
-    assert "gate is unknown" in b.reason and "can_sample" in b.reason and "safe" in b.reason
+    said = budget_words.reason(b)
+    assert "gate is unknown" in said and "can_sample" in said and "safe" in said
     # Its fixes hold under both readings: starting later, or a larger error_buffer.
     knobs = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, UNKNOWN)}
     assert knobs["error_buffer"] == 256 and knobs["first_step_at"] == 1156
@@ -148,21 +149,21 @@ def test_the_seed_still_gets_one_worker_with_the_gate_unknown() -> None:
 
 def test_a_schedule_that_outruns_its_inserts_hangs_after_the_credit_runs_out() -> None:
     # 1 insert of spi 8 a step against batches of 14: 40, 34, 28, ... below 14 at step 5.
-    one = Layout("sync", gate=SCHEDULE, inserts_per_step=1)
+    one = JobLayout("sync", gate=SCHEDULE, inserts_per_step=1)
     lim, ds = blocking_off(8, 200, 40), Dataset(1, 14)
     b = budget.predict(lim, ds, one)
-    assert b.verdict == WILL_HANG and "below a batch by step 5" in b.reason
+    assert b.verdict == WILL_HANG and "below a batch by step 5" in budget_words.reason(b)
     knobs = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, one)}
     assert knobs["inserts_per_step"] == 2 and "error_buffer" not in knobs
     # With a finite max_diff two inserts a step pile up 2 a step until the loop's own insert
     # blocks: only a batch its one insert pays for (8) runs for good.
     finite = Limiter.ratio(8, 200, 40)
     two = budget.predict(finite, ds, replace(one, inserts_per_step=2))
-    assert two.verdict == WILL_HANG and "blocks the loop's own insert" in two.reason
+    assert two.verdict == WILL_HANG and "blocks the loop's own insert" in budget_words.reason(two)
     knobs = {f.knob: f.value for f in budget_fixes.fixes(finite, ds, one)}
     assert knobs == {"batch_size": 8}
     # A first step below min_size never gets a sample (TF-Agents' table trails its loop).
-    early = budget.predict(lim, ds, Layout("sync", gate=SCHEDULE, first_step_at=199))
+    early = budget.predict(lim, ds, JobLayout("sync", gate=SCHEDULE, first_step_at=199))
     assert (early.verdict, early.released) == (WILL_HANG, 0.0)
 
 
@@ -172,7 +173,7 @@ def test_after_the_interleave_unread_samplers_strand_and_more_threads_fix_it() -
     assert budget.strandable(ds) == 63 + 29 * 6
     assert budget.strandable(replace(ds, workers=32)) == 63
     lim = Limiter.ratio(16, 200, 128)
-    fixes = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, Layout("sync", gate=SCHEDULE))}
+    fixes = {f.knob: f.value for f in budget_fixes.fixes(lim, ds, JobLayout("sync", gate=SCHEDULE))}
     # 63 + (32 - P) x 6 < 128 from P = 22; 4 datasets of 3 x 16 in flight, one unread, hold
     # 63 + 48 = 111 (5 of 36 hold 135).
     assert fixes["num_parallel_calls"] == 22 and fixes["cycle_length"] == 4
@@ -181,11 +182,11 @@ def test_after_the_interleave_unread_samplers_strand_and_more_threads_fix_it() -
 
 def test_bad_gate_and_pacing_are_refused_with_the_value() -> None:
     with pytest.raises(ValueError, match="gate"):
-        Layout("sync", gate="sometimes")
+        JobLayout("sync", gate="sometimes")
     with pytest.raises(ValueError, match=r"inserts_per_step \(0\)"):
-        Layout("sync", gate=SCHEDULE, inserts_per_step=0)
+        JobLayout("sync", gate=SCHEDULE, inserts_per_step=0)
     with pytest.raises(ValueError, match="one bound"):
-        Layout("async-lag", max_policy_lag=2, max_items_ahead=3)
+        JobLayout("async-lag", max_policy_lag=2, max_items_ahead=3)
     with pytest.raises(ValueError, match="shape"):
         Dataset(1, 16, shape="sideways")
 
@@ -212,21 +213,21 @@ STRIDE_ROWS = [
     # the fixed run is judged from its first poll): K set, and 238 > 237 strandable at
     # min_size under both gates.
     ("asked_early_gets_k_and_the_buffer_for_both_gates",
-     Layout("sync", stride_known=False), [[("inserts_per_step", 8, None),
+     JobLayout("sync", stride_known=False), [[("inserts_per_step", 8, None),
                                            ("error_buffer", 238, 40.0)]]),
-    # The gate unknown, max_diff finite: the same (Layout.for_fixes).
-    ("unknown_gate_and_finite_max_diff_sets_k_too", Layout("sync").for_fixes(TFA_LIM),
+    # The gate unknown, max_diff finite: the same (JobLayout.for_fixes).
+    ("unknown_gate_and_finite_max_diff_sets_k_too", JobLayout("sync").for_fixes(TFA_LIM),
      [[("inserts_per_step", 8, None), ("error_buffer", 238, 40.0)]]),
     # Declared K of 1 (the README's TF-Agents recipe): proven single and pair fixes.
     ("declared_k_of_1_keeps_its_fixes",
-     Layout("sync-ratio", inserts_per_step=1, first_step_at=202),
+     JobLayout("sync-ratio", inserts_per_step=1, first_step_at=202),
      [[("batch_size", 8, 64)], [("inserts_per_step", 8, 1), ("error_buffer", 222, 40.0)]]),
 ]
 
 
 @pytest.mark.parametrize("name,layout,chains", STRIDE_ROWS, ids=[r[0] for r in STRIDE_ROWS])
 def test_a_stride_nobody_said_feeds_only_fixes_that_set_it(
-        name: str, layout: Layout, chains: list[list[tuple[str, int, float | int | None]]]
+        name: str, layout: JobLayout, chains: list[list[tuple[str, int, float | int | None]]]
 ) -> None:
     found = budget_fixes.fixes(TFA_LIM, TFA_DS, layout)
     assert [chain(f) for f in found] == chains
@@ -244,11 +245,12 @@ def test_a_stride_nobody_said_feeds_only_fixes_that_set_it(
 
 
 def test_a_schedule_of_unknown_stride_is_judged_at_the_one_k_that_runs() -> None:
-    asked = Layout("sync", gate=SCHEDULE, first_step_at=202, stride_known=False)
+    asked = JobLayout("sync", gate=SCHEDULE, first_step_at=202, stride_known=False)
     b = budget.predict(TFA_LIM, TFA_DS, asked)
     # 40 + 8 x 2 released at its first step, short of 64 at every K.
     assert (b.verdict, b.released, b.strandable) == (WILL_HANG, 56, 237)
-    assert "unknown stride" in b.reason and "a step every 8 inserts" not in b.reason
+    said = budget_words.reason(b)
+    assert "unknown stride" in said and "a step every 8 inserts" not in said
     # Enough at its first step, it is never safe: only K = 8 runs for good.
     wide = budget.predict(TFA_LIM.with_error_buffer(238), TFA_DS, asked)
     assert (wide.verdict, wide.conservative) == (CAN_HANG, (Conservative.STRIDE_UNKNOWN,))
@@ -258,7 +260,7 @@ def test_a_schedule_of_unknown_stride_is_judged_at_the_one_k_that_runs() -> None
     assert budget.predict(TFA_LIM.with_error_buffer(238), TFA_DS,
                           replace(asked, stride_known=True)).verdict == SAFE
     # With insert blocking disabled a fix at B / spi holds at every larger K: judged so.
-    assert Layout("sync").for_fixes(blocking_off(8, 200, 40)).stride_known
+    assert JobLayout("sync").for_fixes(blocking_off(8, 200, 40)).stride_known
 
 
 def test_a_fix_found_at_a_stride_nobody_said_says_the_stride_it_rests_on() -> None:

@@ -1,6 +1,6 @@
 """The fixes the budget model proves: for each knob, the smallest change it calls `safe`.
 
-Every search asks `budget.predict` (the model's docstring has the arithmetic), so a fix is
+Every search asks `budget.predict` (docs/predict.md has the arithmetic), so a fix is
 safe under the same readings the verdict was: a loop whose gate is unknown gets only fixes
 that hold whether it waits on can_sample or steps on a schedule. The rules ask again on
 every poll while a finding stays open, so the answer is kept (the arguments are frozen).
@@ -9,35 +9,48 @@ every poll while a finding stays open, so the answer is kept (the arguments are 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
 from replaywatch.diagnosis.budget import (
-    ASYNC_LAG,
     FIRST_REQUEST,
-    SAFE,
-    SCHEDULE,
-    SYNC_RATIO,
     Dataset,
-    Layout,
+    JobLayout,
     Limiter,
     inserts_before_blocking,
     predict,
     steady_race,
 )
+from replaywatch.diagnosis.budget_reasons import Verdict
+from replaywatch.probe.protocol import Gate
+from replaywatch.probe.protocol import Layout as Kind
 
 # Fixes are searched up to these values; past them a knob is no fix worth printing.
 MAX_ERROR_BUFFER = 10**9
 MAX_POLICY_LAG = 10**6
 
+
+class Knob(enum.StrEnum):
+    """What a fix changes, by the name the job sets it by (Reverb, tf.data, Acme)."""
+
+    NUM_PARALLEL_CALLS = "num_parallel_calls"  # sampling workers, or interleave threads
+    CYCLE_LENGTH = "cycle_length"  # Reverb datasets interleaved (TF-Agents)
+    ERROR_BUFFER = "error_buffer"
+    BATCH_SIZE = "batch_size"
+    MAX_POLICY_LAG = "max_policy_lag"
+    MAX_ITEMS_AHEAD = "max_items_ahead"
+    FIRST_STEP_AT = "first_step_at"
+    INSERTS_PER_STEP = "inserts_per_step"
+
+
 @dataclasses.dataclass(frozen=True)
 class Fix:
     """One change the model calls safe, and what it costs."""
 
-    knob: str  # num_parallel_calls, cycle_length, error_buffer, batch_size, max_policy_lag,
-    # max_items_ahead, first_step_at, inserts_per_step
+    knob: Knob
     value: int
     was: float | int | None
     cost: str
@@ -45,7 +58,7 @@ class Fix:
     together: Fix | None = None
 
     def document(self) -> dict[str, object]:
-        doc: dict[str, object] = {"knob": self.knob, "value": self.value, "was": self.was,
+        doc: dict[str, object] = {"knob": self.knob.value, "value": self.value, "was": self.was,
                                   "cost": self.cost}
         if self.together is not None:
             doc["together_with"] = self.together.document()
@@ -59,7 +72,7 @@ class Fix:
 # The rules ask again on every poll while a finding stays open, and a search tries up to a
 # batch size of configurations; the arguments are frozen, so the answer is kept.
 @functools.lru_cache(maxsize=1024)
-def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
+def fixes(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]:
     """For each knob, the smallest change the model calls safe (never the current value).
     Empty when the configuration is safe already.
 
@@ -73,16 +86,16 @@ def fixes(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     pays for its steps still starts short, so the pair is that schedule together with the
     least error_buffer safe for it.
     """
-    if predict(lim, ds, layout).verdict == SAFE:
+    if predict(lim, ds, layout).verdict == Verdict.SAFE:
         return ()
     if _schedule_reading(layout) and not layout.stride_known:
         return _set_stride(lim, ds, layout)
     found = _found(lim, ds, layout)
-    if (layout.synchronous and layout.gate is None and layout.kind != SYNC_RATIO
+    if (layout.synchronous and layout.gate is None and layout.kind != Kind.SYNC_RATIO
             and layout.inserts_per_step is None):
         # The scheduled reading took B / spi inserts a step, a stride nobody said: what the
         # fix rests on is said with it (with insert blocking disabled it holds at any larger
-        # stride, Layout.for_fixes).
+        # stride, JobLayout.for_fixes).
         least = "at least " if lim.insert_blocking_disabled else ""
         return tuple(dataclasses.replace(f, cost=f"{f.cost}; if the loop steps on a schedule, "
                                                  f"with {least}{_paid(lim, ds, f):g} inserts "
@@ -95,12 +108,12 @@ def _paid(lim: Limiter, ds: Dataset, fix: Fix) -> float:
     batch = ds.batch_size
     part: Fix | None = fix
     while part is not None:
-        batch = part.value if part.knob == "batch_size" else batch
+        batch = part.value if part.knob == Knob.BATCH_SIZE else batch
         part = part.together
     return batch / lim.samples_per_insert
 
 
-def _found(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
+def _found(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]:
     if steady_race(ds, layout):
         # No error_buffer or batch size removes a race of thin answers that the grid has
         # run; one read iterator takes every answer.
@@ -111,18 +124,18 @@ def _found(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
         more = _more_buffer(lim, single, layout)
         if more is None:
             return ()
-        return (Fix("num_parallel_calls", 1, ds.workers,
+        return (Fix(Knob.NUM_PARALLEL_CALLS, 1, ds.workers,
                     f"1 sampling worker instead of {ds.workers}: less sampling throughput",
                     together=more),)
     found = tuple(f for f in (search(lim, ds, layout) for search in _SEARCHES)
                   if f is not None)
     pair = _paid_schedule(lim, ds, layout)
-    if pair is not None and not any(f.knob == "inserts_per_step" for f in found):
+    if pair is not None and not any(f.knob == Knob.INSERTS_PER_STEP for f in found):
         found += (pair,)
     return found
 
 
-def _set_stride(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
+def _set_stride(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]:
     """K unknown: every other knob's safety turns on it, so each fix sets it first, to what
     the ratio pays for (budget's docstring), together with what that schedule still needs."""
     paid = math.ceil(ds.batch_size / lim.samples_per_insert)
@@ -130,14 +143,14 @@ def _set_stride(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Fix, ...]:
     cost = (f"one learner step every {paid} inserts, the schedule the ratio pays for (Acme: "
             "observations_per_step; TF-Agents: collect steps per train step)")
     if _safe(lim, ds, scheduled):
-        return (Fix("inserts_per_step", paid, None, cost),)
+        return (Fix(Knob.INSERTS_PER_STEP, paid, None, cost),)
     # A batch fix would move the schedule the ratio pays for: not one to pair with K.
-    return tuple(Fix("inserts_per_step", paid, None, cost, together=f)
+    return tuple(Fix(Knob.INSERTS_PER_STEP, paid, None, cost, together=f)
                  for f in fixes(lim, ds, scheduled)
-                 if f.knob not in ("batch_size", "inserts_per_step"))
+                 if f.knob not in (Knob.BATCH_SIZE, Knob.INSERTS_PER_STEP))
 
 
-def _paid_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _paid_schedule(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     """The pair for a scheduled loop that runs its credit down (fixes' docstring)."""
     if not _schedule_reading(layout):
         return None
@@ -149,25 +162,25 @@ def _paid_schedule(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     more = _more_buffer(lim, ds, scheduled)
     if more is None:
         return None
-    return Fix("inserts_per_step", paid, current,
+    return Fix(Knob.INSERTS_PER_STEP, paid, current,
                f"one learner step every {paid} inserts (Acme: observations_per_step; "
                "TF-Agents: collect steps per train step): a lower replay ratio",
                together=more)
 
 
-def _safe(lim: Limiter, ds: Dataset, layout: Layout) -> bool:
-    return predict(lim, ds, layout).verdict == SAFE
+def _safe(lim: Limiter, ds: Dataset, layout: JobLayout) -> bool:
+    return predict(lim, ds, layout).verdict == Verdict.SAFE
 
 
-def _fewer_workers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _fewer_workers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     if ds.after_interleave:
         return None  # fewer threads read fewer of the samplers: never safer
-    return _largest_smaller(lim, ds, layout, "workers", "num_parallel_calls",
+    return _largest_smaller(lim, ds, layout, "workers", Knob.NUM_PARALLEL_CALLS,
                             lambda w: f"{w} sampling worker(s) instead of {ds.workers}: less "
                                       "sampling throughput")
 
 
-def _largest_smaller(lim: Limiter, ds: Dataset, layout: Layout, field: str, knob: str,
+def _largest_smaller(lim: Limiter, ds: Dataset, layout: JobLayout, field: str, knob: Knob,
                      cost: Callable[[int], str]) -> Fix | None:
     """The largest value of a dataset field below its current one that the model calls safe."""
     current = getattr(ds, field)
@@ -178,7 +191,7 @@ def _largest_smaller(lim: Limiter, ds: Dataset, layout: Layout, field: str, knob
     return None
 
 
-def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _more_buffer(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     e = lim.error_buffer
     value = _least(lambda v: _safe_from(lim, ds, layout, v), math.floor(e) + 1,
                    MAX_ERROR_BUFFER)
@@ -186,12 +199,12 @@ def _more_buffer(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
         return None
     offset = lim.samples_per_insert * lim.min_size_to_sample
     rate = f", Acme's tolerance rate {value / offset:.3g}" if offset > 0 else ""
-    return Fix("error_buffer", value, e,
+    return Fix(Knob.ERROR_BUFFER, value, e,
                f"samples and inserts may drift {value} samples apart{rate}; any larger "
                "error_buffer holds too")
 
 
-def _safe_from(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> bool:
+def _safe_from(lim: Limiter, ds: Dataset, layout: JobLayout, value: int) -> bool:
     """Every error_buffer from `value` on is safe, not `value` alone.
 
     A user rounds the number we print up, so that must hold too. Safety is not monotone in
@@ -206,8 +219,8 @@ def _safe_from(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> bool:
                for start in starts for v in range(start, start + FIRST_REQUEST))
 
 
-def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    fix = _largest_smaller(lim, ds, layout, "batch_size", "batch_size",
+def _smaller_batch(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
+    fix = _largest_smaller(lim, ds, layout, "batch_size", Knob.BATCH_SIZE,
                            lambda b: f"batches of {b}: a different learning step (rescale "
                                      "the learning rate)")
     if fix is None:
@@ -223,7 +236,7 @@ def _smaller_batch(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
                                          f"{_spans(below)} can hang")
 
 
-def unsafe_batches_below(lim: Limiter, ds: Dataset, layout: Layout, value: int) -> list[int]:
+def unsafe_batches_below(lim: Limiter, ds: Dataset, layout: JobLayout, value: int) -> list[int]:
     """The batch sizes below `value` that the model does not call safe, largest first."""
     return [b for b in range(value - 1, 0, -1)
             if not _safe(lim, dataclasses.replace(ds, batch_size=b), layout)]
@@ -242,18 +255,18 @@ def _spans(values: list[int], most: int = 3) -> str:
     return text + (", ..." if len(runs) > most else "")
 
 
-def _more_readers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _more_readers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     """After the interleave: as many threads as samplers leave none unread."""
     if not ds.after_interleave or ds.workers >= ds.samplers:
         return None
     value = next((p for p in range(ds.workers + 1, ds.samplers + 1)
                   if _safe(lim, dataclasses.replace(ds, workers=p), layout)), None)
     return None if value is None else Fix(
-        "num_parallel_calls", value, ds.workers,
+        Knob.NUM_PARALLEL_CALLS, value, ds.workers,
         f"{value} interleave threads instead of {ds.workers}: more threads in the trainer")
 
 
-def _fewer_samplers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _fewer_samplers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     """After the interleave: fewer Reverb datasets leave fewer unread (TF-Agents'
     max_cycle_length)."""
     if not ds.after_interleave:
@@ -262,17 +275,17 @@ def _fewer_samplers(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     # An in-flight the job did not set follows the cycle, as TF-Agents' 3 x B / cycle does.
     for value in range(current - 1, 0, -1):
         if _safe(lim, dataclasses.replace(ds, cycle_length=value), layout):
-            return Fix("cycle_length", value, current,
+            return Fix(Knob.CYCLE_LENGTH, value, current,
                        f"{value} Reverb datasets interleaved instead of {current} "
                        "(TF-Agents: max_cycle_length): fewer sampling streams")
     return None
 
 
-def _schedule_reading(layout: Layout) -> bool:
-    return layout.synchronous and layout.loop_gate in (SCHEDULE, None)
+def _schedule_reading(layout: JobLayout) -> bool:
+    return layout.synchronous and layout.loop_gate in (Gate.SCHEDULE, None)
 
 
-def _later_first_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _later_first_step(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     """A scheduled loop that starts later has released more when it first asks."""
     if not _schedule_reading(layout):
         return None
@@ -283,12 +296,12 @@ def _later_first_step(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     value = _least(lambda m: _safe(lim, ds, dataclasses.replace(layout, first_step_at=m)),
                    current + 1, int(high))
     return None if value is None else Fix(
-        "first_step_at", value, current,
+        Knob.FIRST_STEP_AT, value, current,
         f"the loop's first learner step once the table holds {value} items (Acme: "
         "min_observations; TF-Agents: the initial collect): training starts later")
 
 
-def _schedule_inserts(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
+def _schedule_inserts(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     """A scheduled loop whose steps take more than its inserts release steps less often; one
     whose inserts release more than its steps take, against a finite max_diff, steps as
     often as its ratio says (module docstring)."""
@@ -308,34 +321,34 @@ def _schedule_inserts(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
     else:
         value = _least(safe_at, math.floor(current) + 1, MAX_POLICY_LAG)
     return None if value is None else Fix(
-        "inserts_per_step", value, current,
+        Knob.INSERTS_PER_STEP, value, current,
         f"one learner step every {value} inserts (Acme: observations_per_step; TF-Agents: "
         "collect steps per train step): "
         + ("a lower replay ratio" if value > current else "as many steps as the ratio allows"))
 
 
-def _more_items_ahead(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    if layout.kind != ASYNC_LAG or layout.max_items_ahead is None:
+def _more_items_ahead(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
+    if layout.kind != Kind.ASYNC_LAG or layout.max_items_ahead is None:
         return None
     value = _least(lambda n: _safe(lim, ds, dataclasses.replace(layout, max_items_ahead=n)),
                    layout.max_items_ahead + 1, MAX_POLICY_LAG)
     return None if value is None else Fix(
-        "max_items_ahead", value, layout.max_items_ahead,
+        Knob.MAX_ITEMS_AHEAD, value, layout.max_items_ahead,
         f"actors may insert {value} items ahead of what the learner consumed: older data")
 
 
-def _longer_lag(lim: Limiter, ds: Dataset, layout: Layout) -> Fix | None:
-    if layout.kind != ASYNC_LAG or layout.max_policy_lag is None:
+def _longer_lag(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
+    if layout.kind != Kind.ASYNC_LAG or layout.max_policy_lag is None:
         return None
     value = _least(lambda v: _safe(lim, ds, dataclasses.replace(layout, max_policy_lag=v)),
                    layout.max_policy_lag + 1, MAX_POLICY_LAG)
     if value is None:
         return None
-    return Fix("max_policy_lag", value, layout.max_policy_lag,
+    return Fix(Knob.MAX_POLICY_LAG, value, layout.max_policy_lag,
                f"actors may act up to {value} steps on a policy that old")
 
 
-_SEARCHES: tuple[Callable[[Limiter, Dataset, Layout], Fix | None], ...] = (
+_SEARCHES: tuple[Callable[[Limiter, Dataset, JobLayout], Fix | None], ...] = (
     _fewer_workers, _more_readers, _fewer_samplers, _more_buffer, _smaller_batch,
     _longer_lag, _more_items_ahead, _later_first_step, _schedule_inserts)
 

@@ -4,7 +4,7 @@ its numbers, and what settles it.
 A race (`Conservative.race`) is settled only by a change of the job, so its answer names a
 fix the budget model proves (`budget_fixes`); a term the model was not told is settled by
 telling it, so its answer says what to declare and the verdict that would follow. The
-arithmetic behind each term is in `budget`'s docstring.
+arithmetic behind each term is in docs/predict.md ("The budget model, derived").
 """
 
 from __future__ import annotations
@@ -13,17 +13,20 @@ import dataclasses
 import functools
 
 from replaywatch.diagnosis import budget, budget_fixes
-from replaywatch.diagnosis.budget import CAN_SAMPLE, Budget, Conservative, Dataset, Layout, Limiter
+from replaywatch.diagnosis.budget import Budget, Conservative, Dataset, JobLayout, Limiter
+from replaywatch.diagnosis.budget_fixes import Knob
+from replaywatch.diagnosis.budget_reasons import Verdict
+from replaywatch.diagnosis.budget_words import said
 from replaywatch.diagnosis.layout import GATE_STRIDES
+from replaywatch.probe.protocol import Gate
 
 # The knobs whose fix removes each race itself (fewer read iterators, every sampler read);
 # where none was found, any fix the model proves settles it too.
-_REMOVES = {Conservative.WORKER_SPLIT: ("num_parallel_calls",),
-            Conservative.THIN_ANSWERS: ("num_parallel_calls",),
-            Conservative.UNREAD_SAMPLERS: ("num_parallel_calls", "cycle_length")}
-_GATE_WORDS = {CAN_SAMPLE: "steps only while can_sample(batch)",
-               budget.SCHEDULE: "steps on a schedule"}
-_GATE_FLAGS = {CAN_SAMPLE: ("can-sample", "can_sample"), budget.SCHEDULE: ("schedule", "schedule")}
+_REMOVES = {Conservative.WORKER_SPLIT: (Knob.NUM_PARALLEL_CALLS,),
+            Conservative.THIN_ANSWERS: (Knob.NUM_PARALLEL_CALLS,),
+            Conservative.UNREAD_SAMPLERS: (Knob.NUM_PARALLEL_CALLS, Knob.CYCLE_LENGTH)}
+_GATE_WORDS = {Gate.CAN_SAMPLE: "steps only while can_sample(batch)",
+               Gate.SCHEDULE: "steps on a schedule"}
 LAYOUT_UNKNOWN_WHY = ("the layout is unknown and judged as a synchronous loop: actors that "
                       "insert from their own processes and never wait on the learner cannot "
                       "hang it")
@@ -47,7 +50,7 @@ class Explained:
 # The rules explain again on every poll while a finding stays open; the arguments are
 # frozen, as for budget_fixes.fixes.
 @functools.lru_cache(maxsize=256)
-def explain(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[Explained, ...]:
+def explain(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Explained, ...]:
     """Each term that keeps this configuration's verdict from a better one, first to settle
     first; empty when the verdict is certain."""
     b = budget.predict(lim, ds, layout)
@@ -64,7 +67,7 @@ def layout_unknown() -> Explained:
     return Explained(Conservative.LAYOUT_UNKNOWN, LAYOUT_UNKNOWN_WHY, LAYOUT_UNKNOWN_SETTLES)
 
 
-def _why(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout, b: Budget) -> str:
+def _why(term: Conservative, lim: Limiter, ds: Dataset, layout: JobLayout, b: Budget) -> str:
     if term == Conservative.WORKER_SPLIT:
         return (f"which of the {ds.workers} batching workers' requests the released samples "
                 "reach is up to tf.data's threads (the table answers requests in the order "
@@ -91,11 +94,11 @@ def _why(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout, b: Budge
                 "a batch" if budget.steady_race(ds, layout) else "")
         return ("the items' size is unknown: a response ends at 1 MiB of chunks, so answers "
                 f"may end at any count, not in whole inserts{thin}; items of at most "
-                f"{largest:,} bytes are {_said(verdict)}")
+                f"{largest:,} bytes are {said(verdict)}")
     if term == Conservative.GATE_UNKNOWN:
         gate, verdict = _other_reading(lim, ds, layout)
         return (f"the loop's gate is unknown and the worse reading is given; a loop that "
-                f"{_GATE_WORDS[gate]} is {_said(verdict)}")
+                f"{_GATE_WORDS[gate]} is {said(verdict)}")
     if term == Conservative.STRIDE_UNKNOWN:
         paid = ds.batch_size / lim.samples_per_insert
         return (f"the loop steps on a schedule, but how many items it inserts a step is "
@@ -105,16 +108,15 @@ def _why(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout, b: Budge
     return LAYOUT_UNKNOWN_WHY
 
 
-def _settles(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout,
+def _settles(term: Conservative, lim: Limiter, ds: Dataset, layout: JobLayout,
              fixes: tuple[budget_fixes.Fix, ...]) -> str:
     if term == Conservative.ITEM_SIZE_UNKNOWN:
         return ("declaring the size: --item-bytes, TrainerProbe(item_bytes=...), or the "
                 "table's signature, which the sidecar reads")
     if term == Conservative.GATE_UNKNOWN:
         gate, _ = _other_reading(lim, ds, layout)
-        flag, probe = _GATE_FLAGS[gate]
-        return (f"declaring the gate if the loop {_GATE_WORDS[gate]}: --gate {flag}, "
-                f"TrainerProbe(gate=\"{probe}\"), or the loop's own next() calls, which the "
+        return (f"declaring the gate if the loop {_GATE_WORDS[gate]}: --gate {_flag(gate)}, "
+                f"TrainerProbe(gate=\"{gate}\"), or the loop's own next() calls, which the "
                 "probe learns it from")
     if term == Conservative.LAYOUT_UNKNOWN:
         return LAYOUT_UNKNOWN_SETTLES
@@ -130,17 +132,23 @@ def _settles(term: Conservative, lim: Limiter, ds: Dataset, layout: Layout,
     return f"a change: {_short(chosen)}{more}"
 
 
-def _other_reading(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[str, str]:
+def _flag(gate: Gate) -> str:
+    """The gate as `--gate` spells it."""
+    return gate.replace("_", "-")
+
+
+def _other_reading(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Gate, Verdict]:
     """The gate whose reading is better than the one given, and its verdict."""
-    judged = budget.predict(lim, ds, layout).gate or budget.SCHEDULE
-    other = budget.SCHEDULE if judged == CAN_SAMPLE else CAN_SAMPLE
+    judged = budget.predict(lim, ds, layout).gate or Gate.SCHEDULE
+    other = Gate.SCHEDULE if judged == Gate.CAN_SAMPLE else Gate.CAN_SAMPLE
     return other, budget.predict(lim, ds, layout.gated(other)).verdict
 
 
-def _largest_settled_item(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[int, str]:
+def _largest_settled_item(lim: Limiter, ds: Dataset, layout: JobLayout
+                          ) -> tuple[int, Verdict]:
     """The largest item size that reads as the smallest one does, and that verdict: a
     larger item only ends an answer sooner, so the verdict never improves with size."""
-    def verdict(item_bytes: int) -> str:
+    def verdict(item_bytes: int) -> Verdict:
         return budget.predict(lim, dataclasses.replace(ds, item_bytes=item_bytes),
                               layout).verdict
 
@@ -153,10 +161,6 @@ def _largest_settled_item(lim: Limiter, ds: Dataset, layout: Layout) -> tuple[in
         else:
             high = mid - 1
     return low, best
-
-
-def _said(verdict: str) -> str:
-    return verdict.replace("_", " ")
 
 
 def _num(value: float | None) -> str:

@@ -25,13 +25,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replaywatch.diagnosis import budget, budget_fixes, budget_terms, kinds
+from replaywatch.diagnosis import budget, budget_fixes, budget_terms, budget_words, kinds
 from replaywatch.diagnosis import layout as lay
 from replaywatch.diagnosis import ratelimiter as lim
+from replaywatch.diagnosis.budget import Batching, JobLayout
+from replaywatch.diagnosis.budget_reasons import Verdict
 from replaywatch.diagnosis.case import Probe, TableCase, limiter_evidence
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
+from replaywatch.probe.protocol import Gate
+from replaywatch.probe.protocol import Layout as Kind
 
 
 def limiter_of(t: TableSnapshot) -> budget.Limiter:
@@ -60,15 +64,15 @@ def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Datas
             r.num_parallel_calls, r.batch_size, r.max_in_flight, r.prefetch_size or 0,
             r.iterators_per_worker,
             r.item_bytes or p.item_bytes or (t.item_bytes if t is not None else None),
-            budget.AFTER_INTERLEAVE if r.batch_after_interleave else budget.PER_WORKER,
+            Batching.AFTER_INTERLEAVE if r.batch_after_interleave else Batching.PER_WORKER,
             r.cycle_length, r.workers_per_iterator)
     if not p.batch_size or not p.num_parallel_calls or shape_pending(p):
         return None
     item_bytes = p.item_bytes or (t.item_bytes if t is not None else None)
     return budget.Dataset(p.num_parallel_calls, p.batch_size, p.max_in_flight,
                           p.prefetch_size or 0, p.iterators_per_worker or 1, item_bytes,
-                          budget.AFTER_INTERLEAVE if p.batch_after_interleave
-                          else budget.PER_WORKER, p.cycle_length, p.workers_per_iterator or 1)
+                          Batching.AFTER_INTERLEAVE if p.batch_after_interleave
+                          else Batching.PER_WORKER, p.cycle_length, p.workers_per_iterator or 1)
 
 
 def declared_differs(p: ProbeSnapshot) -> dict[str, dict[str, object]]:
@@ -96,11 +100,11 @@ def known_layout(case: TableCase) -> lay.KnownLayout:
                        case.declared_layout)
 
 
-def synchronous_model(case: TableCase) -> budget.Layout:
+def synchronous_model(case: TableCase) -> JobLayout:
     """A synchronous loop's model where the layout is unknown: the gate the probes know."""
     reading = lay.synchronous_reading(case.latest, tuple(p[-1] for p in case.probes),
                                       case.declared_layout)
-    return dataclasses.replace(reading, basis="reading").model() or budget.Layout(budget.SYNC)
+    return dataclasses.replace(reading, basis="reading").model() or JobLayout(Kind.SYNC)
 
 
 def loop_is_synchronous(case: TableCase) -> bool:
@@ -111,7 +115,7 @@ def loop_is_synchronous(case: TableCase) -> bool:
 
 
 def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayout,
-                                                   budget.Layout] | None:
+                                                   JobLayout] | None:
     """The model's budget for this table and probe, under the known (or, unknown, the
     synchronous) reading; None when the probe does not declare the dataset."""
     ds = dataset_of(probe[-1], case.latest)
@@ -125,18 +129,18 @@ def judged(case: TableCase, probe: Probe) -> tuple[budget.Budget, lay.KnownLayou
 
 
 def _certain(case: TableCase, probe: Probe,
-             got: tuple[budget.Budget, lay.KnownLayout, budget.Layout]) -> bool:
+             got: tuple[budget.Budget, lay.KnownLayout, JobLayout]) -> bool:
     """will_hang under the known layout, and, a loop's gate unknown, under either gate: a
     loop that may wait on can_sample is not paged for what only a schedule would do."""
     b, known, model = got
-    if b.verdict != budget.WILL_HANG or not known.known:
+    if b.verdict != Verdict.WILL_HANG or not known.known:
         return False
     if not model.synchronous or model.loop_gate is not None:
         return True
     ds = dataset_of(probe[-1], case.latest)
     assert ds is not None
     return budget.predict(limiter_of(case.latest), ds,
-                          model.gated(budget.CAN_SAMPLE)).verdict == budget.WILL_HANG
+                          model.gated(Gate.CAN_SAMPLE)).verdict == Verdict.WILL_HANG
 
 
 def is_batch_exceeds_headroom(case: TableCase, probe: Probe, th: Thresholds) -> Finding | None:
@@ -152,7 +156,7 @@ def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding |
     """The model says this configuration can hang (or will, under an unknown layout's
     synchronous reading): predicted, not seen."""
     got = judged(case, probe)
-    if got is None or got[0].verdict == budget.SAFE:
+    if got is None or got[0].verdict == Verdict.SAFE:
         return None
     if _certain(case, probe, got):
         return None  # batch_exceeds_headroom names it
@@ -160,7 +164,7 @@ def is_deadlock_risk(case: TableCase, probe: Probe, th: Thresholds) -> Finding |
 
 
 def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
-             known: lay.KnownLayout, model: budget.Layout) -> Finding:
+             known: lay.KnownLayout, model: JobLayout) -> Finding:
     t, p = case.latest, probe[-1]
     ds = dataset_of(p, t)
     assert ds is not None
@@ -172,7 +176,8 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
     terms = (() if known.known else (budget_terms.layout_unknown(),)) + budget_terms.explain(
         limiter_of(t), ds, model)
     evidence: dict[str, Any] = {
-        **limiter_evidence(t), **b.evidence(), **known.evidence(), "judged_as": model.kind,
+        **limiter_evidence(t), **budget_words.evidence(b), **known.evidence(),
+        "judged_as": model.kind,
         "conservative": [e.term.value for e in terms],
         "conservative_why": {e.term.value: f"{e.why}; settled by {e.settled_by}"
                              for e in terms},
@@ -189,13 +194,12 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
     if p.pipeline is not None and p.pipeline.num_parallel_calls_autotune:
         evidence["num_parallel_calls_note"] = ("AUTOTUNE: tf.data may run one interleave "
                                                "thread, judged so")
-    words = {budget.WILL_HANG: "will hang", budget.CAN_HANG: "can hang"}[b.verdict]
     holders = (f"{ds.samplers} Reverb datasets read by {ds.workers} interleave thread(s), "
                f"one batch of {ds.batch_size} after them," if ds.after_interleave else
                f"{ds.workers} batching worker(s) of {ds.batch_size}")
-    summary = (f"'{t.name}' {words} in next(): once inserting stops the limiter releases "
-               f"{b.released:g} samples ({b.reason}) and {holders} can hold "
-               f"{b.strandable:g} without completing a batch.")
+    summary = (f"'{t.name}' {budget_words.said(b.verdict)} in next(): once inserting stops "
+               f"the limiter releases {b.released:g} samples ({budget_words.reason(b)}) and "
+               f"{holders} can hold {b.strandable:g} without completing a batch.")
     if not known.known:
         summary = (f"If this is a synchronous loop ({model.kind}), {summary[0].lower()}"
                    f"{summary[1:]} If actors insert from their own processes and never wait "
