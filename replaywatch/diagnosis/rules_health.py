@@ -30,11 +30,11 @@ Read from the table's sampler and remover options in ServerInfo and the probe's 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import waste as ws
+from replaywatch.diagnosis import waste_words as words
 from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.case import Probe, TableCase
 from replaywatch.diagnosis.registry import Rule, Shape
@@ -214,78 +214,13 @@ def _wasted(view: TargetView, name: str, th: Thresholds, now: float) -> Finding 
         return None
     learner = _learner_on(view, name)
     strides = learner.next_strides if learner else None
-    stats = learner.batch_stats if learner else None
-    ess_share = (stats.effective_sample_size / stats.table_size
-                 if stats and stats.effective_sample_size and stats.table_size else None)
-    # The burst, where the share's excess over e^-s says there is one: the loop's own
-    # inserts between next() calls where its probe counts them (and they are the larger:
-    # a dataset's prefetch samples through part of a stride), else the excess's reading.
-    # Strides alone are no burst: between next() calls the dataset may go on sampling.
-    inferred = w.burst
-    measured = (strides.most if inferred is not None and strides
-                and strides.most > inferred else None)
-    burst = measured or inferred
-    evidence = {"never_sampled": w.never_sampled, "inserted": w.inserts,
-                "never_sampled_share": round(w.share, 3), "samples_per_insert": round(w.spi, 3),
-                "uniform_share_at_this_ratio": round(w.uniform, 3), "max_size": w.max_size,
-                "sampler": t.sampler.kind, "stretch_s": round(w.until - w.since, 1),
-                "burst": None if burst is None else round(burst),
-                "burst_from": ("the loop's inserts between next() calls" if measured
-                               else w.burst_from)}
-    if stats is not None:
-        evidence["effective_sample_size_share"] = (None if ess_share is None
-                                                   else round(ess_share, 3))
-    spi_fix = math.ceil(ws.spi_for(ws.TARGET_SHARE) * 10) / 10
-    more_samples = (f"sample at least {spi_fix:g} per insert (a uniform table then evicts "
-                    f"{math.exp(-spi_fix):.0%} unsampled): "
-                    f"`rate_limiter=reverb.rate_limiters.SampleToInsertRatio(samples_per_insert="
-                    f"{spi_fix:g}, ...)`, the actors then wait for the learner, or insert less "
-                    "(fewer actors, fewer collect steps per train step)")
-    head = (f"Table '{name}' evicted {w.never_sampled:,} of the {w.inserts:,} items inserted "
-            f"over {w.until - w.since:.0f} s ({w.share:.0%}) without ever sampling them, at "
-            f"{w.spi:.2f} samples per insert.")
-    if burst is None:
-        summary = (f"{head} That is what a uniform table wastes at this ratio (e^-"
-                   f"{w.spi:.2f} = {w.uniform:.0%}, whatever its max_size): too few samples "
-                   "per insert.")
-        fix = f"{more_samples[0].upper()}{more_samples[1:]}. A larger max_size changes nothing."
-        evidence |= {"fix_samples_per_insert": spi_fix, "fix_max_size": None}
-    else:
-        size_fix = ws.round_up(1.2 * burst)
-        fits = view.table_memories.get(name)
-        fits_size = fits.fits_max_size if fits else None
-        bursts = (f"inserts arrive about {burst:,.0f} at a time between the learner's samples "
-                  f"({evidence['burst_from']}), more than max_size {w.max_size:,}: the first "
-                  "of each burst are evicted before any sample")
-        shorter = (f"insert at most {w.max_size:,} items between the learner's samples "
-                   "(fewer collect steps per train step, a learner that does not pause while "
-                   "the actors insert)")
-        fits_burst = not (fits_size and fits_size < size_fix)
-        size = (f"raise max_size to {size_fix:,} (a burst then fits), or {shorter}" if fits_burst
-                else f"{shorter}: a max_size of {size_fix:,} that would hold a burst does not "
-                f"fit in memory (it fits {fits_size:,} items)")
-        also = (f"; then {more_samples}" if w.uniform > ws.TARGET_SHARE else "")
-        evidence |= {"fix_samples_per_insert": spi_fix if also else None,
-                     "fix_max_size": size_fix if fits_burst else None}
-        priorities = (t.sampler.kind == "prioritized" and measured is None
-                      and (ess_share is None or ess_share < ws.NEAR_UNIFORM))
-        if priorities:
-            summary = (f"{head} A uniform table wastes {w.uniform:.0%} at this ratio; the rest "
-                       f"is either bursts ({bursts}) or the priorities drawing from a few "
-                       "items. " + ("A trainer probe with batch_stats=True tells them apart "
-                                    "(an effective sample size near the table's size clears "
-                                    "the priorities)" if ess_share is None else
-                                    f"The batches' effective sample size is {ess_share:.0%} "
-                                    "of the table, so the priorities may explain it; the "
-                                    "loop's inserts between next() calls (a probe-wrapped "
-                                    "writer) would settle bursts") + ".")
-            fix = (f"If bursts: {size}{also}. If the priorities: bound them (clip the TD "
-                   "error) or lower priority_exponent.")
-        else:
-            summary = f"{head} A uniform table wastes {w.uniform:.0%} at this ratio; here {bursts}."
-            fix = f"{size[0].upper()}{size[1:]}{also}."
-    return kinds.WASTED_EXPERIENCE.finding(view.target, name, summary, evidence, fix,
-                                           since=w.since, last_seen=now)
+    fits = view.table_memories.get(name)
+    x = ws.wasted(name, w, t.sampler.kind, strides.most if strides else None,
+                  learner.batch_stats if learner else None,
+                  fits.fits_max_size if fits else None)
+    return kinds.WASTED_EXPERIENCE.finding(view.target, name, words.summary(x),
+                                           words.evidence(x), words.fix(x), since=w.since,
+                                           last_seen=now)
 
 
 def is_wasted_experience(view: TargetView, th: Thresholds, now: float) -> Finding | None:

@@ -26,10 +26,11 @@ e^-s is either bursts or the priorities; the batches' effective sample size tell
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Sequence
 
-from replaywatch.model import TableSnapshot
+from replaywatch.model import BatchStats, TableSnapshot
 
 # Named when more than this share of the evicted items was never sampled.
 WASTED_SHARE = 0.5
@@ -46,6 +47,22 @@ EXCESS = 0.1
 # A prioritized table whose batches' effective sample size is at least this share of the
 # table samples nearly uniformly: its priorities do not explain an excess.
 NEAR_UNIFORM = 0.8
+
+
+class BurstFrom(enum.Enum):
+    """Which reading gave a burst (waste_words says each)."""
+
+    PAUSE = enum.auto()  # the inserts over a pause in sampling the polls saw
+    EXCESS = enum.auto()  # the burst that explains the share over e^-s
+    LOOP = enum.auto()  # the loop's own inserts between next() calls, its probe's count
+
+
+class Cause(enum.Enum):
+    """What the waste is put down to."""
+
+    RATIO = enum.auto()  # e^-s explains it: too few samples per insert
+    BURSTS = enum.auto()  # inserts in bursts longer than the table
+    BURSTS_OR_PRIORITIES = enum.auto()  # a prioritized table: bursts, or its priorities
 
 
 def uniform_share(spi: float, max_size: int, burst: float = 1.0) -> float:
@@ -131,12 +148,81 @@ class Waste:
         return max((b for b in (explains, seen) if b is not None), default=None)
 
     @property
-    def burst_from(self) -> str | None:
+    def burst_from(self) -> BurstFrom | None:
         """Which reading gave `burst`."""
         if (burst := self.burst) is None:
             return None
-        return ("a pause in sampling the polls saw" if burst == float(self.idle_burst)
-                else "the share over e^-s")
+        return BurstFrom.PAUSE if burst == float(self.idle_burst) else BurstFrom.EXCESS
+
+
+@dataclasses.dataclass(frozen=True)
+class Wasted:
+    """A table's waste with what the learner's probe and the table's memory add: the burst
+    and where it was read, and the numbers each fix is printed with."""
+
+    table: str
+    waste: Waste
+    sampler: str  # the table's sampler: uniform or prioritized
+    burst: float | None
+    burst_from: BurstFrom | None
+    batch_stats: bool  # the learner's probe reports its batches
+    ess_share: float | None  # their effective sample size, a share of the table
+    fits_max_size: int | None  # the most items the process's memory holds
+
+    @property
+    def spi_fix(self) -> float:
+        """The samples per insert at which a uniform table wastes TARGET_SHARE, rounded up."""
+        return math.ceil(spi_for(TARGET_SHARE) * 10) / 10
+
+    @property
+    def size_fix(self) -> int | None:
+        """A max_size a burst fits in, with a fifth to spare."""
+        return None if self.burst is None else round_up(1.2 * self.burst)
+
+    @property
+    def size_fits(self) -> bool:
+        """The burst's max_size fits in memory (or the memory is not known)."""
+        return not (self.fits_max_size and self.size_fix and self.fits_max_size < self.size_fix)
+
+    @property
+    def ratio_too(self) -> bool:
+        """Without bursts the ratio alone would still waste more than TARGET_SHARE."""
+        return self.waste.uniform > TARGET_SHARE
+
+    @property
+    def cause(self) -> Cause:
+        if self.burst is None:
+            return Cause.RATIO
+        # Priorities can explain the excess too, unless the loop's own bursts are counted or
+        # the batches show it samples nearly uniformly.
+        if (self.sampler == "prioritized" and self.burst_from is not BurstFrom.LOOP
+                and (self.ess_share is None or self.ess_share < NEAR_UNIFORM)):
+            return Cause.BURSTS_OR_PRIORITIES
+        return Cause.BURSTS
+
+    @property
+    def fix_samples_per_insert(self) -> float | None:
+        return self.spi_fix if self.cause is Cause.RATIO or self.ratio_too else None
+
+    @property
+    def fix_max_size(self) -> int | None:
+        return self.size_fix if self.size_fits else None
+
+
+def wasted(table: str, w: Waste, sampler: str, loop_burst: int | None,
+           stats: BatchStats | None, fits_max_size: int | None) -> Wasted:
+    """`w` read with the learner's probe: the loop's inserts between next() calls
+    (`loop_burst`, its strides) are the burst where the share says there is one and they
+    are the larger (a dataset's prefetch samples through part of a stride); strides alone
+    are no burst, as between next() calls the dataset may go on sampling."""
+    inferred = w.burst
+    loop = (loop_burst if inferred is not None and loop_burst and loop_burst > inferred
+            else None)
+    ess_share = (stats.effective_sample_size / stats.table_size
+                 if stats and stats.effective_sample_size and stats.table_size else None)
+    return Wasted(table, w, sampler, loop or inferred,
+                  BurstFrom.LOOP if loop else w.burst_from, stats is not None, ess_share,
+                  fits_max_size)
 
 
 def _full(s: TableSnapshot) -> bool:
