@@ -10,11 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from replaywatch.diagnosis.baseline import Baseline
-from replaywatch.diagnosis.consumption import Consumption
-from replaywatch.diagnosis.figures import TableFigures, folded
-from replaywatch.diagnosis.memory import TableMemory
-from replaywatch.diagnosis.ratelimiter import TableDerived
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.model import (
     ActorSnapshot,
     Finding,
@@ -71,20 +67,6 @@ class Published:
     memory: dict[str, MemorySnapshot] = dataclasses.field(default_factory=dict)
     # (target, table) -> everything worked out about the table (diagnosis/figures.py)
     figures: dict[tuple[str, str], TableFigures] = dataclasses.field(default_factory=dict)
-    # A picture built by hand (tests, benches) may name the figures as the per-table maps
-    # they once were; they are folded into `figures` and not kept.
-    derived: dataclasses.InitVar[dict[tuple[str, str], TableDerived] | None] = None
-    baselines: dataclasses.InitVar[dict[tuple[str, str], dict[str, Baseline]] | None] = None
-    table_memory: dataclasses.InitVar[dict[tuple[str, str], TableMemory] | None] = None
-    consumption: dataclasses.InitVar[dict[tuple[str, str], Consumption] | None] = None
-
-    def __post_init__(self, derived: dict[tuple[str, str], TableDerived] | None,
-                      baselines: dict[tuple[str, str], dict[str, Baseline]] | None,
-                      table_memory: dict[tuple[str, str], TableMemory] | None,
-                      consumption: dict[tuple[str, str], Consumption] | None) -> None:
-        if derived or baselines or table_memory or consumption:
-            parts = folded(derived, baselines, table_memory, consumption)
-            object.__setattr__(self, "figures", {**self.figures, **parts})
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, probes={})

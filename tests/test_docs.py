@@ -18,6 +18,7 @@ from pathlib import Path
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.consumption import Consumption
+from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
@@ -65,20 +66,20 @@ def full_picture() -> Published:
         batch_stats=BatchStats(40, 40 * 256, 0, 0, 0, 25.0, 30, 1.2, 1.0, 2))
     finding = Finding("worker_starvation", Severity.CRITICAL, target, table.name, "s", {}, "f",
                       1.0, 2.0)
-    return Published(at=2.0, cycle=3, sources=sources, tables={(target, table.name): table},
-                     derived={(target, table.name): derive(history)}, probes={url: probe},
+    key = (target, table.name)
+    figures = TableFigures(
+        *key, derived=derive(history),
+        baselines={"inserts": Baseline(100.0, 5.0, 600.0, 50.0)},
+        memory=TableMemory(74_787.0, "measured over 3000 items", True, 300 << 20,
+                           2.0 * (1 << 30), 1 << 30, 9_000),
+        consumption=Consumption(4.0, 4.1, 4.0, 48.0, 0.5, 60.0))
+    return Published(at=2.0, cycle=3, sources=sources, tables={key: table},
+                     figures={key: figures}, probes={url: probe},
                      actors={ACTOR: actor_snapshot(2.0, 30, in_call="flush", blocked_for=1.0)},
                      findings=(finding,), late_cycles=1, incident_log_dropped=1,
                      memory={target: MemorySnapshot(target, 2.0, 77, 300 << 20, 1 << 30,
                                                     "cgroup v1", 350 << 20, 0,
-                                                    "listening on port 8000", 280 << 20)},
-                     baselines={(target, table.name): {
-                         "inserts": Baseline(100.0, 5.0, 600.0, 50.0)}},
-                     table_memory={(target, table.name): TableMemory(
-                         74_787.0, "measured over 3000 items", True, 300 << 20, 2.0 * (1 << 30),
-                         1 << 30, 9_000)},
-                     consumption={(target, table.name): Consumption(
-                         4.0, 4.1, 4.0, 48.0, 0.5, 60.0)})
+                                                    "listening on port 8000", 280 << 20)})
 
 
 def metrics_table() -> str:

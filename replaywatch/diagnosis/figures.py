@@ -121,17 +121,3 @@ def table_figures(view: TargetView, th: Thresholds, now: float,
         out[name] = PRODUCER(Table(view, name, th, now, tuple(rates.get(name, ())), fresh,
                                    tuple(probes.get(name, ()))))
     return out
-
-
-def folded(derived: Mapping[tuple[str, str], TableDerived] | None = None,
-           baselines: Mapping[tuple[str, str], dict[str, Baseline]] | None = None,
-           memory: Mapping[tuple[str, str], TableMemory] | None = None,
-           consumed: Mapping[tuple[str, str], Consumption] | None = None,
-           ) -> dict[tuple[str, str], TableFigures]:
-    """Records from per-table maps by (target, table): a picture built by hand."""
-    parts: dict[str, Mapping[tuple[str, str], Any]] = {
-        "derived": derived or {}, "baselines": baselines or {}, "memory": memory or {},
-        "consumption": consumed or {}}
-    keys = sorted({key for part in parts.values() for key in part})
-    return {key: TableFigures(*key, **{f: part[key] for f, part in parts.items() if key in part})
-            for key in keys}
