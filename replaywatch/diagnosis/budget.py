@@ -120,7 +120,7 @@ class Dataset:
     batch_size: int
     max_in_flight: int | None = None  # max_in_flight_samples_per_worker
     prefetch: int = 0
-    iterators_per_worker: int = 1  # 3 for the repeat-interleave at the seed's commit
+    iterators_per_worker: int = 1  # 3 where Acme's make_reverb_dataset interleaves a repeat
     item_bytes: int | None = None
     shape: Batching = Batching.PER_WORKER
     cycle_length: int | None = None  # after-interleave: at most this many datasets (32)

@@ -115,8 +115,8 @@ def _paid(lim: Limiter, ds: Dataset, fix: Fix) -> float:
 
 def _found(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]:
     if steady_race(ds, layout):
-        # No error_buffer or batch size removes a race of thin answers that the grid has
-        # run; one read iterator takes every answer.
+        # No error_buffer or batch size removes a race of thin answers (bench/RESULTS.md
+        # has the runs); one read iterator takes every answer.
         one = _fewer_workers(lim, ds, layout)
         if one is not None:
             return (one,)
@@ -231,7 +231,7 @@ def _smaller_batch(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     # Users round a batch down to a power of two, and smaller is not always safer: the
     # branch a sync loop's release takes turns on error_buffer and spi against the batch,
     # and the granularity on its gcd. Only the warning is said, not the sizes that hold:
-    # the grid ran the printed value.
+    # the printed value is the one the fixes grid checks (make bench-grid-fixes).
     return dataclasses.replace(fix, cost=f"{fix.cost}; a smaller one is not always safer: "
                                          f"{_spans(below)} can hang")
 

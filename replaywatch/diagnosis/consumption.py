@@ -2,9 +2,9 @@
 the table that it has not taken yet.
 
 The server's `sample_stats.completed` counts samples committed into a request, the client's
-prefetch included (rate_limiter.cc; reverb#27: 64 counted for 2 consumed), so the ratio the
-table reports is not the one the learner trains at. The trainer probe counts the batches the
-learner took; with the batch size they are the samples consumed:
+prefetch included (rate_limiter.cc: what a prefetching client holds is counted as served),
+so the ratio the table reports is not the one the learner trains at. The trainer probe counts
+the batches the learner took; with the batch size they are the samples consumed:
 
     consumed per insert   = sum over the table's probes of d(batches) x batch_size / d(inserts)
     server per insert     = d(samples) / d(inserts)                     (the same window)

@@ -51,8 +51,8 @@ from replaywatch.model import MemorySnapshot, TableSnapshot
 MIN_ITEMS = 100  # the table's growth a measurement needs ...
 MIN_BYTES = 4 << 20  # ... and the memory's: below, allocator noise is the slope
 # ... and its readings: a slope's standard error from three is a guess (one degree of
-# freedom: a real fill's first three said 70 to 92 KB an item, its first five 72 to 80 KB,
-# the whole fill 73.6 KB).
+# freedom); five come within a few percent of what the whole fill says (bench/RESULTS.md,
+# "Replay memory against a real cgroup limit").
 MIN_READINGS = 5
 FIT_SHARE = 0.9  # a max_size that fits leaves a tenth of the limit to the rest
 RATE_SPAN_S = 120.0  # the insert rate the time left is judged at, at most this far back
@@ -67,14 +67,15 @@ MEASURE_SPAN_S = 300.0
 MIN_R2 = 0.9
 PAIR_WITHIN_S = 0.5  # a table snapshot and a memory reading of one poll cycle
 # An item costs at most its data (the signature's uncompressed size) and the chunk and
-# item bookkeeping around it (measured: 74,787 bytes for a 63,504-byte frame): a slope far
-# above that is the process growing beside the table (a learner's JAX buffers in the same
-# process, seen on the demo's healthy sync agent while its table filled), not the items.
+# item bookkeeping around it (about a fifth more for a frame: bench/RESULTS.md's bytes/item):
+# a slope far above that is the process growing beside the table (a learner's JAX buffers
+# in the same process as its server), not the items.
 OVERHEAD_FACTOR = 2.0
 ITEM_OVERHEAD_BYTES = 4096
-# Leak: the flat stretch judged, and the growth that counts. Measured on a full table of
-# frames in steady state: its lows held within 11 MiB over 25 s of inserts at 400/s while
-# the saw moved; a writer keeping its whole episode alive grew the same server 25 MB/s.
+# Leak: the flat stretch judged, and the growth that counts. A full table in steady state
+# saws, but its lows stay within a few MiB; a writer that keeps its episodes alive grows
+# the server by megabytes a second. The bound sits between the two (bench/RESULTS.md,
+# "Replay memory against a real cgroup limit", has both).
 LEAK_SPAN_S = 300.0
 LEAK_MIN_BYTES = 64 << 20
 LEAK_LIMIT_SHARE = 0.01

@@ -46,9 +46,9 @@ def limiter_of(t: TableSnapshot) -> budget.Limiter:
 
 def shape_pending(p: ProbeSnapshot) -> bool:
     """The probe holds no iterator yet, so it has read no graph, and was told no shape: a
-    batch per worker (Acme) or one after the interleave (TF-Agents) would be a guess, and
-    judged as Acme's the TF-Agents DQN job on the plain recipe was told, before its first
-    next(), to use one sampling worker, which hangs it. Judged once the graph is read."""
+    batch per worker (Acme) or one after the interleave (TF-Agents) would be a guess, and a
+    wrong guess prints a fix that hangs the job (judged as Acme's, a TF-Agents pipeline is
+    told to use one sampling worker). Judged once the graph is read."""
     return (p.wrapped is None and p.pipeline is None and p.pipeline_read is None
             and not p.batch_after_interleave and p.iterators_per_worker is None
             and p.max_in_flight is None and p.cycle_length is None)

@@ -3,12 +3,12 @@
     priorities_ignored  the learner sends priority updates (its trainer probe counts the
                         wrapped client's mutate_priorities) to a table whose sampler and
                         remover read no priority (Uniform, Fifo, Lifo): Reverb keeps every
-                        value and no sample changes (acme#69: a "priority table" built with a
+                        value and no sample changes (a "priority table" built with a
                         Uniform selector)
 
     repeated_batches    the learner took a batch whose keys are exactly those of one of its
-                        recent batches: a cache or a prefetch that yields a batch again
-                        (acme#293), named on the first poll that sees a repeat
+                        recent batches: a cache or a prefetch that yields a batch again,
+                        named on the first poll that sees a repeat
     priority_collapse   on a prioritized table, the sampler draws from under 1% of the table
                         (the effective sample size of the batches' probabilities) for
                         COLLAPSE_FOR_S, or a batch carried an infinite priority within the

@@ -5,8 +5,8 @@ Read from ServerInfo: over a stretch where the table stays full, every insert ev
 first time. In steady state the items inserted and never sampled are the items evicted never
 sampled, so their share is 1 - (unique samples / inserts) over the stretch.
 
-What sets it, for a table sampled uniformly and evicted oldest first (measured on real
-tables in bench/waste.py, bench/RESULTS.md):
+What sets it, for a table sampled uniformly and evicted oldest first (bench/waste.py checks
+it on real tables; bench/RESULTS.md has the runs):
 
   * the samples per insert, s. An item lives `max_size` inserts, and the s x max_size samples
     drawn meanwhile each pick it with chance 1/max_size: it is never picked with chance
