@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms system-deps venv launchpad-venv clean
+.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -66,6 +66,29 @@ launchpad-venv: $(STAMP)
 		$(UV) pip install -q --python $(LP_PY) --compile-bytecode --system-certs \
 			-c constraints-launchpad.txt 'dm-launchpad[reverb]' tensorflow-cpu && \
 		touch $(LP_STAMP); \
+	fi
+
+# The RLlib tier's venv (.venv-rllib, Python 3.11, pinned in constraints-rllib.txt):
+# ray[default,rllib] with PyTorch on the CPU. torch alone by pip, --no-index: the CPU build
+# on this machine's disk (pip's find-links; uv does not look there), never the index's CUDA
+# build of several GB; its dependencies and Ray's by uv. About 1.7 GB.
+RL_VENV := .venv-rllib
+RL_PY := $(RL_VENV)/bin/python
+RL_STAMP := $(RL_VENV)/.installed
+rllib-venv: $(STAMP)
+	@py=$$(command -v python3.11) || py=""; \
+	if [ -z "$$py" ]; then \
+		echo "no Python 3.11 on PATH: the RLlib tier is skipped"; \
+	elif [ ! -f $(RL_STAMP) ] || [ constraints-rllib.txt -nt $(RL_STAMP) ]; then \
+		{ test -x $(RL_PY) || "$$py" -m venv $(RL_VENV); } && \
+		if ! $(RL_PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null; then \
+			echo "no CPU build of torch 2.13.0 in pip's find-links: the RLlib tier is skipped"; \
+		else \
+			$(UV) pip install -q --python $(RL_PY) --compile-bytecode --system-certs \
+				-c constraints-rllib.txt 'ray[default,rllib]' filelock typing-extensions \
+				setuptools sympy networkx jinja2 fsspec && \
+			touch $(RL_STAMP); \
+		fi; \
 	fi
 
 system-deps:
