@@ -262,7 +262,7 @@ def parse(text: str | bytes, name: str) -> Bundle:
     try:
         raw = doc["inputs"]
         inputs = Inputs(
-            view=codec.decode(TargetView, raw["view"], "inputs.view"),
+            view=codec.decode(TargetView, _upgraded_view(raw["view"]), "inputs.view"),
             now=float(raw["now"]),
             thresholds=codec.decode(Thresholds, doc["thresholds"], "thresholds"),
             layout=raw.get("layout"),
@@ -278,6 +278,32 @@ def parse(text: str | bytes, name: str) -> Bundle:
     except (codec.DecodeError, ConfigError, TypeError, ValueError) as e:
         raise BundleError(f"{name}: {e}") from None
     return Bundle(doc, inputs, live)
+
+
+# A trainer probe's snapshot once carried its declared pipeline as fields of its own beside the
+# read one (`pipeline`); bundles written then are read into today's shape (`declared`, `read`),
+# so they replay to the verdict they were written with.
+_FLATTENED = ("batch_size", "num_parallel_calls", "prefetch_size", "max_in_flight",
+              "iterators_per_worker", "item_bytes", "batch_after_interleave", "cycle_length",
+              "workers_per_iterator")
+
+
+def _upgraded_view(view: Any) -> Any:
+    probes = view.get("probes") if isinstance(view, dict) else None
+    if not isinstance(probes, dict):
+        return view
+    return {**view, "probes": {url: [_upgraded_probe(s) for s in snaps]
+                               if isinstance(snaps, list) else snaps
+                               for url, snaps in probes.items()}}
+
+
+def _upgraded_probe(snap: Any) -> Any:
+    if not isinstance(snap, dict) or "declared" in snap:
+        return snap
+    old = dict(snap)
+    declared = {k: old.pop(k) for k in _FLATTENED if k in old}
+    read = old.pop("pipeline", None)
+    return {**old, "declared": {**declared, "table": old.get("table")}, "read": read}
 
 
 def read(path: str) -> Bundle:

@@ -26,9 +26,10 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
 from replaywatch.fetch_bundle import add_arguments as add_fetch_arguments
 from replaywatch.fetch_bundle import run_fetch
-from replaywatch.model import LAYOUTS, DeclaredLayout
+from replaywatch.model import DeclaredLayout
 from replaywatch.predict import add_arguments as add_predict_arguments
 from replaywatch.predict import run_predict
+from replaywatch.probe.protocol import Gate, Layout
 from replaywatch.report import add_arguments as add_report_arguments
 from replaywatch.report import run_report
 
@@ -81,11 +82,11 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                    help="per-poll deadline (default 80%% of the interval, at most 5 s)")
     p.add_argument("--config", metavar="FILE", help="TOML file with a [thresholds] table")
-    p.add_argument("--layout", choices=LAYOUTS, default=None,
+    p.add_argument("--layout", choices=tuple(Layout), default=None,
                    help="the job's layout, for jobs whose probes cannot say it: sync (insert "
                         "blocking disabled), sync-ratio (one loop, finite max_diff), async, "
                         "async-lag (actors wait on the learner)")
-    p.add_argument("--gate", choices=("can-sample", "schedule"), default=None,
+    p.add_argument("--gate", choices=[g.replace("_", "-") for g in Gate], default=None,
                    help="when a synchronous loop calls next(): only while can_sample(batch) "
                         "(Acme's LocalLayout), or on a schedule (TF-Agents' collect and train, "
                         "Acme's older Agent); unsaid, the probe's or both are judged")
@@ -201,7 +202,7 @@ def declared_layout(args: argparse.Namespace) -> str | None:
                               or args.first_step_at is not None):
         raise ConfigError("--inserts-per-step and --first-step-at go with --gate schedule")
     said = from_file if args.gate is None else DeclaredLayout(
-        None, {"can-sample": "can_sample", "schedule": "schedule"}[args.gate],
+        None, Gate(args.gate.replace("-", "_")),
         args.inserts_per_step, args.first_step_at)
     try:
         spec = dataclasses.replace(said, kind=args.layout or from_file.kind).spec()

@@ -12,7 +12,8 @@ from typing import Any
 
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
-from replaywatch.model import LAYOUTS, DeclaredLayout
+from replaywatch.model import DeclaredLayout
+from replaywatch.probe.protocol import Layout
 
 
 def parse_address(address: str, what: str = "address") -> str:
@@ -240,7 +241,7 @@ def layout_from_file(path: str) -> str | None:
         raise ConfigError(f"config file {path}: layout {value!r}: {e}") from None
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"config file {path}: layout {value!r} must be a string, one of "
-                          f"{', '.join(LAYOUTS)}")
+                          f"{', '.join(Layout)}")
     return value
 
 

@@ -112,10 +112,11 @@ def trainer_rows(state: Published, owner: dict[str, str]) -> Group:
         if p.ready is not None:
             ready.append((labels, 1.0 if p.ready else 0.0))
         threads.append((labels, p.thread_count))
-        if p.batch_size is not None:
-            batch.append((labels, p.batch_size))
-        if p.num_parallel_calls is not None:
-            workers.append((labels, p.num_parallel_calls))
+        shape = p.pipeline  # what the diagnosis judges: read from the graph over declared
+        if shape.batch_size is not None:
+            batch.append((labels, shape.batch_size))
+        if shape.num_parallel_calls is not None:
+            workers.append((labels, shape.num_parallel_calls))
     yield from zip((BATCHES, STEPS, BLOCKED_TOTAL, BLOCKED, BLOCKED_FOR, READY, THREADS, BATCH,
                     WORKERS),
                    (batches, steps, blocked_total, blocked, blocked_for, ready, threads, batch,

@@ -12,15 +12,17 @@ import dataclasses
 import enum
 from typing import Any
 
+from replaywatch.probe.protocol import WRITER_CALLS as WRITER_CALLS  # the actor's, for labels
+from replaywatch.probe.protocol import Gate, Layout
+
 # Reverb writes `max_diff = sys.float_info.max` when inserts must never block
 # (Acme's synchronous `_disable_insert_blocking` rewrite, `MinSize` limiter).
 FLOAT_MAX = 1.7976931348623157e308
 
-# Who inserts and who waits (replaywatch.diagnosis.budget explains each): a synchronous loop
-# with insert blocking disabled, one with a finite max_diff, free-running actors, and actors
-# held by a policy-lag bound.
-LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
-GATES = ("can_sample", "schedule")  # when a synchronous loop calls next()
+# The words as tuples, where a list of choices is wanted (the budget model and predict's flags
+# read these names).
+LAYOUTS: tuple[Layout, ...] = tuple(Layout)
+GATES: tuple[Gate, ...] = tuple(Gate)
 
 
 class SourceKind(enum.StrEnum):
@@ -120,8 +122,8 @@ class DeclaredLayout:
     """The job's layout as the sidecar is told it (`--layout`, `--gate`, ...), kept as one
     string spec where settings and bundles keep it: "sync gate=schedule inserts_per_step=4"."""
 
-    kind: str | None = None  # one of LAYOUTS
-    gate: str | None = None  # one of GATES: a synchronous loop's
+    kind: Layout | None = None
+    gate: Gate | None = None  # a synchronous loop's
     inserts_per_step: float | None = None
     first_step_at: int | None = None
 
@@ -133,26 +135,28 @@ class DeclaredLayout:
         words = spec.split()
         kind = words.pop(0) if words and "=" not in words[0] else None
         if kind is not None and kind not in LAYOUTS:
-            raise ValueError(f"layout {kind!r} must be one of {', '.join(LAYOUTS)}")
+            raise ValueError(f"layout {kind!r} must be one of {', '.join(Layout)}")
         found: dict[str, str] = {}
+        settings = [f.name for f in dataclasses.fields(cls)][1:]  # gate, inserts_per_step, ...
         for word in words:
             key, _, value = word.partition("=")
-            if key not in ("gate", "inserts_per_step", "first_step_at") or not value:
+            if key not in settings or not value:
                 raise ValueError(f"{word!r} is not gate=, inserts_per_step= or first_step_at=")
             found[key] = value
         gate = found.get("gate")
         if gate is not None and gate not in GATES:
-            raise ValueError(f"gate {gate!r} must be one of {', '.join(GATES)}")
+            raise ValueError(f"gate {gate!r} must be one of {', '.join(Gate)}")
         k = float(found["inserts_per_step"]) if "inserts_per_step" in found else None
         m = int(found["first_step_at"]) if "first_step_at" in found else None
         if (k is not None and not k > 0) or (m is not None and m < 0):
             raise ValueError("inserts_per_step must be > 0 and first_step_at >= 0")
-        if (k is not None or m is not None) and gate != "schedule":
+        if (k is not None or m is not None) and gate != Gate.SCHEDULE:
             raise ValueError("inserts_per_step and first_step_at go with gate=schedule")
-        return cls(kind, gate, k, m)
+        return cls(None if kind is None else Layout(kind), None if gate is None else Gate(gate),
+                   k, m)
 
     def spec(self) -> str:
-        words = [self.kind] if self.kind else []
+        words: list[str] = [str(self.kind)] if self.kind else []
         words += [f"gate={self.gate}"] if self.gate else []
         words += [f"inserts_per_step={self.inserts_per_step:g}"] if self.inserts_per_step else []
         words += ([f"first_step_at={self.first_step_at}"] if self.first_step_at is not None
@@ -162,19 +166,36 @@ class DeclaredLayout:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PipelineShape:
-    """The budget model's inputs as the probe read them from the tf.data graph."""
+    """A learner's tf.data pipeline, the budget model's inputs: as the trainer declares it
+    (`TrainerProbe(batch_size=...)`), as its probe read it from the graph, or the two chosen
+    into one (`ProbeSnapshot.pipeline`). None: not said."""
 
-    batch_size: int | None
-    num_parallel_calls: int
-    num_parallel_calls_autotune: bool  # AUTOTUNE: judged as one thread, the most stranded
-    max_in_flight: int | None
-    workers_per_iterator: int
-    iterators_per_worker: int
-    batch_after_interleave: bool
-    cycle_length: int | None
-    item_bytes: int | None
-    prefetch_size: int | None
-    table: str | None
+    batch_size: int | None = None
+    num_parallel_calls: int | None = None
+    num_parallel_calls_autotune: bool = False  # AUTOTUNE: judged as one thread, the most stranded
+    max_in_flight: int | None = None  # max_in_flight_samples_per_worker
+    workers_per_iterator: int | None = None
+    iterators_per_worker: int | None = None
+    batch_after_interleave: bool | None = None  # one batch after the interleave (TF-Agents)
+    cycle_length: int | None = None  # Reverb datasets interleaved
+    item_bytes: int | None = None
+    prefetch_size: int | None = None
+    table: str | None = None
+
+    def over(self, under: PipelineShape) -> PipelineShape:
+        """This shape, with `under`'s values where this one says nothing."""
+        return PipelineShape(*(mine if mine is not None else theirs for mine, theirs in zip(
+            (getattr(self, f) for f in _SHAPE_FIELDS),
+            (getattr(under, f) for f in _SHAPE_FIELDS), strict=True)))
+
+
+_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(PipelineShape))
+
+
+def _chosen(name: str) -> Any:
+    """A field of `ProbeSnapshot.pipeline` under the name the flattened declared field had."""
+    return property(lambda self: getattr(self.pipeline, name),
+                    doc=f"`pipeline.{name}`: the read value, else the declared one.")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -247,9 +268,6 @@ class ProbeSnapshot:
     observed_at: float
     pid: int
     name: str
-    batch_size: int | None
-    num_parallel_calls: int | None
-    prefetch_size: int | None
     batches_retrieved: int
     blocked_in_next: bool
     blocked_since: float | None
@@ -264,37 +282,46 @@ class ProbeSnapshot:
     table: str | None = None
     os_threads: int | None = None  # every OS thread (tf.data, gRPC); null off Linux
     wrapped: str | None = None  # what the probe wraps: "iterator", "learner.step", or null
-    # The dataset's shape and items, as the trainer declares them (the budget model's input).
-    max_in_flight: int | None = None  # max_in_flight_samples_per_worker
-    iterators_per_worker: int | None = None
-    item_bytes: int | None = None
-    layout: str | None = None  # declared: sync, sync-ratio, async, async-lag
+    # The dataset's shape and items as the trainer declares them, and as its probe read them
+    # from the tf.data graph: `pipeline` chooses between the two, and every reader reads it.
+    declared: PipelineShape = PipelineShape()
+    read: PipelineShape | None = None  # None until read, or where the graph was not read
+    layout: Layout | None = None  # declared
     writers_wrapped: int = 0  # the loop's own writers: the trainer inserts
     items_inserted: int = 0  # through the loop's own wrapped writer
     inserts_on_next_thread: bool | None = None  # the inserting thread is the one in next()
-    gate: str | None = None  # declared: can_sample or schedule
+    gate: Gate | None = None  # declared
     inserts_per_step: float | None = None  # declared schedule: inserts between steps
     first_step_at: int | None = None  # declared schedule: items at the first step
-    batch_after_interleave: bool = False  # one batch after the interleave (TF-Agents)
-    cycle_length: int | None = None  # Reverb datasets interleaved
-    workers_per_iterator: int | None = None
     next_strides: NextStrides | None = None  # the loop's inserts between next() calls
     # The tf.data graph: None until the probe read it; else read or not and why not.
     pipeline_read: bool | None = None
     pipeline_reason: str | None = None
-    pipeline: PipelineShape | None = None
     section: Section | None = None  # the section the loop is inside now
     sections: tuple[SectionStat, ...] = ()  # each section that ended, by name
     priority_updates: tuple[PriorityUpdates, ...] = ()  # by table, through wrap_client
     batch_stats: BatchStats | None = None  # the batches' SampleInfo, where read
 
+    @property
+    def pipeline(self) -> PipelineShape:
+        """The pipeline the diagnosis judges: what the probe read from the graph wins (a
+        wrong declaration is a wrong verdict), and the declared values fill what the read
+        left unknown (a batch the graph does not show, the items' size)."""
+        return self.declared if self.read is None else self.read.over(self.declared)
+
+    # replaywatch/predict.py reads the chosen values under the flattened fields' old names.
+    batch_size = _chosen("batch_size")
+    num_parallel_calls = _chosen("num_parallel_calls")
+    prefetch_size = _chosen("prefetch_size")
+    max_in_flight = _chosen("max_in_flight")
+    iterators_per_worker = _chosen("iterators_per_worker")
+    item_bytes = _chosen("item_bytes")
+    batch_after_interleave = _chosen("batch_after_interleave")
+    cycle_length = _chosen("cycle_length")
+    workers_per_iterator = _chosen("workers_per_iterator")
+
     def priorities_to(self, table: str) -> PriorityUpdates | None:
         return next((u for u in self.priority_updates if u.table == table), None)
-
-
-# The writer calls an ActorProbe times (replaywatch/probe/actor.py's CALLS): a
-# fixed set, so they may be metric label values.
-WRITER_CALLS = ("append", "create_item", "flush", "end_episode", "close")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from replaywatch.model import (
     ActorSnapshot,
     Finding,
     KeyDistributionOptions,
+    PipelineShape,
     ProbeSnapshot,
     RateLimiterInfo,
     TableSnapshot,
@@ -37,6 +38,7 @@ from replaywatch.model import (
 TARGET = "localhost:8000"
 TABLE = "replay"
 PROBE = "http://127.0.0.1:9100"
+SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(PipelineShape))
 
 Values = Sequence[Any] | Any
 
@@ -129,12 +131,17 @@ def probe_snapshot(
     **declared: Any,
 ) -> ProbeSnapshot:
     """One `/probe` document; blocked_for > 0 means blocked in next() since t - blocked_for.
-    Its iterator is wrapped (`wrapped=None`: a probe that holds none yet)."""
+    Its iterator is wrapped (`wrapped=None`: a probe that holds none yet). The pipeline's
+    shape is declared by its fields' names (`max_in_flight=`, `cycle_length=`...), and
+    `pipeline=` is the one the probe read from the graph."""
     blocked = blocked_for > 0
     declared.setdefault("wrapped", "iterator")
+    shape = {f: declared.pop(f) for f in SHAPE_FIELDS if f in declared}
     return ProbeSnapshot(
-        probe=url, observed_at=float(t), pid=pid, name=name, batch_size=batch_size,
-        num_parallel_calls=workers, prefetch_size=prefetch, batches_retrieved=batches,
+        probe=url, observed_at=float(t), pid=pid, name=name,
+        declared=PipelineShape(batch_size=batch_size, num_parallel_calls=workers,
+                               prefetch_size=prefetch, table=table, **shape),
+        read=declared.pop("pipeline", None), batches_retrieved=batches,
         blocked_in_next=blocked, blocked_since=t - blocked_for if blocked else None,
         blocked_for_s=float(blocked_for), blocked_seconds_total=float(blocked_for),
         last_batch_at=None, ready=ready, learner_steps=batches if steps is None else steps,

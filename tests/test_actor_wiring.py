@@ -96,7 +96,7 @@ def test_an_actor_probe_from_the_probe_flag_reaches_the_api_and_metrics(
     assert a["snapshot"]["name"] == "actor-0" and a["snapshot"]["in_call"] == "flush"
     assert a["snapshot"]["steps_total"] == 3 and a["snapshot"]["pending_items"] == 1
     assert probes[trainer_url]["role"] == "trainer"
-    assert probes[trainer_url]["snapshot"]["batch_size"] == 4
+    assert probes[trainer_url]["snapshot"]["pipeline"]["batch_size"] == 4
     who = f'probe="{url}",target="{CLOSED}"'
     assert f"replaywatch_actor_steps_total{{{who}}} 3.0" in metrics
     assert f'replaywatch_actor_in_writer_call{{call="flush",{who}}} 1.0' in metrics

@@ -90,6 +90,22 @@ def test_a_view_survives_json_exactly() -> None:
     assert codec.decode(TargetView, json.loads(json.dumps(codec.encode(view)))) == view
 
 
+def test_a_bundle_from_before_the_declared_pipeline_was_one_shape_reads_the_same(
+        tmp_path: Path) -> None:
+    # Such a bundle carried a probe's declared pipeline flattened beside the read one.
+    path = seed_bundle(tmp_path)
+    doc = json.loads(path.read_text())
+    for snaps in doc["inputs"]["view"]["probes"].values():
+        for snap in snaps:
+            declared = snap.pop("declared")
+            del declared["table"], declared["num_parallel_calls_autotune"]
+            snap.update(declared, pipeline=snap.pop("read"))
+    assert "batch_size" in json.dumps(doc["inputs"]["view"]["probes"])
+    old = bd.parse(json.dumps(doc), "old.bundle.json")
+    assert old.inputs.view == bd.read(str(path)).inputs.view
+    assert bd.verdict(old.inputs) == bd.verdict(bd.read(str(path)).inputs)
+
+
 @pytest.mark.parametrize("doc,message", [
     ({"observed_at": "soon"}, "$.target: missing"),
     ([1], "expected an object"),

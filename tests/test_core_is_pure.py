@@ -17,7 +17,8 @@ FORBIDDEN_STDLIB = {
     "asyncio", "concurrent", "os", "sys", "io", "sqlite3", "http", "urllib", "random",
     "signal", "select", "selectors", "shutil", "tempfile", "pathlib", "builtins",
 }
-OURS = ("replaywatch.model", "replaywatch.diagnosis")
+# The probe protocol is the standard library's too: its words (layouts, gates) are the model's.
+OURS = ("replaywatch.model", "replaywatch.diagnosis", "replaywatch.probe.protocol")
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -58,6 +59,8 @@ def test_core_module_imports_only_the_stdlib_and_our_model(path: Path) -> None:
     ("replaywatch.sources.reverb", False),
     ("replaywatch.history", False),
     ("replaywatch.model", True),
+    ("replaywatch.probe.protocol", True),
+    ("replaywatch.probe.trainer", False),  # a probe serves HTTP from a thread
     ("replaywatch.diagnosis.window", True),
     ("dataclasses", True),
     ("math", True),

@@ -12,7 +12,6 @@ from replaywatch.diagnosis.actors import Actor
 from replaywatch.errors import SourceProtocolError
 from replaywatch.model import FLOAT_MAX
 from replaywatch.probe import TrainerProbe
-from replaywatch.probe.trainer import LAYOUTS as PROBE_LAYOUTS
 from replaywatch.sources.probe_http import actor_from_probe, snapshot_from_probe
 from tests.builders import ACTOR, actor_snapshot, polls, probe_snapshot, table_snapshot
 
@@ -61,8 +60,12 @@ def test_a_declared_async_lag_takes_the_smallest_bound_the_actors_declare() -> N
 
 
 def test_the_probe_and_the_model_name_the_same_layouts() -> None:
-    from replaywatch.model import LAYOUTS
-    assert PROBE_LAYOUTS == LAYOUTS
+    from replaywatch import model
+    from replaywatch.probe import protocol
+    assert model.Layout is protocol.Layout and model.LAYOUTS == tuple(protocol.Layout)
+    assert TrainerProbe(layout=protocol.Layout.ASYNC_LAG).snapshot()["layout"] == "async-lag"
+    with pytest.raises(ValueError, match="sync, sync-ratio, async, async-lag"):
+        TrainerProbe(layout="synchronous")
 
 
 def test_the_trainer_document_carries_the_dataset_and_the_loop() -> None:

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
-from replaywatch.model import Finding, ProbeSnapshot, Severity
+from replaywatch.model import Finding, PipelineShape, ProbeSnapshot, Severity
 from replaywatch.state import Published, SourceStatus
 from tests.builders import actor_snapshot, table_history
 
@@ -41,8 +41,10 @@ def _published() -> Published:
         "http://never:1": SourceStatus("http://never:1", "probe", "127.0.0.1:1", False, 2.0,
                                        None, "unreachable", 0.002, 3, 3, 3, 0),
     }
-    probe = ProbeSnapshot("http://p:1", 2.0, 7, "learner", 256, 12, 2, 40, True, 1.0, 1.0, 3.5,
-                          1.0, None, 40, 1.0, 600, 0.0)
+    probe = ProbeSnapshot("http://p:1", 2.0, 7, "learner", 40, True, 1.0, 1.0, 3.5,
+                          1.0, None, 40, 1.0, 600, 0.0,
+                          declared=PipelineShape(batch_size=256, num_parallel_calls=12,
+                                                 prefetch_size=2))
     finding = Finding("worker_starvation", Severity.CRITICAL, "127.0.0.1:1", weird, "s", {},
                       "f", 1.0, 2.0)
     return Published(at=2.0, cycle=3, sources=sources, tables=tables, figures=figures,

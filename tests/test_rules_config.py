@@ -216,6 +216,6 @@ def test_a_declared_cycle_is_tf_agents_most_not_a_contradiction_of_a_smaller_bat
     said = probe_snapshot(1000.0, 0, batch_size=8, workers=3, batch_after_interleave=True,
                           cycle_length=32, pipeline=read, pipeline_read=True)
     assert rules_config.declared_differs(said) == {}
-    wrong = dataclasses.replace(said, cycle_length=4)
+    wrong = dataclasses.replace(said, declared=dataclasses.replace(said.declared, cycle_length=4))
     assert rules_config.declared_differs(wrong) == {
         "cycle_length": {"declared": 4, "read": 8}}

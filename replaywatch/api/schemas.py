@@ -87,7 +87,8 @@ class HistoryOut(BaseModel):
 class ProbeOut(BaseModel):
     """A probe of either role. `snapshot` is its latest document as the sidecar read it
     (replaywatch.model's ProbeSnapshot for a trainer, ActorSnapshot for an actor), kept
-    while it is down; `role` is "unknown" until it first answered."""
+    while it is down; a trainer's carries its `pipeline` too, the shape the diagnosis judges
+    (`declared` and `read` chosen into one); `role` is "unknown" until it first answered."""
 
     probe: str
     target: str
@@ -107,10 +108,17 @@ class ProbeOut(BaseModel):
             target=status.target,
             up=status.up,
             last_error=status.last_error,
-            snapshot=dataclasses.asdict(snap) if snap is not None else None,
+            snapshot=None if snap is None else _document(snap),
             role=role,
             steps_per_s=steps_per_s,
         )
+
+
+def _document(snap: ProbeSnapshot | ActorSnapshot) -> dict[str, Any]:
+    doc = dataclasses.asdict(snap)
+    if isinstance(snap, ProbeSnapshot):
+        doc["pipeline"] = dataclasses.asdict(snap.pipeline)
+    return doc
 
 
 class ProbesOut(BaseModel):

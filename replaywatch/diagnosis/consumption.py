@@ -77,11 +77,11 @@ def consumed_since(probes: Sequence[Sequence[ProbeSnapshot]], start: float) -> f
     taken = 0.0
     for history in probes:
         points = win.since_last_restart(history)
-        if not points or not points[-1].batch_size:
+        if not points or not points[-1].pipeline.batch_size:
             return None
         first = min(range(len(points)), key=lambda i: abs(points[i].observed_at - start))
         if abs(points[first].observed_at - start) > SAME_CYCLE_S:
             return None
         taken += win.increase(points[first:], lambda p: float(p.batches_retrieved)) * float(
-            points[-1].batch_size)
+            points[-1].pipeline.batch_size)
     return taken if probes else None

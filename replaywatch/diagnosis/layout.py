@@ -49,6 +49,8 @@ from typing import Any
 from replaywatch.diagnosis import budget
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.model import DeclaredLayout, NextStrides, ProbeSnapshot, TableSnapshot
+from replaywatch.probe.protocol import Gate
+from replaywatch.probe.protocol import Layout as Kind  # budget.Layout is the model's
 
 DECLARED, LOOP_WRITER, ACTOR_PROBES = "declared", "loop writer", "actor probes"
 LEARNED = "learned"
@@ -64,11 +66,11 @@ ASKED_EARLY_S = 2.0
 class KnownLayout:
     """A layout and how it is known; `kind` None: unknown."""
 
-    kind: str | None
+    kind: Kind | None
     basis: str | None
     max_policy_lag: int | None = None
     max_items_ahead: int | None = None
-    gate: str | None = None  # a synchronous loop's, where known
+    gate: Gate | None = None  # a synchronous loop's, where known
     gate_basis: str | None = None  # declared, or learned from N strides of ...
     inserts_per_step: float | None = None
     first_step_at: int | None = None
@@ -81,12 +83,12 @@ class KnownLayout:
     @property
     def synchronous(self) -> bool:
         """One loop inserts and samples: when next() blocks, nothing inserts."""
-        return self.kind in (budget.SYNC, budget.SYNC_RATIO)
+        return self.kind in (Kind.SYNC, Kind.SYNC_RATIO)
 
     def model(self) -> budget.Layout | None:
         if not self.known or self.kind is None:
             return None
-        lagged = self.kind == budget.ASYNC_LAG
+        lagged = self.kind == Kind.ASYNC_LAG
         return budget.Layout(self.kind, self.max_policy_lag if lagged else None,
                              self.gate if self.synchronous else None,
                              self.inserts_per_step, self.first_step_at,
@@ -129,18 +131,18 @@ def resolve(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...], actors: tup
     bound = _actor_bound(actors)
     said = DeclaredLayout.parse(declared)
     for kind in [p.layout for p in probes if p.layout] + ([said.kind] if said else []):
-        if kind in budget.LAYOUTS:
-            lag, ahead = bound if kind == budget.ASYNC_LAG else (None, None)
+        if kind in tuple(Kind):
+            lag, ahead = bound if kind == Kind.ASYNC_LAG else (None, None)
             return _with_gate(KnownLayout(kind, DECLARED, lag, ahead), probes, table, said)
     if any((p.writers_wrapped or p.items_inserted) and p.inserts_on_next_thread is not False
            for p in probes):
         # The kind says only that the loop is the learner; its gate says when it asks.
-        return _with_gate(KnownLayout(budget.SYNC, LOOP_WRITER), probes, table, said)
+        return _with_gate(KnownLayout(Kind.SYNC, LOOP_WRITER), probes, table, said)
     if bound != (None, None):
-        return KnownLayout(budget.ASYNC_LAG, ACTOR_PROBES, *bound)
+        return KnownLayout(Kind.ASYNC_LAG, ACTOR_PROBES, *bound)
     if actors and not any(s.waits_total > 0 or s.waiting_on is not None
                           for a in actors for s in a.history[-1:]):
-        return KnownLayout(budget.ASYNC, ACTOR_PROBES)
+        return KnownLayout(Kind.ASYNC, ACTOR_PROBES)
     return UNKNOWN
 
 
@@ -149,7 +151,7 @@ def synchronous_reading(table: TableSnapshot, probes: tuple[ProbeSnapshot, ...],
     """The layout unknown, the reading of a synchronous loop, its gate as the probes (or the
     sidecar's --gate) know it (the rules that judge a loop only where insert blocking is
     disabled use it)."""
-    return _with_gate(KnownLayout(budget.SYNC, None), probes, table,
+    return _with_gate(KnownLayout(Kind.SYNC, None), probes, table,
                       DeclaredLayout.parse(declared))
 
 
@@ -178,8 +180,8 @@ def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
         return dataclasses.replace(known, gate=said.gate, gate_basis=DECLARED,
                                    inserts_per_step=said.inserts_per_step,
                                    first_step_at=said.first_step_at)
-    if known.kind == budget.SYNC_RATIO:
-        return dataclasses.replace(known, gate=budget.SCHEDULE, gate_basis=DECLARED)
+    if known.kind == Kind.SYNC_RATIO:
+        return dataclasses.replace(known, gate=Gate.SCHEDULE, gate_basis=DECLARED)
     # Strides count the loop's own inserts: only a probe that wraps its writer has them.
     for p in (p for p in probes if p.writers_wrapped or p.items_inserted):
         learned = asked_early(table, p) or learned_gate(p.next_strides)
@@ -190,7 +192,7 @@ def _with_gate(known: KnownLayout, probes: tuple[ProbeSnapshot, ...],
 
 def asked_early(t: TableSnapshot, p: ProbeSnapshot) -> dict[str, Any] | None:
     """A loop inside next() for a batch its limiter has not released (module docstring)."""
-    batch = p.pipeline.batch_size if p.pipeline is not None else p.batch_size
+    batch = p.pipeline.batch_size
     if (not p.blocked_in_next or p.blocked_for_s < ASKED_EARLY_S or not batch
             or p.next_strides is None):
         return None
@@ -203,7 +205,7 @@ def asked_early(t: TableSnapshot, p: ProbeSnapshot) -> dict[str, Any] | None:
     # Inside next() nothing inserts, so the table's count is what its first step met (the
     # loop's own count runs ahead of it by the items still in its writer).
     first = rl.inserts if p.batches_retrieved == 0 else None
-    return {"gate": budget.SCHEDULE, "first_step_at": first, "stride_known": False,
+    return {"gate": Gate.SCHEDULE, "first_step_at": first, "stride_known": False,
             "gate_basis": f"{LEARNED}: inside next() for batch {p.batches_retrieved + 1} of "
                           f"{batch} with {max(0, short)} released and unconsumed, which "
                           "a loop that waits on can_sample never does"}
@@ -217,11 +219,11 @@ def learned_gate(s: NextStrides | None) -> dict[str, Any] | None:
         # Its first step is left at min_size: the loop's count at its first next() runs
         # ahead of the table's by the items still in its writer, so it would overstate.
         k = (s.inserts_at_last - s.inserts_at_first) / s.count
-        return {"gate": budget.SCHEDULE, "inserts_per_step": k,
+        return {"gate": Gate.SCHEDULE, "inserts_per_step": k,
                 "gate_basis": f"{LEARNED} from {s.count} next() calls: {s.least} to {s.most} "
                               "inserts apart"}
     if s.least == 0:
-        return {"gate": budget.CAN_SAMPLE,
+        return {"gate": Gate.CAN_SAMPLE,
                 "gate_basis": f"{LEARNED} from {s.count} next() calls: some with no insert "
                               f"between, others {s.most} apart"}
     return None

@@ -203,20 +203,22 @@ def stranded_samples(
     in interleave buffers, sampler queues, partial batches). Once the learner
     waits, every completed batch reaches it, so what is left is partial batches.
     """
-    if not history or not probes or any(p.batch_size is None for p in probes):
+    shapes = [p.pipeline for p in probes]
+    if not history or not probes or any(s.batch_size is None for s in shapes):
         return None
     start = min(p.started_at for p in probes)
     before = [s for s in history if s.observed_at <= start]
     base, basis = (before[-1].rate_limiter.samples, "since_iterator_start") if before else (
         0, "table_lifetime")
     drawn = float(history[-1].rate_limiter.samples - base)
-    delivered = float(sum(p.batches_retrieved * (p.batch_size or 0) for p in probes))
-    held = float(sum((p.prefetch_size or 0) * (p.batch_size or 0)
-                     for p in probes if not p.blocked_in_next))
+    delivered = float(sum(p.batches_retrieved * (s.batch_size or 0)
+                          for p, s in zip(probes, shapes, strict=True)))
+    held = float(sum((s.prefetch_size or 0) * (s.batch_size or 0)
+                     for p, s in zip(probes, shapes, strict=True) if not p.blocked_in_next))
     capacity, workers = None, None
-    if all(p.num_parallel_calls for p in probes):
-        workers = sum(p.num_parallel_calls or 0 for p in probes)
-        capacity = float(sum((p.num_parallel_calls or 0) * (p.batch_size or 0) for p in probes))
+    if all(s.num_parallel_calls for s in shapes):
+        workers = sum(s.num_parallel_calls or 0 for s in shapes)
+        capacity = float(sum((s.num_parallel_calls or 0) * (s.batch_size or 0) for s in shapes))
     samples = max(0.0, drawn - delivered - held)  # buffers hold less than they could
     return Stranded(samples, drawn, delivered, held, capacity, basis, workers)
 

@@ -61,7 +61,8 @@ def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
                 or p.blocked_for_s < th.stall_window_s):
             continue
         stranded = lim.stranded_samples(case.history, [h[-1] for h in case.probes])
-        if stranded is None or p.batch_size is None or stranded.samples < p.batch_size:
+        batch = p.pipeline.batch_size
+        if stranded is None or batch is None or stranded.samples < batch:
             continue
         if synchronous or act.all_waiting(case.actors, th, case.now):
             return _worker_starvation(case, probe, stranded, idle, th)
@@ -73,7 +74,7 @@ def is_worker_starvation(case: TableCase, th: Thresholds) -> Finding | None:
 def _worker_starvation(case: TableCase, probe: Probe, stranded: Stranded, idle: float,
                        th: Thresholds) -> Finding:
     t, p = case.latest, probe[-1]
-    workers, batch = p.num_parallel_calls, p.batch_size
+    workers, batch = p.pipeline.num_parallel_calls, p.pipeline.batch_size
     synchronous = rules_config.loop_is_synchronous(case)
     evidence = {**limiter_evidence(t), **stranded.evidence(), "workers": workers,
                 "batch_size": batch, "sample_headroom": sample_headroom(t),

@@ -49,48 +49,44 @@ def shape_pending(p: ProbeSnapshot) -> bool:
     batch per worker (Acme) or one after the interleave (TF-Agents) would be a guess, and a
     wrong guess prints a fix that hangs the job (judged as Acme's, a TF-Agents pipeline is
     told to use one sampling worker). Judged once the graph is read."""
-    return (p.wrapped is None and p.pipeline is None and p.pipeline_read is None
-            and not p.batch_after_interleave and p.iterators_per_worker is None
-            and p.max_in_flight is None and p.cycle_length is None)
+    d = p.declared
+    return (p.wrapped is None and p.read is None and p.pipeline_read is None
+            and not d.batch_after_interleave and d.iterators_per_worker is None
+            and d.max_in_flight is None and d.cycle_length is None)
 
 
 def dataset_of(p: ProbeSnapshot, t: TableSnapshot | None = None) -> budget.Dataset | None:
-    """The dataset as the probe read it from the tf.data graph, else as it declares it; its
-    items' size read from the table's signature where neither says it; None without a
-    batch size or worker count, or while its shape is pending (`shape_pending`)."""
+    """The dataset the probe's `pipeline` chooses (as read from the tf.data graph, the
+    declared values where the graph left one unknown); its items' size read from the
+    table's signature where neither says it; None without a batch size or worker count, or
+    while its shape is pending (`shape_pending`)."""
     r = p.pipeline
-    if r is not None and r.batch_size:
-        return budget.Dataset(
-            r.num_parallel_calls, r.batch_size, r.max_in_flight, r.prefetch_size or 0,
-            r.iterators_per_worker,
-            r.item_bytes or p.item_bytes or (t.item_bytes if t is not None else None),
-            Batching.AFTER_INTERLEAVE if r.batch_after_interleave else Batching.PER_WORKER,
-            r.cycle_length, r.workers_per_iterator)
-    if not p.batch_size or not p.num_parallel_calls or shape_pending(p):
+    if not r.batch_size or not r.num_parallel_calls or shape_pending(p):
         return None
-    item_bytes = p.item_bytes or (t.item_bytes if t is not None else None)
-    return budget.Dataset(p.num_parallel_calls, p.batch_size, p.max_in_flight,
-                          p.prefetch_size or 0, p.iterators_per_worker or 1, item_bytes,
-                          Batching.AFTER_INTERLEAVE if p.batch_after_interleave
-                          else Batching.PER_WORKER, p.cycle_length, p.workers_per_iterator or 1)
+    item_bytes = r.item_bytes or (t.item_bytes if t is not None else None)
+    return budget.Dataset(
+        r.num_parallel_calls, r.batch_size, r.max_in_flight, r.prefetch_size or 0,
+        r.iterators_per_worker or 1, item_bytes,
+        Batching.AFTER_INTERLEAVE if r.batch_after_interleave else Batching.PER_WORKER,
+        r.cycle_length, r.workers_per_iterator or 1)
 
 
 def declared_differs(p: ProbeSnapshot) -> dict[str, dict[str, object]]:
     """Each value the probe declares that the read pipeline contradicts (the read one is
     used): a wrong declaration is a wrong verdict, so it is shown beside the truth."""
-    r = p.pipeline
+    r, d = p.read, p.declared
     if r is None:
         return {}
-    pairs = {"batch_size": (p.batch_size, r.batch_size),
-             "num_parallel_calls": (p.num_parallel_calls, r.num_parallel_calls),
-             "max_in_flight": (p.max_in_flight, r.max_in_flight),
-             "iterators_per_worker": (p.iterators_per_worker, r.iterators_per_worker),
-             "batch_after_interleave": (p.batch_after_interleave or None,
+    pairs = {"batch_size": (d.batch_size, r.batch_size),
+             "num_parallel_calls": (d.num_parallel_calls, r.num_parallel_calls),
+             "max_in_flight": (d.max_in_flight, r.max_in_flight),
+             "iterators_per_worker": (d.iterators_per_worker, r.iterators_per_worker),
+             "batch_after_interleave": (d.batch_after_interleave or None,
                                         r.batch_after_interleave),
              # TF-Agents opens min(B, max_cycle_length) datasets: a declared cycle is a most
              # (its recipe says max_cycle_length; a batch of 8 reads 8 of 32)
-             "cycle_length": (min(p.cycle_length, r.batch_size or p.cycle_length)
-                              if p.cycle_length else None, r.cycle_length)}
+             "cycle_length": (min(d.cycle_length, r.batch_size or d.cycle_length)
+                              if d.cycle_length else None, r.cycle_length)}
     return {name: {"declared": said, "read": read} for name, (said, read) in pairs.items()
             if said is not None and read is not None and said != read}
 
@@ -184,14 +180,14 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
         "error_buffer": limiter_of(t).error_buffer, "workers": ds.workers,
         "batch_size": ds.batch_size, "max_in_flight": ds.in_flight,
         "iterators_per_worker": ds.iterators_per_worker, "item_bytes": ds.item_bytes,
-        "item_bytes_from": ("pipeline" if p.pipeline and p.pipeline.item_bytes
-                            else "probe" if p.item_bytes else "signature" if ds.item_bytes
+        "item_bytes_from": ("pipeline" if p.read and p.read.item_bytes
+                            else "probe" if p.declared.item_bytes else "signature" if ds.item_bytes
                             else None), "probe": p.probe,
         "pipeline": ds.shape, "samplers": ds.samplers,
-        "dataset_from": "the tf.data graph" if p.pipeline else "declared",
+        "dataset_from": "the tf.data graph" if p.read else "declared",
         "declared_differs": declared_differs(p),
         "fixes": [f.document() for f in fixes]}
-    if p.pipeline is not None and p.pipeline.num_parallel_calls_autotune:
+    if p.read is not None and p.read.num_parallel_calls_autotune:
         evidence["num_parallel_calls_note"] = ("AUTOTUNE: tf.data may run one interleave "
                                                "thread, judged so")
     holders = (f"{ds.samplers} Reverb datasets read by {ds.workers} interleave thread(s), "

@@ -24,7 +24,7 @@ def is_learner_stalled(case: TableCase, probe: Probe, th: Thresholds) -> Finding
     """
     t, p = case.latest, probe[-1]
     idle = win.idle_for(probe, lambda s: s.batches_retrieved, lambda s: s.learner_steps)
-    has_data = p.ready is True or can_sample(t, p.batch_size or 1)
+    has_data = p.ready is True or can_sample(t, p.pipeline.batch_size or 1)
     if p.blocked_in_next or idle < th.stall_window_s or not has_data:
         return None
     return _learner_stalled(case, probe, idle)
@@ -34,8 +34,8 @@ def _learner_stalled(case: TableCase, probe: Probe, idle: float) -> Finding:
     t, p = case.latest, probe[-1]
     evidence = {"seconds_without_batch_or_step": idle, "batches_retrieved": p.batches_retrieved,
                 "learner_steps": p.learner_steps, "ready": p.ready,
-                "table_can_sample_batch": can_sample(t, p.batch_size or 1),
-                "batch_size": p.batch_size, "sample_headroom": sample_headroom(t),
+                "table_can_sample_batch": can_sample(t, p.pipeline.batch_size or 1),
+                "batch_size": p.pipeline.batch_size, "sample_headroom": sample_headroom(t),
                 "probe": p.probe}
     summary = (f"The learner '{p.name}' has taken no batch and no step while its iterator on "
                f"'{t.name}' has data: its update step is hung.")

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from replaywatch.probe.clients import ProbedClient, wrapped_by
+from replaywatch.probe.protocol import WRITER_CALLS, Actor, CallKeys, Doc, ErrorKeys, Role
 from replaywatch.probe.sections import Sections
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
-CALLS = ("append", "create_item", "flush", "end_episode", "close")
+CALLS = WRITER_CALLS
 _MAX_ERROR_CHARS = 300
 
 
@@ -166,8 +167,9 @@ class ActorProbe(Served):
         # adder inserts nothing on an episode's first n - 1 steps, so a bound of L steps is
         # L - (n - 1) inserts). `max_items_ahead` is the other pacing: the actor waits while
         # the items inserted past min_size exceed N + the samples the learner consumed / spi.
-        self._static = {"role": "actor", "pid": os.getpid(), "name": name, "table": table,
-                        "max_policy_lag": max_policy_lag, "max_items_ahead": max_items_ahead}
+        self._static = {Doc.ROLE: str(Role.ACTOR), Doc.PID: os.getpid(), Doc.NAME: name,
+                        Doc.TABLE: table, Actor.MAX_POLICY_LAG: max_policy_lag,
+                        Actor.MAX_ITEMS_AHEAD: max_items_ahead}
         self._started = monotonic()
         self._steps: tuple[int, float | None] = (0, None)  # (steps, last step at)
         self._call: tuple[str, float] | None = None  # (writer call, entered at)
@@ -282,36 +284,38 @@ class ActorProbe(Served):
         blocked_for = 0.0 if call is None else max(0.0, now - call[1])
         waiting_for = 0.0 if waiting is None else max(0.0, now - waiting[1])
         calls = {
-            c: {"count": n, "errors": e, "last_at": at(last),
-                "seconds_total": t + (blocked_for if call and call[0] == c else 0.0)}
+            c: {CallKeys.COUNT: n, CallKeys.ERRORS: e, CallKeys.LAST_AT: at(last),
+                CallKeys.SECONDS_TOTAL: t + (blocked_for if call and call[0] == c else 0.0)}
             for c, (n, e, t, last) in stats.items()
         }
         doc = dict(self._static)
-        doc.update(
-            steps_total=steps,
-            last_step_at=at(last_step),
-            seconds_since_last_step=None if last_step is None else max(0.0, now - last_step),
-            in_call=None if call is None else call[0],
-            in_call_since=None if call is None else at(call[1]),
-            blocked_for_s=blocked_for,
-            items_created_total=stats["create_item"][0] - stats["create_item"][1],
-            appends_total=stats["append"][0] - stats["append"][1],
-            pending_items=self._pending,
-            episode_appends=self._episode,
-            keep_alive_refs=self._keep_alive,
-            calls=calls,
-            last_error=None if error is None else {
-                "call": error[0], "type": error[1], "message": error[2], "at": at(error[3])},
-            waiting=waiting is not None,
-            waiting_on=None if waiting is None else waiting[0],
-            waiting_since=None if waiting is None else at(waiting[1]),
-            waiting_for_s=waiting_for,
-            waits_total=waits,
-            waiting_seconds_total=waited + waiting_for,
-            writers_wrapped=self._writers,
-            started_at=at(self._started),
-            now=wall,
-        )
+        doc.update({
+            Actor.STEPS_TOTAL: steps,
+            Actor.LAST_STEP_AT: at(last_step),
+            Actor.SECONDS_SINCE_LAST_STEP: (None if last_step is None
+                                            else max(0.0, now - last_step)),
+            Actor.IN_CALL: None if call is None else call[0],
+            Actor.IN_CALL_SINCE: None if call is None else at(call[1]),
+            Actor.BLOCKED_FOR_S: blocked_for,
+            Actor.ITEMS_CREATED_TOTAL: stats["create_item"][0] - stats["create_item"][1],
+            Actor.APPENDS_TOTAL: stats["append"][0] - stats["append"][1],
+            Actor.PENDING_ITEMS: self._pending,
+            Actor.EPISODE_APPENDS: self._episode,
+            Actor.KEEP_ALIVE_REFS: self._keep_alive,
+            Actor.CALLS: calls,
+            Actor.LAST_ERROR: None if error is None else {
+                ErrorKeys.CALL: error[0], ErrorKeys.TYPE: error[1], ErrorKeys.MESSAGE: error[2],
+                ErrorKeys.AT: at(error[3])},
+            Actor.WAITING: waiting is not None,
+            Actor.WAITING_ON: None if waiting is None else waiting[0],
+            Actor.WAITING_SINCE: None if waiting is None else at(waiting[1]),
+            Actor.WAITING_FOR_S: waiting_for,
+            Actor.WAITS_TOTAL: waits,
+            Actor.WAITING_SECONDS_TOTAL: waited + waiting_for,
+            Actor.WRITERS_WRAPPED: self._writers,
+            Doc.STARTED_AT: at(self._started),
+            Doc.NOW: wall,
+        })
         doc.update(self._sections.doc())
         doc.update(thread_counts())
         return doc

@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any
 
+from replaywatch.probe.protocol import Batches
+
 RECENT = 16  # batches remembered for exact repeats and the effective sample size
 MIN_REPEAT_KEYS = 4  # below, an exact repeat happens by chance on a small table
 _QUEUE = 256  # batches waiting for the thread; beyond, the oldest is dropped and counted
@@ -75,14 +77,14 @@ class BatchStats:
         self._recent_keys: collections.deque[bytes] = collections.deque(maxlen=RECENT)
         self._recent_p: collections.deque[tuple[float, int]] = collections.deque(maxlen=RECENT)
         self._seen = -1
-        self._doc: dict[str, Any] = {"batches": 0, "batches_read": 0, "keys": 0,
-                                     "keys_repeated_in_batch": 0,
-                                     "batches_repeated": 0, "infinite_priorities": 0,
-                                     "dropped": 0, "effective_sample_size": None,
-                                     "table_size": None, "max_importance_weight": None,
-                                     "times_sampled_mean": None, "times_sampled_max": None,
-                                     # the reading thread's own CPU time: what it costs
-                                     "cpu_seconds": 0.0}
+        self._doc: dict[str, Any] = {
+            Batches.BATCHES: 0, Batches.BATCHES_READ: 0, Batches.KEYS: 0,
+            Batches.KEYS_REPEATED_IN_BATCH: 0, Batches.BATCHES_REPEATED: 0,
+            Batches.INFINITE_PRIORITIES: 0, Batches.DROPPED: 0,
+            Batches.EFFECTIVE_SAMPLE_SIZE: None, Batches.TABLE_SIZE: None,
+            Batches.MAX_IMPORTANCE_WEIGHT: None, Batches.TIMES_SAMPLED_MEAN: None,
+            Batches.TIMES_SAMPLED_MAX: None,
+            Batches.CPU_SECONDS: 0.0}  # the reading thread's own CPU time: what it costs
 
     def offer(self, item: Any) -> None:
         """One batch, as the learner got it: its info is queued for the thread."""
@@ -92,7 +94,7 @@ class BatchStats:
         if len(self._queue) >= _QUEUE:
             self._queue.popleft()
             with self._lock:
-                self._doc = {**self._doc, "dropped": self._doc["dropped"] + 1}
+                self._doc = {**self._doc, Batches.DROPPED: self._doc[Batches.DROPPED] + 1}
         self._queue.append(info)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True,
@@ -126,7 +128,8 @@ class BatchStats:
                     time.sleep(0)
             spent = time.thread_time() - started
             with self._lock:
-                self._doc = {**self._doc, "cpu_seconds": self._doc["cpu_seconds"] + spent}
+                d = self._doc
+                self._doc = {**d, Batches.CPU_SECONDS: d[Batches.CPU_SECONDS] + spent}
 
     def _read(self, info: Any) -> None:
         keys = _array(getattr(info, "key", None))
@@ -140,8 +143,9 @@ class BatchStats:
         if self._seen % SAMPLE_EVERY:
             with self._lock:
                 d = self._doc
-                self._doc = {**d, "batches": d["batches"] + 1, "keys": d["keys"] + n,
-                             "batches_repeated": d["batches_repeated"] + int(repeated)}
+                self._doc = {**d, Batches.BATCHES: d[Batches.BATCHES] + 1,
+                             Batches.KEYS: d[Batches.KEYS] + n,
+                             Batches.BATCHES_REPEATED: d[Batches.BATCHES_REPEATED] + int(repeated)}
             return
         probs = _array(getattr(info, "probability", None))
         sizes = _array(getattr(info, "table_size", None))
@@ -159,17 +163,17 @@ class BatchStats:
         with self._lock:
             d = self._doc
             self._doc = {
-                **d, "batches": d["batches"] + 1, "keys": d["keys"] + n,
-                "batches_read": d["batches_read"] + 1,
-                "keys_repeated_in_batch": d["keys_repeated_in_batch"] + n - distinct,
-                "batches_repeated": d["batches_repeated"] + int(repeated),
-                "infinite_priorities": d["infinite_priorities"] + infinite,
-                "effective_sample_size": (count / total if total > 0
-                                          else d["effective_sample_size"]),
-                "table_size": size or d["table_size"],
-                "max_importance_weight": (1.0 / (size * smallest) if size and smallest
-                                          else d["max_importance_weight"]),
-                "times_sampled_mean": (float(times.mean()) if times is not None and times.size
-                                       else None),
-                "times_sampled_max": (int(times.max()) if times is not None and times.size
-                                      else None)}
+                **d, Batches.BATCHES: d[Batches.BATCHES] + 1, Batches.KEYS: d[Batches.KEYS] + n,
+                Batches.BATCHES_READ: d[Batches.BATCHES_READ] + 1,
+                Batches.KEYS_REPEATED_IN_BATCH: d[Batches.KEYS_REPEATED_IN_BATCH] + n - distinct,
+                Batches.BATCHES_REPEATED: d[Batches.BATCHES_REPEATED] + int(repeated),
+                Batches.INFINITE_PRIORITIES: d[Batches.INFINITE_PRIORITIES] + infinite,
+                Batches.EFFECTIVE_SAMPLE_SIZE: (count / total if total > 0
+                                                else d[Batches.EFFECTIVE_SAMPLE_SIZE]),
+                Batches.TABLE_SIZE: size or d[Batches.TABLE_SIZE],
+                Batches.MAX_IMPORTANCE_WEIGHT: (1.0 / (size * smallest) if size and smallest
+                                                else d[Batches.MAX_IMPORTANCE_WEIGHT]),
+                Batches.TIMES_SAMPLED_MEAN: (float(times.mean())
+                                             if times is not None and times.size else None),
+                Batches.TIMES_SAMPLED_MAX: (int(times.max())
+                                            if times is not None and times.size else None)}

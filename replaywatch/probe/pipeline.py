@@ -27,6 +27,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from replaywatch.probe.protocol import Pipeline, Shape
+
 # A Reverb dataset's outputs start with SampleInfo's fields (key, probability, table_size,
 # priority, times_sampled); an item's own tensors follow.
 SAMPLE_INFO_FIELDS = 5
@@ -72,21 +74,26 @@ def find_dataset(obj: Any, depth: int = 4) -> Any | None:
 
 
 def read(obj: Any) -> dict[str, Any]:
-    """The pipeline document: `{"read": True, ...}` or `{"read": False, "reason": ...}`."""
+    """The pipeline document: `{"read": True, ...}` (the graph's description beside it) or
+    `{"read": False, "reason": ...}`."""
     tf = sys.modules.get("tensorflow")
     if tf is None:
-        return {"read": False, "reason": "TensorFlow is not imported in this process"}
+        return _not_read("TensorFlow is not imported in this process")
     ds = find_dataset(obj)
     if ds is None:
-        return {"read": False, "reason": f"no tf.data dataset behind {type(obj).__name__}"}
+        return _not_read(f"no tf.data dataset behind {type(obj).__name__}")
     try:
         graph = tf.compat.v1.GraphDef()
         graph.ParseFromString(ds._as_serialized_graph().numpy())
-        return {"read": True, **Graph(graph, tf).describe()}
+        return {Pipeline.READ: True, **Graph(graph, tf).describe()}
     except NotRead as e:
-        return {"read": False, "reason": str(e)}
+        return _not_read(str(e))
     except Exception as e:  # a probe never breaks on the trainer's graph
-        return {"read": False, "reason": f"{type(e).__name__}: {e}"[:300]}
+        return _not_read(f"{type(e).__name__}: {e}"[:300])
+
+
+def _not_read(reason: str) -> dict[str, Any]:
+    return {Pipeline.READ: False, Pipeline.REASON: reason}
 
 
 class Graph:
@@ -212,7 +219,7 @@ AUTOTUNE = -1
 def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The budget model's inputs from a read pipeline, in the TrainerProbe's own names; None
     when the pipeline was not read. An AUTOTUNE interleave may run one thread: judged so."""
-    if not doc.get("read"):
+    if not doc.get(Pipeline.READ):
         return None
     inter, samplers, batches = doc["interleave"], doc["samplers"], doc["batches"]
     sampler = samplers[0]
@@ -222,20 +229,20 @@ def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
     parallel = inter["num_parallel_calls"] if inter else 1
     workers = sampler["num_workers_per_iterator"]
     return {
-        "batch_size": batch,
-        "num_parallel_calls": 1 if parallel == AUTOTUNE else parallel,
-        "num_parallel_calls_autotune": parallel == AUTOTUNE,
-        "max_in_flight": sampler["max_in_flight_samples_per_worker"],
+        Shape.BATCH_SIZE: batch,
+        Shape.NUM_PARALLEL_CALLS: 1 if parallel == AUTOTUNE else parallel,
+        Shape.NUM_PARALLEL_CALLS_AUTOTUNE: parallel == AUTOTUNE,
+        Shape.MAX_IN_FLIGHT: sampler["max_in_flight_samples_per_worker"],
         # Reverb's auto (-1) is one worker, in-process and over gRPC alike (GetNumWorkers,
         # kDefaultNumWorkers 1, reverb/cc/sampler.cc; measured on 0.14: one iterator draws
         # max_in_flight samples, two workers twice as many; TF-Agents' DQN job at the
         # strand bound trained over gRPC too, bench/RESULTS.md).
-        "workers_per_iterator": workers if workers and workers > 0 else 1,
-        "iterators_per_worker": (REPEAT_ITERATORS_PER_WORKER
-                                 if inter and inter["over"] == "repeat" else 1),
-        "batch_after_interleave": bool(after) and not inside,
-        "cycle_length": inter["cycle_length"] if inter and after and not inside else None,
-        "item_bytes": sampler["item_bytes"],
-        "prefetch_size": sum(doc["prefetch"]) or None,
-        "table": sampler["table"],
+        Shape.WORKERS_PER_ITERATOR: workers if workers and workers > 0 else 1,
+        Shape.ITERATORS_PER_WORKER: (REPEAT_ITERATORS_PER_WORKER
+                                     if inter and inter["over"] == "repeat" else 1),
+        Shape.BATCH_AFTER_INTERLEAVE: bool(after) and not inside,
+        Shape.CYCLE_LENGTH: inter["cycle_length"] if inter and after and not inside else None,
+        Shape.ITEM_BYTES: sampler["item_bytes"],
+        Shape.PREFETCH_SIZE: sum(doc["prefetch"]) or None,
+        Shape.TABLE: sampler["table"],
     }

@@ -2,7 +2,17 @@
 
 Standard library only: the probes import it inside the user's processes, the sidecar's
 sources and model import it on the other end, so a key or a word of the protocol is
-written in one place.
+written in one place. Python 3.10 too: the Launchpad tier runs the probes there, and 3.10
+has no `enum.StrEnum`, so the words are `str` enums that write themselves as `StrEnum`'s do.
+
+A `GET /probe` document is one JSON object. Every role's carries `Doc`'s keys; a trainer's
+adds `Trainer`'s and the declared pipeline (`Shape`'s keys at its top level, as
+`TrainerProbe(...)` was given them), an actor's `Actor`'s, a replay probe's `Replay`'s.
+The nested objects have their own: `Shape` (`pipeline_shape`, what the tf.data graph read),
+`Pipeline` (`pipeline`), `Strides` (`next_strides`), `Priorities` (each table of
+`priority_updates`), `Batches` (`batch_stats`), `SectionKeys` (`section` and each of
+`sections`), `CallKeys` (each call of `calls`), `ErrorKeys` (`last_error`). A key is never
+renamed: old probes and bundles keep the names they were written with.
 """
 
 from __future__ import annotations
@@ -10,7 +20,17 @@ from __future__ import annotations
 import enum
 
 
-class Layout(enum.StrEnum):
+class _Word(str, enum.Enum):  # noqa: UP042 (3.10 has no StrEnum)
+    """A protocol word: equal to its string, and written as it (`str()`, f-strings, JSON)."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+class Layout(_Word):
     """Who inserts and who waits (replaywatch.diagnosis.budget explains each)."""
 
     SYNC = "sync"  # one loop inserts and trains, insert blocking disabled (Acme's LocalLayout)
@@ -19,8 +39,207 @@ class Layout(enum.StrEnum):
     ASYNC_LAG = "async-lag"  # actors held by a policy-lag bound (a finite max_diff)
 
 
-class Gate(enum.StrEnum):
+class Gate(_Word):
     """When a synchronous loop calls next()."""
 
     CAN_SAMPLE = "can_sample"  # only while can_sample(batch) or ready() (Acme's LocalLayout)
     SCHEDULE = "schedule"  # a step every K inserts (TF-Agents' collect/train, Acme's older Agent)
+
+
+class Role(_Word):
+    """Which probe served a document; a document without `role` is an old trainer probe's."""
+
+    TRAINER = "trainer"
+    ACTOR = "actor"
+    REPLAY = "replay"
+
+
+# The writer calls an ActorProbe times: a fixed set, so they may be metric label values.
+WRITER_CALLS = ("append", "create_item", "flush", "end_episode", "close")
+
+
+class Doc:
+    """Keys of every role's document."""
+
+    ROLE = "role"
+    PID = "pid"
+    NAME = "name"
+    TABLE = "table"
+    STARTED_AT = "started_at"
+    NOW = "now"  # the probe's wall clock when it answered
+    THREAD_COUNT = "thread_count"  # Python's threads
+    OS_THREADS = "os_threads"  # /proc/self/task; null off Linux
+    SECTION = "section"  # trainer and actor: the section the loop is inside now
+    SECTIONS = "sections"  # ... and each one's past, by name
+
+
+class Shape:
+    """A tf.data pipeline's shape, the budget model's inputs: the keys of `pipeline_shape`
+    (read from the graph) and, at a trainer document's top level, of what it declares."""
+
+    BATCH_SIZE = "batch_size"
+    NUM_PARALLEL_CALLS = "num_parallel_calls"
+    NUM_PARALLEL_CALLS_AUTOTUNE = "num_parallel_calls_autotune"  # read only
+    MAX_IN_FLIGHT = "max_in_flight"  # max_in_flight_samples_per_worker
+    WORKERS_PER_ITERATOR = "workers_per_iterator"
+    ITERATORS_PER_WORKER = "iterators_per_worker"
+    BATCH_AFTER_INTERLEAVE = "batch_after_interleave"  # one batch after the interleave
+    CYCLE_LENGTH = "cycle_length"
+    ITEM_BYTES = "item_bytes"
+    PREFETCH_SIZE = "prefetch_size"
+    TABLE = "table"
+
+
+class Trainer:
+    """Keys a trainer's document adds (TrainerProbe.snapshot says what each means)."""
+
+    LAYOUT = "layout"  # declared: a Layout
+    GATE = "gate"  # declared: a Gate
+    INSERTS_PER_STEP = "inserts_per_step"  # declared schedule
+    FIRST_STEP_AT = "first_step_at"  # declared schedule
+    BATCHES_RETRIEVED = "batches_retrieved"
+    BLOCKED_IN_NEXT = "blocked_in_next"
+    BLOCKED_SINCE = "blocked_since"
+    BLOCKED_FOR_S = "blocked_for_s"
+    BLOCKED_SECONDS_TOTAL = "blocked_seconds_total"
+    LAST_BATCH_AT = "last_batch_at"
+    LEARNER_STEPS = "learner_steps"
+    LAST_STEP_AT = "last_step_at"
+    READY = "ready"
+    WRAPPED = "wrapped"
+    WRITERS_WRAPPED = "writers_wrapped"
+    ITEMS_INSERTED = "items_inserted"
+    INSERTS_ON_NEXT_THREAD = "inserts_on_next_thread"
+    PIPELINE = "pipeline"  # the graph as read: Pipeline's keys and the graph's description
+    PIPELINE_SHAPE = "pipeline_shape"  # Shape's keys, read from the graph
+    NEXT_STRIDES = "next_strides"
+    BATCH_STATS = "batch_stats"
+    PRIORITY_UPDATES = "priority_updates"  # by table
+
+
+class Pipeline:
+    """Keys of `pipeline` the sidecar reads: whether the graph was read, and if not why."""
+
+    READ = "read"
+    REASON = "reason"
+
+
+class Strides:
+    """Keys of `next_strides`, in the order the probe keeps them."""
+
+    INSERTS_AT_FIRST = "inserts_at_first"
+    INSERTS_AT_LAST = "inserts_at_last"
+    COUNT = "count"
+    LEAST = "least"
+    MOST = "most"
+    ORDER = (INSERTS_AT_FIRST, INSERTS_AT_LAST, COUNT, LEAST, MOST)
+
+
+class Priorities:
+    """Keys of each table's `priority_updates`, in the order the probe keeps them."""
+
+    CALLS = "calls"
+    KEYS = "keys"
+    SECONDS_TOTAL = "seconds_total"
+    ERRORS = "errors"
+    REJECTED_KEYS = "rejected_keys"  # NaN or negative: Reverb refuses them
+    INFINITE_KEYS = "infinite_keys"  # +inf: accepted, and takes over sampling
+    LAST_ERROR = "last_error"
+    ORDER = (CALLS, KEYS, SECONDS_TOTAL, ERRORS, REJECTED_KEYS, INFINITE_KEYS, LAST_ERROR)
+
+
+class Batches:
+    """Keys of `batch_stats` (replaywatch/probe/batch_stats.py)."""
+
+    BATCHES = "batches"
+    BATCHES_READ = "batches_read"
+    KEYS = "keys"
+    KEYS_REPEATED_IN_BATCH = "keys_repeated_in_batch"
+    BATCHES_REPEATED = "batches_repeated"
+    INFINITE_PRIORITIES = "infinite_priorities"
+    DROPPED = "dropped"
+    EFFECTIVE_SAMPLE_SIZE = "effective_sample_size"
+    TABLE_SIZE = "table_size"
+    MAX_IMPORTANCE_WEIGHT = "max_importance_weight"
+    TIMES_SAMPLED_MEAN = "times_sampled_mean"
+    TIMES_SAMPLED_MAX = "times_sampled_max"
+    CPU_SECONDS = "cpu_seconds"  # the reading thread's own CPU time
+
+
+class SectionKeys:
+    """Keys of `section` (the one inside now) and of each section's past in `sections`."""
+
+    NAME = "name"
+    FOR_S = "for_s"
+    TIMEOUT_S = "timeout_s"
+    COUNT = "count"
+    LONGEST_S = "longest_s"
+    LAST_S = "last_s"
+
+
+class Actor:
+    """Keys an actor's document adds (ActorProbe.snapshot says what each means)."""
+
+    STEPS_TOTAL = "steps_total"
+    LAST_STEP_AT = "last_step_at"
+    SECONDS_SINCE_LAST_STEP = "seconds_since_last_step"
+    IN_CALL = "in_call"
+    IN_CALL_SINCE = "in_call_since"
+    BLOCKED_FOR_S = "blocked_for_s"
+    ITEMS_CREATED_TOTAL = "items_created_total"
+    APPENDS_TOTAL = "appends_total"
+    PENDING_ITEMS = "pending_items"
+    EPISODE_APPENDS = "episode_appends"
+    KEEP_ALIVE_REFS = "keep_alive_refs"
+    CALLS = "calls"  # by writer call: CallKeys
+    LAST_ERROR = "last_error"  # ErrorKeys
+    WAITING = "waiting"
+    WAITING_ON = "waiting_on"
+    WAITING_SINCE = "waiting_since"
+    WAITING_FOR_S = "waiting_for_s"
+    WAITS_TOTAL = "waits_total"
+    WAITING_SECONDS_TOTAL = "waiting_seconds_total"
+    WRITERS_WRAPPED = "writers_wrapped"
+    MAX_POLICY_LAG = "max_policy_lag"
+    MAX_ITEMS_AHEAD = "max_items_ahead"
+
+
+class CallKeys:
+    """Keys of each writer call's totals in an actor's `calls`."""
+
+    COUNT = "count"
+    ERRORS = "errors"
+    SECONDS_TOTAL = "seconds_total"
+    LAST_AT = "last_at"
+
+
+class ErrorKeys:
+    """Keys of an actor's `last_error`."""
+
+    CALL = "call"
+    TYPE = "type"
+    MESSAGE = "message"
+    AT = "at"
+
+
+class Replay:
+    """Keys a replay probe's document adds, bytes throughout (ReplayProbe.snapshot)."""
+
+    RSS_BYTES = "rss_bytes"
+    LIMIT_BYTES = "limit_bytes"
+    LIMIT_FROM = "limit_from"  # "cgroup v1", "cgroup v2" or "host"
+    CGROUP_USAGE_BYTES = "cgroup_usage_bytes"
+    CGROUP_ANON_BYTES = "cgroup_anon_bytes"
+    OOM_KILLS = "oom_kills"
+
+
+# Every key class, for the test that keeps the keys out of the code that writes and reads
+# them (tests/test_probe_protocol.py).
+KEY_CLASSES = (Doc, Shape, Trainer, Pipeline, Strides, Priorities, Batches, SectionKeys,
+               Actor, CallKeys, ErrorKeys, Replay)
+
+
+def keys() -> frozenset[str]:
+    """Every key the protocol declares."""
+    return frozenset(v for c in KEY_CLASSES for k, v in vars(c).items()
+                     if k.isupper() and isinstance(v, str))

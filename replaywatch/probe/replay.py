@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replaywatch.probe.process_memory import Cgroup, cgroup_of, limit_of, rss_of
+from replaywatch.probe.protocol import Doc, Replay, Role
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
 
@@ -36,8 +37,8 @@ class ReplayProbe(Served):
             raise ValueError(f"name ({name!r}) must be a non-empty string")
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
-        self._static: dict[str, Any] = {"role": "replay", "pid": os.getpid(), "name": name,
-                                        "table": None}
+        self._static: dict[str, Any] = {Doc.ROLE: str(Role.REPLAY), Doc.PID: os.getpid(),
+                                        Doc.NAME: name, Doc.TABLE: None}
         self._started = clock()
         # Read once: the group a process runs in is the one it is killed in.
         self._group: Cgroup | None = cgroup_of(os.getpid())
@@ -52,9 +53,9 @@ class ReplayProbe(Served):
         """
         limit = limit_of(self._group)
         doc = dict(self._static)
-        doc.update(rss_bytes=rss_of(os.getpid()), limit_bytes=limit.bytes,
-                   limit_from=limit.source, cgroup_usage_bytes=limit.usage,
-                   cgroup_anon_bytes=limit.anon, oom_kills=limit.oom_kills,
-                   started_at=self._started, now=self._clock())
+        doc.update({Replay.RSS_BYTES: rss_of(os.getpid()), Replay.LIMIT_BYTES: limit.bytes,
+                    Replay.LIMIT_FROM: limit.source, Replay.CGROUP_USAGE_BYTES: limit.usage,
+                    Replay.CGROUP_ANON_BYTES: limit.anon, Replay.OOM_KILLS: limit.oom_kills,
+                    Doc.STARTED_AT: self._started, Doc.NOW: self._clock()})
         doc.update(thread_counts())
         return doc

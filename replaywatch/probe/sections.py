@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from replaywatch.probe.protocol import Doc, SectionKeys
+
 MAX_NAMES = 32  # sections are the code's own few names; more are refused, not grown
 MAX_NAME = 64
 
@@ -63,9 +65,10 @@ class Sections:
             current = self._open[-1] if self._open else None
             past = dict(self._past)
         return {
-            "section": None if current is None else {
-                "name": current[0], "for_s": max(0.0, now - current[1]),
-                "timeout_s": current[2]},
-            "sections": {name: {"count": c, "longest_s": longest, "last_s": last}
-                         for name, (c, longest, last) in sorted(past.items())},
+            Doc.SECTION: None if current is None else {
+                SectionKeys.NAME: current[0], SectionKeys.FOR_S: max(0.0, now - current[1]),
+                SectionKeys.TIMEOUT_S: current[2]},
+            Doc.SECTIONS: {name: {SectionKeys.COUNT: c, SectionKeys.LONGEST_S: longest,
+                                  SectionKeys.LAST_S: last}
+                           for name, (c, longest, last) in sorted(past.items())},
         }

@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from replaywatch.probe.protocol import Doc
+
 _MAX_FRAMES = 64
 Document = Callable[[], dict[str, Any]]
 
@@ -42,7 +44,7 @@ def thread_counts() -> dict[str, int | None]:
         os_threads: int | None = len(os.listdir("/proc/self/task"))
     except OSError:
         os_threads = None
-    return {"thread_count": threading.active_count(), "os_threads": os_threads}
+    return {Doc.THREAD_COUNT: threading.active_count(), Doc.OS_THREADS: os_threads}
 
 
 def thread_stacks(name: str, taken_at: float) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from replaywatch.probe.learner import wrap_builder as _wrap_builder
 from replaywatch.probe.learner import wrap_learner as _wrap_learner
 from replaywatch.probe.pipeline import read as read_pipeline
 from replaywatch.probe.pipeline import shape as pipeline_shape
+from replaywatch.probe.protocol import Doc, Gate, Layout, Priorities, Role, Shape, Strides, Trainer
 from replaywatch.probe.sections import Sections
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
@@ -99,15 +100,6 @@ class _LoopWriter:
         return getattr(self._inner, name)
 
 
-# What a trainer may declare about its loop (replaywatch predict's --layout): a job that
-# cannot wrap its writer says so here, or with the sidecar's --layout.
-LAYOUTS = ("sync", "sync-ratio", "async", "async-lag")
-# When a synchronous loop calls next() (predict's --gate): only while can_sample(batch) or
-# ready() (Acme's LocalLayout), or on a schedule (a step every K inserts, TF-Agents' collect
-# and train loops, Acme's older Agent).
-GATES = ("can_sample", "schedule")
-
-
 class TrainerProbe(Served):
     """Counts the learner's batches and blocked time; serves them as JSON."""
 
@@ -133,50 +125,53 @@ class TrainerProbe(Served):
         batch_stats: bool = True,
     ):
         for label, value in (
-            ("batch_size", batch_size),
-            ("num_parallel_calls", num_parallel_calls),
-            ("prefetch_size", prefetch_size),
-            ("max_in_flight", max_in_flight),
-            ("iterators_per_worker", iterators_per_worker),
-            ("item_bytes", item_bytes),
-            ("first_step_at", first_step_at),
-            ("cycle_length", cycle_length),
-            ("workers_per_iterator", workers_per_iterator),
+            (Shape.BATCH_SIZE, batch_size),
+            (Shape.NUM_PARALLEL_CALLS, num_parallel_calls),
+            (Shape.PREFETCH_SIZE, prefetch_size),
+            (Shape.MAX_IN_FLIGHT, max_in_flight),
+            (Shape.ITERATORS_PER_WORKER, iterators_per_worker),
+            (Shape.ITEM_BYTES, item_bytes),
+            (Trainer.FIRST_STEP_AT, first_step_at),
+            (Shape.CYCLE_LENGTH, cycle_length),
+            (Shape.WORKERS_PER_ITERATOR, workers_per_iterator),
         ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{label} ({value!r}) must be a non-negative int")
-        if layout is not None and layout not in LAYOUTS:
-            raise ValueError(f"layout ({layout!r}) must be one of {', '.join(LAYOUTS)}")
-        if gate is not None and gate not in GATES:
-            raise ValueError(f"gate ({gate!r}) must be one of {', '.join(GATES)}")
+        if layout is not None and layout not in tuple(Layout):
+            raise ValueError(f"layout ({layout!r}) must be one of {', '.join(Layout)}")
+        if gate is not None and gate not in tuple(Gate):
+            raise ValueError(f"gate ({gate!r}) must be one of {', '.join(Gate)}")
         if inserts_per_step is not None and (isinstance(inserts_per_step, bool) or not isinstance(
                 inserts_per_step, (int, float)) or not inserts_per_step > 0):
             raise ValueError(f"inserts_per_step ({inserts_per_step!r}) must be a number > 0")
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
         self._clock = clock
+        # The declared pipeline sits at the document's top level under Shape's keys (the
+        # sidecar reads it with the one it read from the graph); the layout and gate go out
+        # as plain strings, whatever str enum the caller passed.
         self._static = {
-            "role": "trainer",
-            "pid": os.getpid(),
-            "name": name,
-            "batch_size": batch_size,
-            "num_parallel_calls": num_parallel_calls,
-            "prefetch_size": prefetch_size,
-            "table": table,
+            Doc.ROLE: str(Role.TRAINER),
+            Doc.PID: os.getpid(),
+            Doc.NAME: name,
+            Shape.BATCH_SIZE: batch_size,
+            Shape.NUM_PARALLEL_CALLS: num_parallel_calls,
+            Shape.PREFETCH_SIZE: prefetch_size,
+            Doc.TABLE: table,
             # The dataset's shape and the items' size, for the budget model (replaywatch
             # predict takes the same numbers): Acme's default in-flight is 2 x batch_size.
-            "max_in_flight": max_in_flight,
-            "iterators_per_worker": iterators_per_worker,
-            "item_bytes": item_bytes,
-            "layout": layout,
+            Shape.MAX_IN_FLIGHT: max_in_flight,
+            Shape.ITERATORS_PER_WORKER: iterators_per_worker,
+            Shape.ITEM_BYTES: item_bytes,
+            Trainer.LAYOUT: None if layout is None else str(layout),
             # The loop's gate and schedule, where the job states them (else learned below),
             # and a TF-Agents-shaped pipeline: one batch after an interleave of
             # `cycle_length` Reverb datasets read by `num_parallel_calls` threads.
-            "gate": gate,
-            "inserts_per_step": inserts_per_step,
-            "first_step_at": first_step_at,
-            "batch_after_interleave": bool(batch_after_interleave),
-            "cycle_length": cycle_length,
-            "workers_per_iterator": workers_per_iterator,
+            Trainer.GATE: None if gate is None else str(gate),
+            Trainer.INSERTS_PER_STEP: inserts_per_step,
+            Trainer.FIRST_STEP_AT: first_step_at,
+            Shape.BATCH_AFTER_INTERLEAVE: bool(batch_after_interleave),
+            Shape.CYCLE_LENGTH: cycle_length,
+            Shape.WORKERS_PER_ITERATOR: workers_per_iterator,
         }
         self._started_at = clock()
         self._blocked_since: float | None = None
@@ -345,33 +340,31 @@ class TrainerProbe(Served):
         (inserted, inserter), next_thread = self._inserts, self._next_thread
         blocked_for = 0.0 if blocked_since is None else max(0.0, now - blocked_since)
         doc = dict(self._static)
-        doc.update(
-            batches_retrieved=batches,
-            blocked_in_next=blocked_since is not None,
-            blocked_since=blocked_since,
-            blocked_for_s=blocked_for,
-            blocked_seconds_total=total + blocked_for,
-            last_batch_at=last_batch_at,
-            learner_steps=steps,
-            last_step_at=last_step_at,
-            ready=self._ready(),
-            wrapped=self._wrapped,
-            writers_wrapped=self._writers,
-            items_inserted=inserted,
-            inserts_on_next_thread=(None if inserter is None or next_thread is None
-                                    else inserter == next_thread),
-            pipeline=None if self._pipeline is None else self._pipeline[0],
-            pipeline_shape=None if self._pipeline is None else self._pipeline[1],
-            next_strides=None if self._strides is None else dict(zip(
-                ("inserts_at_first", "inserts_at_last", "count", "least", "most"),
-                self._strides, strict=True)),
-            batch_stats=None if self._batch_stats is None else self._batch_stats.doc(),
-            priority_updates={t: dict(zip(
-                ("calls", "keys", "seconds_total", "errors", "rejected_keys", "infinite_keys",
-                 "last_error"), s, strict=True)) for t, s in self._priority_stats.items()},
-            started_at=self._started_at,
-            now=now,
-        )
+        doc.update({
+            Trainer.BATCHES_RETRIEVED: batches,
+            Trainer.BLOCKED_IN_NEXT: blocked_since is not None,
+            Trainer.BLOCKED_SINCE: blocked_since,
+            Trainer.BLOCKED_FOR_S: blocked_for,
+            Trainer.BLOCKED_SECONDS_TOTAL: total + blocked_for,
+            Trainer.LAST_BATCH_AT: last_batch_at,
+            Trainer.LEARNER_STEPS: steps,
+            Trainer.LAST_STEP_AT: last_step_at,
+            Trainer.READY: self._ready(),
+            Trainer.WRAPPED: self._wrapped,
+            Trainer.WRITERS_WRAPPED: self._writers,
+            Trainer.ITEMS_INSERTED: inserted,
+            Trainer.INSERTS_ON_NEXT_THREAD: (None if inserter is None or next_thread is None
+                                             else inserter == next_thread),
+            Trainer.PIPELINE: None if self._pipeline is None else self._pipeline[0],
+            Trainer.PIPELINE_SHAPE: None if self._pipeline is None else self._pipeline[1],
+            Trainer.NEXT_STRIDES: None if self._strides is None else dict(zip(
+                Strides.ORDER, self._strides, strict=True)),
+            Trainer.BATCH_STATS: None if self._batch_stats is None else self._batch_stats.doc(),
+            Trainer.PRIORITY_UPDATES: {t: dict(zip(Priorities.ORDER, s, strict=True))
+                                       for t, s in self._priority_stats.items()},
+            Doc.STARTED_AT: self._started_at,
+            Doc.NOW: now,
+        })
         doc.update(self._sections.doc())
         doc.update(thread_counts())
         return doc

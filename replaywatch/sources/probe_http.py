@@ -9,6 +9,7 @@ says which snapshot it becomes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.client
 import json
@@ -19,16 +20,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
 from replaywatch.model import (
-    GATES,
-    LAYOUTS,
     NO_ANSWER,
     WRITER_CALLS,
     ActorSnapshot,
     BatchStats,
+    Gate,
+    Layout,
     MemorySnapshot,
     NextStrides,
     PipelineShape,
@@ -40,11 +41,27 @@ from replaywatch.model import (
     SourceKind,
     WriterCallStats,
 )
+from replaywatch.probe.protocol import (
+    Actor,
+    Batches,
+    CallKeys,
+    Doc,
+    ErrorKeys,
+    Pipeline,
+    Priorities,
+    Replay,
+    Role,
+    SectionKeys,
+    Shape,
+    Strides,
+    Trainer,
+)
 from replaywatch.sources import PolledSource
 
 _MAX_BODY = 4 * 1024 * 1024  # a /stacks document of a 500-thread trainer fits
 _MAX_TEXT = 200  # user-given strings (names, waiting_on, errors) kept per snapshot
-ROLES = ("trainer", "actor", "replay")
+ROLES = tuple(Role)
+W = TypeVar("W", Layout, Gate)
 
 
 def _opt_float(doc: dict[str, Any], key: str) -> float | None:
@@ -64,45 +81,42 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
     skew between the trainer's and the sidecar's clocks does not distort them.
     """
     try:
-        ready = doc.get("ready")
+        ready = doc.get(Trainer.READY)
+        pipeline_read, pipeline_reason, read = _pipeline(doc)
+        section, sections = _sections(doc)
         return ProbeSnapshot(
             probe=probe,
             observed_at=observed_at,
-            pid=int(doc["pid"]),
-            name=str(doc.get("name", "")),
-            batch_size=_opt_int(doc, "batch_size"),
-            num_parallel_calls=_opt_int(doc, "num_parallel_calls"),
-            prefetch_size=_opt_int(doc, "prefetch_size"),
-            batches_retrieved=int(doc["batches_retrieved"]),
-            blocked_in_next=bool(doc["blocked_in_next"]),
-            blocked_since=_opt_float(doc, "blocked_since"),
-            blocked_for_s=float(doc.get("blocked_for_s", 0.0)),
-            blocked_seconds_total=float(doc.get("blocked_seconds_total", 0.0)),
-            last_batch_at=_opt_float(doc, "last_batch_at"),
+            pid=int(doc[Doc.PID]),
+            name=str(doc.get(Doc.NAME, "")),
+            batches_retrieved=int(doc[Trainer.BATCHES_RETRIEVED]),
+            blocked_in_next=bool(doc[Trainer.BLOCKED_IN_NEXT]),
+            blocked_since=_opt_float(doc, Trainer.BLOCKED_SINCE),
+            blocked_for_s=float(doc.get(Trainer.BLOCKED_FOR_S, 0.0)),
+            blocked_seconds_total=float(doc.get(Trainer.BLOCKED_SECONDS_TOTAL, 0.0)),
+            last_batch_at=_opt_float(doc, Trainer.LAST_BATCH_AT),
             ready=None if ready is None else bool(ready),
-            learner_steps=int(doc.get("learner_steps", 0)),
-            last_step_at=_opt_float(doc, "last_step_at"),
-            thread_count=int(doc.get("thread_count", 0)),
-            started_at=float(doc.get("started_at", 0.0)),
-            table=_opt_text(doc, "table"),
-            os_threads=_opt_int(doc, "os_threads"),
-            wrapped=_opt_text(doc, "wrapped"),
-            max_in_flight=_opt_int(doc, "max_in_flight"),
-            iterators_per_worker=_opt_int(doc, "iterators_per_worker"),
-            item_bytes=_opt_int(doc, "item_bytes"),
-            layout=_layout(doc),
-            writers_wrapped=int(doc.get("writers_wrapped", 0)),
-            items_inserted=int(doc.get("items_inserted", 0)),
-            inserts_on_next_thread=_opt_bool(doc, "inserts_on_next_thread"),
-            gate=_choice(doc, "gate", GATES),
-            inserts_per_step=_opt_float(doc, "inserts_per_step"),
-            first_step_at=_opt_int(doc, "first_step_at"),
-            batch_after_interleave=bool(doc.get("batch_after_interleave", False)),
-            cycle_length=_opt_int(doc, "cycle_length"),
-            workers_per_iterator=_opt_int(doc, "workers_per_iterator"),
+            learner_steps=int(doc.get(Trainer.LEARNER_STEPS, 0)),
+            last_step_at=_opt_float(doc, Trainer.LAST_STEP_AT),
+            thread_count=int(doc.get(Doc.THREAD_COUNT, 0)),
+            started_at=float(doc.get(Doc.STARTED_AT, 0.0)),
+            table=_opt_text(doc, Doc.TABLE),
+            os_threads=_opt_int(doc, Doc.OS_THREADS),
+            wrapped=_opt_text(doc, Trainer.WRAPPED),
+            declared=_shape(doc),
+            layout=_word(doc, Trainer.LAYOUT, Layout),
+            writers_wrapped=int(doc.get(Trainer.WRITERS_WRAPPED, 0)),
+            items_inserted=int(doc.get(Trainer.ITEMS_INSERTED, 0)),
+            inserts_on_next_thread=_opt_bool(doc, Trainer.INSERTS_ON_NEXT_THREAD),
+            gate=_word(doc, Trainer.GATE, Gate),
+            inserts_per_step=_opt_float(doc, Trainer.INSERTS_PER_STEP),
+            first_step_at=_opt_int(doc, Trainer.FIRST_STEP_AT),
             next_strides=_strides(doc),
-            **_pipeline(doc),
-            **_sections(doc),
+            pipeline_read=pipeline_read,
+            pipeline_reason=pipeline_reason,
+            read=read,
+            section=section,
+            sections=sections,
             priority_updates=_priorities(doc),
             batch_stats=_batch_stats(doc),
         )
@@ -110,97 +124,108 @@ def snapshot_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> 
         raise SourceProtocolError(f"{probe}: not a replaywatch probe document ({e!r})") from e
 
 
+def _shape(doc: dict[str, Any]) -> PipelineShape:
+    """A pipeline's shape under Shape's keys: what a trainer declares, at its document's top
+    level, or what its probe read from the graph (`pipeline_shape`)."""
+    after = doc.get(Shape.BATCH_AFTER_INTERLEAVE)
+    return PipelineShape(
+        batch_size=_opt_int(doc, Shape.BATCH_SIZE),
+        num_parallel_calls=_opt_int(doc, Shape.NUM_PARALLEL_CALLS),
+        num_parallel_calls_autotune=bool(doc.get(Shape.NUM_PARALLEL_CALLS_AUTOTUNE)),
+        max_in_flight=_opt_int(doc, Shape.MAX_IN_FLIGHT),
+        workers_per_iterator=_opt_int(doc, Shape.WORKERS_PER_ITERATOR),
+        iterators_per_worker=_opt_int(doc, Shape.ITERATORS_PER_WORKER),
+        batch_after_interleave=None if after is None else bool(after),
+        cycle_length=_opt_int(doc, Shape.CYCLE_LENGTH),
+        item_bytes=_opt_int(doc, Shape.ITEM_BYTES),
+        prefetch_size=_opt_int(doc, Shape.PREFETCH_SIZE),
+        table=_opt_text(doc, Shape.TABLE))
+
+
 def _batch_stats(doc: dict[str, Any]) -> BatchStats | None:
     """What the learner's batches' SampleInfo says (the probe's `batch_stats`)."""
-    b = doc.get("batch_stats")
-    if b is None or not b.get("batches"):
+    b = doc.get(Trainer.BATCH_STATS)
+    if b is None or not b.get(Batches.BATCHES):
         return None
-    return BatchStats(int(b["batches"]), int(b["keys"]), int(b["keys_repeated_in_batch"]),
-                      int(b["batches_repeated"]), int(b["infinite_priorities"]),
-                      _opt_float(b, "effective_sample_size"), _opt_int(b, "table_size"),
-                      _opt_float(b, "max_importance_weight"), _opt_float(b, "times_sampled_mean"),
-                      _opt_int(b, "times_sampled_max"))
+    return BatchStats(int(b[Batches.BATCHES]), int(b[Batches.KEYS]),
+                      int(b[Batches.KEYS_REPEATED_IN_BATCH]), int(b[Batches.BATCHES_REPEATED]),
+                      int(b[Batches.INFINITE_PRIORITIES]),
+                      _opt_float(b, Batches.EFFECTIVE_SAMPLE_SIZE),
+                      _opt_int(b, Batches.TABLE_SIZE), _opt_float(b, Batches.MAX_IMPORTANCE_WEIGHT),
+                      _opt_float(b, Batches.TIMES_SAMPLED_MEAN),
+                      _opt_int(b, Batches.TIMES_SAMPLED_MAX))
 
 
 def _priorities(doc: dict[str, Any]) -> tuple[PriorityUpdates, ...]:
     """The learner's priority updates, by table (`wrap_client`'s `mutate_priorities`)."""
-    by_table = doc.get("priority_updates") or {}
+    by_table = doc.get(Trainer.PRIORITY_UPDATES) or {}
     if not isinstance(by_table, dict):
         raise ValueError("priority_updates is not an object")
     return tuple(PriorityUpdates(
-        str(t)[:_MAX_TEXT], int(u["calls"]), int(u["keys"]), float(u["seconds_total"]),
-        int(u.get("errors", 0)), int(u.get("rejected_keys", 0)), int(u.get("infinite_keys", 0)),
-        None if u.get("last_error") is None else str(u["last_error"])[:_MAX_TEXT])
+        str(t)[:_MAX_TEXT], int(u[Priorities.CALLS]), int(u[Priorities.KEYS]),
+        float(u[Priorities.SECONDS_TOTAL]), int(u.get(Priorities.ERRORS, 0)),
+        int(u.get(Priorities.REJECTED_KEYS, 0)), int(u.get(Priorities.INFINITE_KEYS, 0)),
+        _opt_text(u, Priorities.LAST_ERROR))
         for t, u in sorted(by_table.items())[:_MAX_SECTIONS])
 
 
-def _choice(doc: dict[str, Any], key: str, allowed: tuple[str, ...]) -> str | None:
+def _word(doc: dict[str, Any], key: str, word: type[W]) -> W | None:
+    """A layout or a gate, checked: it picks the budget model's arithmetic."""
     value = doc.get(key)
-    if value is not None and value not in allowed:
-        raise ValueError(f"{key} {str(value)[:50]!r} is not one of {', '.join(allowed)}")
-    return value
+    if value is None:
+        return None
+    if value not in tuple(word):
+        raise ValueError(f"{key} {str(value)[:50]!r} is not one of {', '.join(word)}")
+    return word(value)
 
 
-def _pipeline(doc: dict[str, Any]) -> dict[str, Any]:
-    """The pipeline as the probe read it: read or not (and why), and the model's inputs."""
-    raw, shape = doc.get("pipeline"), doc.get("pipeline_shape")
+def _pipeline(doc: dict[str, Any]) -> tuple[bool | None, str | None, PipelineShape | None]:
+    """The pipeline as the probe read it: read or not (None: not yet), why not, and the
+    shape read from the graph."""
+    raw, shape = doc.get(Trainer.PIPELINE), doc.get(Trainer.PIPELINE_SHAPE)
     if not isinstance(raw, dict):
-        return {}
-    fields: dict[str, Any] = {"pipeline_read": bool(raw.get("read")),
-                              "pipeline_reason": _opt_text(raw, "reason")}
+        return None, None, None
+    read = None
     if isinstance(shape, dict):
-        fields["pipeline"] = PipelineShape(
-            batch_size=_opt_int(shape, "batch_size"),
-            num_parallel_calls=int(shape["num_parallel_calls"]),
-            num_parallel_calls_autotune=bool(shape.get("num_parallel_calls_autotune")),
-            max_in_flight=_opt_int(shape, "max_in_flight"),
-            workers_per_iterator=int(shape.get("workers_per_iterator") or 1),
-            iterators_per_worker=int(shape.get("iterators_per_worker") or 1),
-            batch_after_interleave=bool(shape.get("batch_after_interleave")),
-            cycle_length=_opt_int(shape, "cycle_length"),
-            item_bytes=_opt_int(shape, "item_bytes"),
-            prefetch_size=_opt_int(shape, "prefetch_size"),
-            table=_opt_text(shape, "table"))
-    return fields
+        # The graph always says its workers and iterators: one each where Reverb's is auto.
+        said = _shape(shape)
+        read = dataclasses.replace(
+            said, num_parallel_calls=int(shape[Shape.NUM_PARALLEL_CALLS]),
+            workers_per_iterator=said.workers_per_iterator or 1,
+            iterators_per_worker=said.iterators_per_worker or 1,
+            batch_after_interleave=bool(said.batch_after_interleave))
+    return bool(raw.get(Pipeline.READ)), _opt_text(raw, Pipeline.REASON), read
 
 
 _MAX_SECTIONS = 32  # a probe's named sections kept: names are the code's, a few by nature
 
 
-def _sections(doc: dict[str, Any]) -> dict[str, Any]:
+def _sections(doc: dict[str, Any]) -> tuple[Section | None, tuple[SectionStat, ...]]:
     """The section the loop is inside now and each one's past (`probe.section(name)`)."""
-    now, past = doc.get("section"), doc.get("sections") or {}
+    now, past = doc.get(Doc.SECTION), doc.get(Doc.SECTIONS) or {}
     if not isinstance(past, dict):
         raise ValueError("sections is not an object")
     section = None
     if isinstance(now, dict):
-        timeout = _opt_float(now, "timeout_s")
-        section = Section(str(now["name"])[:_MAX_TEXT], float(now["for_s"]), timeout)
-    stats = tuple(SectionStat(str(name)[:_MAX_TEXT], int(v["count"]), float(v["longest_s"]),
-                              float(v["last_s"]))
+        timeout = _opt_float(now, SectionKeys.TIMEOUT_S)
+        section = Section(str(now[SectionKeys.NAME])[:_MAX_TEXT], float(now[SectionKeys.FOR_S]),
+                          timeout)
+    stats = tuple(SectionStat(str(name)[:_MAX_TEXT], int(v[SectionKeys.COUNT]),
+                              float(v[SectionKeys.LONGEST_S]), float(v[SectionKeys.LAST_S]))
                   for name, v in sorted(past.items())[:_MAX_SECTIONS])
-    return {"section": section, "sections": stats}
+    return section, stats
 
 
 def _strides(doc: dict[str, Any]) -> NextStrides | None:
-    s = doc.get("next_strides")
+    s = doc.get(Trainer.NEXT_STRIDES)
     if s is None:
         return None
-    return NextStrides(int(s["inserts_at_first"]), int(s["inserts_at_last"]), int(s["count"]),
-                       int(s["least"]), int(s["most"]))
+    return NextStrides(*(int(s[key]) for key in Strides.ORDER))
 
 
 def _opt_bool(doc: dict[str, Any], key: str) -> bool | None:
     value = doc.get(key)
     return None if value is None else bool(value)
-
-
-def _layout(doc: dict[str, Any]) -> str | None:
-    """A declared layout, checked: it picks the budget model's arithmetic."""
-    value = doc.get("layout")
-    if value is not None and value not in LAYOUTS:
-        raise ValueError(f"layout {str(value)[:50]!r} is not one of {LAYOUTS}")
-    return value
 
 
 def _opt_text(doc: dict[str, Any], key: str) -> str | None:
@@ -217,64 +242,68 @@ def _call(doc: dict[str, Any], key: str) -> str | None:
 
 
 def _calls(doc: dict[str, Any]) -> tuple[WriterCallStats, ...]:
-    calls = doc.get("calls") or {}
+    calls = doc.get(Actor.CALLS) or {}
     if not isinstance(calls, dict):
         raise TypeError("calls must be an object")
     return tuple(
-        WriterCallStats(call=c, count=int(s["count"]), errors=int(s.get("errors", 0)),
-                        seconds_total=float(s.get("seconds_total", 0.0)),
-                        last_at=_opt_float(s, "last_at"))
+        WriterCallStats(call=c, count=int(s[CallKeys.COUNT]),
+                        errors=int(s.get(CallKeys.ERRORS, 0)),
+                        seconds_total=float(s.get(CallKeys.SECONDS_TOTAL, 0.0)),
+                        last_at=_opt_float(s, CallKeys.LAST_AT))
         for c in WRITER_CALLS if isinstance(s := calls.get(c), dict)
     )
 
 
 def _last_error(doc: dict[str, Any]) -> tuple[str | None, float | None]:
-    error = doc.get("last_error")
+    error = doc.get(Actor.LAST_ERROR)
     if not isinstance(error, dict):
         return None, None
-    text = f"{error.get('call')}: {error.get('type')}: {error.get('message', '')}"
-    return " ".join(text.split())[:_MAX_TEXT], _opt_float(error, "at")
+    text = (f"{error.get(ErrorKeys.CALL)}: {error.get(ErrorKeys.TYPE)}: "
+            f"{error.get(ErrorKeys.MESSAGE, '')}")
+    return " ".join(text.split())[:_MAX_TEXT], _opt_float(error, ErrorKeys.AT)
 
 
 def actor_from_probe(doc: dict[str, Any], probe: str, observed_at: float) -> ActorSnapshot:
     """Turns an actor probe's `/probe` document into a snapshot; raises on a wrong shape."""
     try:
-        waiting_on = _opt_text(doc, "waiting_on")
-        if waiting_on is None and doc.get("waiting"):
+        waiting_on = _opt_text(doc, Actor.WAITING_ON)
+        if waiting_on is None and doc.get(Actor.WAITING):
             waiting_on = "?"  # waiting, on something unnamed: still waiting
         error, error_at = _last_error(doc)
+        section, sections = _sections(doc)
         return ActorSnapshot(
             probe=probe,
             observed_at=observed_at,
-            pid=int(doc["pid"]),
-            name=str(doc.get("name", ""))[:_MAX_TEXT],
-            table=_opt_text(doc, "table"),
-            started_at=float(doc.get("started_at", 0.0)),
-            steps_total=int(doc["steps_total"]),
-            last_step_at=_opt_float(doc, "last_step_at"),
-            seconds_since_last_step=_opt_float(doc, "seconds_since_last_step"),
-            in_call=_call(doc, "in_call"),
-            in_call_since=_opt_float(doc, "in_call_since"),
-            blocked_for_s=float(doc.get("blocked_for_s", 0.0)),
-            items_created_total=int(doc["items_created_total"]),
-            appends_total=int(doc.get("appends_total", 0)),
-            pending_items=int(doc.get("pending_items", 0)),
+            pid=int(doc[Doc.PID]),
+            name=str(doc.get(Doc.NAME, ""))[:_MAX_TEXT],
+            table=_opt_text(doc, Doc.TABLE),
+            started_at=float(doc.get(Doc.STARTED_AT, 0.0)),
+            steps_total=int(doc[Actor.STEPS_TOTAL]),
+            last_step_at=_opt_float(doc, Actor.LAST_STEP_AT),
+            seconds_since_last_step=_opt_float(doc, Actor.SECONDS_SINCE_LAST_STEP),
+            in_call=_call(doc, Actor.IN_CALL),
+            in_call_since=_opt_float(doc, Actor.IN_CALL_SINCE),
+            blocked_for_s=float(doc.get(Actor.BLOCKED_FOR_S, 0.0)),
+            items_created_total=int(doc[Actor.ITEMS_CREATED_TOTAL]),
+            appends_total=int(doc.get(Actor.APPENDS_TOTAL, 0)),
+            pending_items=int(doc.get(Actor.PENDING_ITEMS, 0)),
             waiting_on=waiting_on,
-            waiting_since=_opt_float(doc, "waiting_since"),
-            waiting_for_s=float(doc.get("waiting_for_s", 0.0)),
-            waits_total=int(doc.get("waits_total", 0)),
-            waiting_seconds_total=float(doc.get("waiting_seconds_total", 0.0)),
-            thread_count=int(doc.get("thread_count", 0)),
-            os_threads=_opt_int(doc, "os_threads"),
-            writers_wrapped=int(doc.get("writers_wrapped", 0)),
+            waiting_since=_opt_float(doc, Actor.WAITING_SINCE),
+            waiting_for_s=float(doc.get(Actor.WAITING_FOR_S, 0.0)),
+            waits_total=int(doc.get(Actor.WAITS_TOTAL, 0)),
+            waiting_seconds_total=float(doc.get(Actor.WAITING_SECONDS_TOTAL, 0.0)),
+            thread_count=int(doc.get(Doc.THREAD_COUNT, 0)),
+            os_threads=_opt_int(doc, Doc.OS_THREADS),
+            writers_wrapped=int(doc.get(Actor.WRITERS_WRAPPED, 0)),
             calls=_calls(doc),
             last_error=error,
             last_error_at=error_at,
-            max_policy_lag=_opt_int(doc, "max_policy_lag"),
-            max_items_ahead=_opt_int(doc, "max_items_ahead"),
-            episode_appends=_opt_int(doc, "episode_appends"),
-            keep_alive_refs=_opt_int(doc, "keep_alive_refs"),
-            **_sections(doc),
+            max_policy_lag=_opt_int(doc, Actor.MAX_POLICY_LAG),
+            max_items_ahead=_opt_int(doc, Actor.MAX_ITEMS_AHEAD),
+            episode_appends=_opt_int(doc, Actor.EPISODE_APPENDS),
+            keep_alive_refs=_opt_int(doc, Actor.KEEP_ALIVE_REFS),
+            section=section,
+            sections=sections,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(
@@ -286,27 +315,28 @@ def memory_from_probe(doc: dict[str, Any], probe: str, target: str, observed_at:
     """A replay probe's `/probe` document as its target's memory reading; raises on a wrong
     shape."""
     try:
-        rss = _opt_int(doc, "rss_bytes")
+        rss = _opt_int(doc, Replay.RSS_BYTES)
         return MemorySnapshot(
             target=target, observed_at=observed_at,
-            pid=int(doc["pid"]) if rss is not None else None, rss_bytes=rss,
-            limit_bytes=int(doc["limit_bytes"]),
-            limit_from=str(doc.get("limit_from", "host"))[:_MAX_TEXT],
-            cgroup_usage_bytes=_opt_int(doc, "cgroup_usage_bytes"),
-            oom_kills=_opt_int(doc, "oom_kills"), found_by=f"replay probe {probe}"[:_MAX_TEXT],
-            cgroup_anon_bytes=_opt_int(doc, "cgroup_anon_bytes"))
+            pid=int(doc[Doc.PID]) if rss is not None else None, rss_bytes=rss,
+            limit_bytes=int(doc[Replay.LIMIT_BYTES]),
+            limit_from=str(doc.get(Replay.LIMIT_FROM, "host"))[:_MAX_TEXT],
+            cgroup_usage_bytes=_opt_int(doc, Replay.CGROUP_USAGE_BYTES),
+            oom_kills=_opt_int(doc, Replay.OOM_KILLS),
+            found_by=f"replay probe {probe}"[:_MAX_TEXT],
+            cgroup_anon_bytes=_opt_int(doc, Replay.CGROUP_ANON_BYTES))
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(
             f"{probe}: not a replaywatch replay probe document ({e!r})"[:300]) from e
 
 
-def role_of(doc: dict[str, Any], probe: str) -> str:
-    """"trainer" or "actor"; a document without a role is an old trainer probe's."""
-    role = doc.get("role", "trainer")
+def role_of(doc: dict[str, Any], probe: str) -> Role:
+    """The document's role; a document without one is an old trainer probe's."""
+    role = doc.get(Doc.ROLE, Role.TRAINER)
     if role not in ROLES:
         raise SourceProtocolError(
             f"{probe}: unknown probe role {str(role)[:50]!r} (known: actor, replay, trainer)")
-    return str(role)
+    return Role(role)
 
 
 def get_json(url: str, timeout_s: float) -> dict[str, Any]:
@@ -447,11 +477,12 @@ class HttpProbeSource(PolledSource):
         started_at, t0 = self._clock(), self._perf()
         try:
             doc = self._get_probe()
-            if role_of(doc, self.name) == "replay":
+            role = role_of(doc, self.name)
+            if role == Role.REPLAY:
                 memory = memory_from_probe(doc, self.name, self._target, started_at)
                 return PollOutcome(self.name, self.kind, started_at, self._perf() - t0,
                                    memory=memory)
-            if role_of(doc, self.name) == "actor":
+            if role == Role.ACTOR:
                 actor = actor_from_probe(doc, self.name, started_at)
                 return PollOutcome(self.name, self.kind, started_at, self._perf() - t0,
                                    actor=actor)

@@ -380,7 +380,7 @@
   // learner-side verdict rests on, so a wrong declaration is seen beside the truth.
   function pipelineText(s) {
     if (s.pipeline_read === false) return "not read: " + (s.pipeline_reason || "");
-    const r = s.pipeline;
+    const r = s.read;
     if (!s.pipeline_read || !r) return "–";
     const threads = r.num_parallel_calls_autotune ? "AUTOTUNE (judged as 1)" : num(r.num_parallel_calls);
     const item = r.item_bytes ? ", " + num(r.item_bytes) + " B an item" : "";
@@ -415,7 +415,7 @@
     // A replay probe's reading is the memory shown with each table, not a learner's.
     const rows = doc.probes.filter((p) => p.role !== "actor" && p.role !== "replay").map((p) => {
       const s = p.snapshot || {};
-      const read = (s.pipeline_read && s.pipeline) || s;  // the read values win, as in the rules
+      const shape = s.pipeline || {};  // the one the rules judge: read, declared where unread
       const blocked = s.blocked_in_next
         ? el("span", { class: "pill warn" }, "blocked " + duration(s.blocked_for_s || 0))
         : el("span", { class: "pill idle" }, p.snapshot ? "not in next()" : "–");
@@ -424,7 +424,7 @@
         el("td", {}, pill(p.up, "up", "down")),
         el("td", {}, blocked),
         el("td", { class: "num" }, num(s.batches_retrieved)),
-        el("td", { class: "num" }, num(read.batch_size) + " × " + num(read.num_parallel_calls)),
+        el("td", { class: "num" }, num(shape.batch_size) + " × " + num(shape.num_parallel_calls)),
         el("td", { class: "num" }, num(s.thread_count)),
         el("td", { class: "pipeline" }, pipelineText(s)),
         el("td", { "data-health": "replay" }, healthText(s)),
