@@ -25,11 +25,6 @@ KNOBS = {"num_parallel_calls", "cycle_length", "error_buffer", "batch_size", "ma
          "max_items_ahead", "first_step_at", "inserts_per_step"}
 WORDS = VERDICTS | LAYOUTS | GATES | BATCHING
 
-# Modules another change converts to the protocol's enums (replaywatch/probe/protocol.py);
-# they join the check once they compare no word as a string.
-CONVERTING = ("replaywatch/probe/", "replaywatch/sources/", "replaywatch/model.py",
-              "replaywatch/cli.py", "replaywatch/config.py", "replaywatch/diagnosis/layout.py")
-
 
 def _literal(node: ast.AST) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
@@ -68,8 +63,7 @@ def string_words(source: str, filename: str = "<source>") -> list[tuple[int, str
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py")
-                  if not p.relative_to(ROOT).as_posix().startswith(CONVERTING))
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
