@@ -1,5 +1,5 @@
 """The budget model's verdicts in words: the reason each case of `budget_reasons` gives,
-said from its numbers, and a budget's evidence as a finding carries it.
+said from its numbers, and a budget as a finding says it (summary, fix, evidence).
 
 Nothing here decides anything: the case and its numbers come from `budget.predict`, so
 the words can change without the arithmetic, and the arithmetic be tested without them.
@@ -8,9 +8,11 @@ the words can change without the arithmetic, and the arithmetic be tested withou
 from __future__ import annotations
 
 from replaywatch.diagnosis import budget_reasons as why
-from replaywatch.diagnosis.budget import Budget
+from replaywatch.diagnosis.budget import Budget, Dataset
+from replaywatch.diagnosis.budget_fixes import Fix
 from replaywatch.diagnosis.budget_reasons import Later, Reason, Verdict
 from replaywatch.probe.protocol import Gate
+from replaywatch.probe.protocol import Layout as Kind
 
 # How each gate's loop is named where both readings are said.
 LOOPS = {Gate.CAN_SAMPLE: "a loop that steps only while can_sample(batch)",
@@ -35,6 +37,34 @@ def evidence(b: Budget) -> dict[str, float | str | list[str] | None]:
             "strandable_samples": b.strandable, "safe_from_samples": b.needed,
             "budget_reason": reason(b), "judged_gate": b.gate,
             "conservative": [term.value for term in b.conservative]}
+
+
+def summary(table: str, b: Budget, ds: Dataset, judged_as: Kind | None = None) -> str:
+    """A deadlock_risk or batch_exceeds_headroom summary; `judged_as` is the synchronous
+    layout an unknown one was judged as (None: the layout is known)."""
+    holders = (f"{ds.samplers} Reverb datasets read by {ds.workers} interleave thread(s), "
+               f"one batch of {ds.batch_size} after them," if ds.after_interleave else
+               f"{ds.workers} batching worker(s) of {ds.batch_size}")
+    said_so = (f"'{table}' {said(b.verdict)} in next(): once inserting stops the limiter "
+               f"releases {b.released:g} samples ({reason(b)}) and {holders} can hold "
+               f"{b.strandable:g} without completing a batch.")
+    if judged_as is None:
+        return said_so
+    return (f"If this is a synchronous loop ({judged_as}), {said_so[0].lower()}{said_so[1:]} "
+            "If actors insert from their own processes and never wait on the learner, it "
+            "cannot hang.")
+
+
+def fix(fixes: tuple[Fix, ...], layout_known: bool = True) -> str:
+    """The fixes the model proves, any one of them; and, the layout unknown, how to say it."""
+    proven = ("Any one of: " + "; ".join(f.text() for f in fixes) + "."
+              if fixes else "No single change the model proves; see the evidence.")
+    if layout_known:
+        return proven
+    return (f"{proven} To settle the layout: wrap the loop's writer with the trainer probe "
+            "(probe.wrap_writer / wrap_client / wrap_builder), declare it "
+            "(TrainerProbe(layout=...), ActorProbe(max_policy_lag=...)) or run the sidecar "
+            "with --layout.")
 
 
 def explain(r: Reason) -> str:

@@ -190,23 +190,8 @@ def _finding(kind: kinds.Kind, case: TableCase, probe: Probe, b: budget.Budget,
     if p.read is not None and p.read.num_parallel_calls_autotune:
         evidence["num_parallel_calls_note"] = ("AUTOTUNE: tf.data may run one interleave "
                                                "thread, judged so")
-    holders = (f"{ds.samplers} Reverb datasets read by {ds.workers} interleave thread(s), "
-               f"one batch of {ds.batch_size} after them," if ds.after_interleave else
-               f"{ds.workers} batching worker(s) of {ds.batch_size}")
-    summary = (f"'{t.name}' {budget_words.said(b.verdict)} in next(): once inserting stops "
-               f"the limiter releases {b.released:g} samples ({budget_words.reason(b)}) and "
-               f"{holders} can hold {b.strandable:g} without completing a batch.")
-    if not known.known:
-        summary = (f"If this is a synchronous loop ({model.kind}), {summary[0].lower()}"
-                   f"{summary[1:]} If actors insert from their own processes and never wait "
-                   "on the learner, it cannot hang.")
-    fix = ("Any one of: " + "; ".join(f.text() for f in fixes) + "."
-           if fixes else "No single change the model proves; see the evidence.")
-    if not known.known:
-        fix += (" To settle the layout: wrap the loop's writer with the trainer probe "
-                "(probe.wrap_writer / wrap_client / wrap_builder), declare it "
-                "(TrainerProbe(layout=...), ActorProbe(max_policy_lag=...)) or run the "
-                "sidecar with --layout.")
+    summary = budget_words.summary(t.name, b, ds, None if known.known else model.kind)
+    fix = budget_words.fix(fixes, layout_known=known.known)
     return case.finding(kind, summary, evidence, fix,
                         since=max(case.history[0].observed_at, probe[0].observed_at))
 
