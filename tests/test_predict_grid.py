@@ -26,11 +26,13 @@ def test_agreement_is_strict_for_safe_and_will_hang_and_needs_a_hang_for_can_han
 
 def test_a_fix_becomes_the_cell_it_names_and_the_workload_flags_follow() -> None:
     cell = Cell("async-lag", 4, 16, 4.0, 32.0, lag=3)
-    fixed = cell.fixed(budget_fixes.Fix(budget_fixes.Knob.MAX_POLICY_LAG, 16, 3, "older policies"))
+    fixed = cell.fixed(budget_fixes.Fix(budget_fixes.Knob.MAX_POLICY_LAG, 16, 3,
+                                        budget_fixes.Change.LONGER_LAG))
     assert fixed.lag == 16 and fixed.predict().verdict == budget.SAFE
     assert fixed.args()[-2:] == ["--max-policy-lag", "16"]
     fewer = Cell("sync-ratio", 12, 64, 8.0, 300.0).fixed(
-        budget_fixes.Fix(budget_fixes.Knob.NUM_PARALLEL_CALLS, 4, 12, "fewer"))
+        budget_fixes.Fix(budget_fixes.Knob.NUM_PARALLEL_CALLS, 4, 12,
+                         budget_fixes.Change.FEWER_WORKERS))
     assert fewer.workers == 4 and "--workers" in fewer.args()
 
 

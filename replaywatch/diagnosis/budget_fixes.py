@@ -46,16 +46,44 @@ class Knob(enum.StrEnum):
     INSERTS_PER_STEP = "inserts_per_step"
 
 
+class Change(enum.Enum):
+    """Which change of its knob a fix makes; `Fix.cost` says what each costs."""
+
+    ONE_WORKER = enum.auto()  # one sampling worker, with what it still needs beside it
+    FEWER_WORKERS = enum.auto()
+    MORE_THREADS = enum.auto()  # after the interleave: a thread for every sampler
+    FEWER_SAMPLERS = enum.auto()
+    MORE_BUFFER = enum.auto()
+    SMALLER_BATCH = enum.auto()
+    LONGER_LAG = enum.auto()
+    MORE_AHEAD = enum.auto()
+    LATER_FIRST_STEP = enum.auto()
+    PAID_STRIDE = enum.auto()  # a stride nobody said, set to what the ratio pays for
+    LOWER_RATIO = enum.auto()  # a scheduled loop stepping less often
+    RATIO_STEPS = enum.auto()  # a scheduled loop stepping as often as its ratio pays for
+
+
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """One change the model calls safe, and what it costs."""
+    """One change the model calls safe, with the numbers its cost is said by."""
 
     knob: Knob
     value: int
     was: float | int | None
-    cost: str
+    change: Change
     # A second knob that must change with this one: no single knob suffices.
     together: Fix | None = None
+    tolerance: float | None = None  # error_buffer: Acme's tolerance rate, at this value
+    hangs_below: tuple[int, ...] = ()  # batch_size: smaller sizes that can hang, largest first
+    # A gate nobody said: the inserts between steps the fix holds at, if the loop is scheduled
+    # (at least that many where insert blocking is disabled).
+    stride: float | None = None
+    stride_at_least: bool = False
+
+    @property
+    def cost(self) -> str:
+        """What the change costs the job, in words."""
+        return _cost(self)
 
     def document(self) -> dict[str, object]:
         doc: dict[str, object] = {"knob": self.knob.value, "value": self.value, "was": self.was,
@@ -96,10 +124,9 @@ def fixes(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]:
         # The scheduled reading took B / spi inserts a step, a stride nobody said: what the
         # fix rests on is said with it (with insert blocking disabled it holds at any larger
         # stride, JobLayout.for_fixes).
-        least = "at least " if lim.insert_blocking_disabled else ""
-        return tuple(dataclasses.replace(f, cost=f"{f.cost}; if the loop steps on a schedule, "
-                                                 f"with {least}{_paid(lim, ds, f):g} inserts "
-                                                 "between its steps") for f in found)
+        return tuple(dataclasses.replace(f, stride=_paid(lim, ds, f),
+                                         stride_at_least=lim.insert_blocking_disabled)
+                     for f in found)
     return found
 
 
@@ -124,9 +151,7 @@ def _found(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]:
         more = _more_buffer(lim, single, layout)
         if more is None:
             return ()
-        return (Fix(Knob.NUM_PARALLEL_CALLS, 1, ds.workers,
-                    f"1 sampling worker instead of {ds.workers}: less sampling throughput",
-                    together=more),)
+        return (Fix(Knob.NUM_PARALLEL_CALLS, 1, ds.workers, Change.ONE_WORKER, together=more),)
     found = tuple(f for f in (search(lim, ds, layout) for search in _SEARCHES)
                   if f is not None)
     pair = _paid_schedule(lim, ds, layout)
@@ -140,12 +165,10 @@ def _set_stride(lim: Limiter, ds: Dataset, layout: JobLayout) -> tuple[Fix, ...]
     the ratio pays for (budget's docstring), together with what that schedule still needs."""
     paid = math.ceil(ds.batch_size / lim.samples_per_insert)
     scheduled = dataclasses.replace(layout, inserts_per_step=paid, stride_known=True)
-    cost = (f"one learner step every {paid} inserts, the schedule the ratio pays for (Acme: "
-            "observations_per_step; TF-Agents: collect steps per train step)")
     if _safe(lim, ds, scheduled):
-        return (Fix(Knob.INSERTS_PER_STEP, paid, None, cost),)
+        return (Fix(Knob.INSERTS_PER_STEP, paid, None, Change.PAID_STRIDE),)
     # A batch fix would move the schedule the ratio pays for: not one to pair with K.
-    return tuple(Fix(Knob.INSERTS_PER_STEP, paid, None, cost, together=f)
+    return tuple(Fix(Knob.INSERTS_PER_STEP, paid, None, Change.PAID_STRIDE, together=f)
                  for f in fixes(lim, ds, scheduled)
                  if f.knob not in (Knob.BATCH_SIZE, Knob.INSERTS_PER_STEP))
 
@@ -162,10 +185,7 @@ def _paid_schedule(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     more = _more_buffer(lim, ds, scheduled)
     if more is None:
         return None
-    return Fix(Knob.INSERTS_PER_STEP, paid, current,
-               f"one learner step every {paid} inserts (Acme: observations_per_step; "
-               "TF-Agents: collect steps per train step): a lower replay ratio",
-               together=more)
+    return Fix(Knob.INSERTS_PER_STEP, paid, current, Change.LOWER_RATIO, together=more)
 
 
 def _safe(lim: Limiter, ds: Dataset, layout: JobLayout) -> bool:
@@ -176,18 +196,17 @@ def _fewer_workers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     if ds.after_interleave:
         return None  # fewer threads read fewer of the samplers: never safer
     return _largest_smaller(lim, ds, layout, "workers", Knob.NUM_PARALLEL_CALLS,
-                            lambda w: f"{w} sampling worker(s) instead of {ds.workers}: less "
-                                      "sampling throughput")
+                            Change.FEWER_WORKERS)
 
 
 def _largest_smaller(lim: Limiter, ds: Dataset, layout: JobLayout, field: str, knob: Knob,
-                     cost: Callable[[int], str]) -> Fix | None:
+                     change: Change) -> Fix | None:
     """The largest value of a dataset field below its current one that the model calls safe."""
     current = getattr(ds, field)
     for value in range(current - 1, 0, -1):
         changed: dict[str, Any] = {field: value}
         if _safe(lim, dataclasses.replace(ds, **changed), layout):
-            return Fix(knob, value, current, cost(value))
+            return Fix(knob, value, current, change)
     return None
 
 
@@ -198,10 +217,8 @@ def _more_buffer(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     if value is None:
         return None
     offset = lim.samples_per_insert * lim.min_size_to_sample
-    rate = f", Acme's tolerance rate {value / offset:.3g}" if offset > 0 else ""
-    return Fix(Knob.ERROR_BUFFER, value, e,
-               f"samples and inserts may drift {value} samples apart{rate}; any larger "
-               "error_buffer holds too")
+    return Fix(Knob.ERROR_BUFFER, value, e, Change.MORE_BUFFER,
+               tolerance=value / offset if offset > 0 else None)
 
 
 def _safe_from(lim: Limiter, ds: Dataset, layout: JobLayout, value: int) -> bool:
@@ -221,8 +238,7 @@ def _safe_from(lim: Limiter, ds: Dataset, layout: JobLayout, value: int) -> bool
 
 def _smaller_batch(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     fix = _largest_smaller(lim, ds, layout, "batch_size", Knob.BATCH_SIZE,
-                           lambda b: f"batches of {b}: a different learning step (rescale "
-                                     "the learning rate)")
+                           Change.SMALLER_BATCH)
     if fix is None:
         return None
     below = unsafe_batches_below(lim, ds, layout, fix.value)
@@ -232,8 +248,7 @@ def _smaller_batch(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     # branch a sync loop's release takes turns on error_buffer and spi against the batch,
     # and the granularity on its gcd. Only the warning is said, not the sizes that hold:
     # the printed value is the one the fixes grid checks (make bench-grid-fixes).
-    return dataclasses.replace(fix, cost=f"{fix.cost}; a smaller one is not always safer: "
-                                         f"{_spans(below)} can hang")
+    return dataclasses.replace(fix, hangs_below=tuple(below))
 
 
 def unsafe_batches_below(lim: Limiter, ds: Dataset, layout: JobLayout, value: int) -> list[int]:
@@ -261,9 +276,8 @@ def _more_readers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
         return None
     value = next((p for p in range(ds.workers + 1, ds.samplers + 1)
                   if _safe(lim, dataclasses.replace(ds, workers=p), layout)), None)
-    return None if value is None else Fix(
-        Knob.NUM_PARALLEL_CALLS, value, ds.workers,
-        f"{value} interleave threads instead of {ds.workers}: more threads in the trainer")
+    return None if value is None else Fix(Knob.NUM_PARALLEL_CALLS, value, ds.workers,
+                                          Change.MORE_THREADS)
 
 
 def _fewer_samplers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
@@ -275,9 +289,7 @@ def _fewer_samplers(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
     # An in-flight the job did not set follows the cycle, as TF-Agents' 3 x B / cycle does.
     for value in range(current - 1, 0, -1):
         if _safe(lim, dataclasses.replace(ds, cycle_length=value), layout):
-            return Fix(Knob.CYCLE_LENGTH, value, current,
-                       f"{value} Reverb datasets interleaved instead of {current} "
-                       "(TF-Agents: max_cycle_length): fewer sampling streams")
+            return Fix(Knob.CYCLE_LENGTH, value, current, Change.FEWER_SAMPLERS)
     return None
 
 
@@ -295,10 +307,8 @@ def _later_first_step(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | Non
     high = min(current + MAX_POLICY_LAG, inserts_before_blocking(lim))
     value = _least(lambda m: _safe(lim, ds, dataclasses.replace(layout, first_step_at=m)),
                    current + 1, int(high))
-    return None if value is None else Fix(
-        Knob.FIRST_STEP_AT, value, current,
-        f"the loop's first learner step once the table holds {value} items (Acme: "
-        "min_observations; TF-Agents: the initial collect): training starts later")
+    return None if value is None else Fix(Knob.FIRST_STEP_AT, value, current,
+                                          Change.LATER_FIRST_STEP)
 
 
 def _schedule_inserts(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
@@ -322,9 +332,7 @@ def _schedule_inserts(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | Non
         value = _least(safe_at, math.floor(current) + 1, MAX_POLICY_LAG)
     return None if value is None else Fix(
         Knob.INSERTS_PER_STEP, value, current,
-        f"one learner step every {value} inserts (Acme: observations_per_step; TF-Agents: "
-        "collect steps per train step): "
-        + ("a lower replay ratio" if value > current else "as many steps as the ratio allows"))
+        Change.LOWER_RATIO if value > current else Change.RATIO_STEPS)
 
 
 def _more_items_ahead(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
@@ -332,9 +340,8 @@ def _more_items_ahead(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | Non
         return None
     value = _least(lambda n: _safe(lim, ds, dataclasses.replace(layout, max_items_ahead=n)),
                    layout.max_items_ahead + 1, MAX_POLICY_LAG)
-    return None if value is None else Fix(
-        Knob.MAX_ITEMS_AHEAD, value, layout.max_items_ahead,
-        f"actors may insert {value} items ahead of what the learner consumed: older data")
+    return None if value is None else Fix(Knob.MAX_ITEMS_AHEAD, value, layout.max_items_ahead,
+                                          Change.MORE_AHEAD)
 
 
 def _longer_lag(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
@@ -344,8 +351,7 @@ def _longer_lag(lim: Limiter, ds: Dataset, layout: JobLayout) -> Fix | None:
                    layout.max_policy_lag + 1, MAX_POLICY_LAG)
     if value is None:
         return None
-    return Fix(Knob.MAX_POLICY_LAG, value, layout.max_policy_lag,
-               f"actors may act up to {value} steps on a policy that old")
+    return Fix(Knob.MAX_POLICY_LAG, value, layout.max_policy_lag, Change.LONGER_LAG)
 
 
 _SEARCHES: tuple[Callable[[Limiter, Dataset, JobLayout], Fix | None], ...] = (
@@ -364,6 +370,49 @@ def _least(ok: Callable[[int], bool], low: int, high: int) -> int | None:
         else:
             low = mid + 1
     return low
+
+
+# Where each change's cost is said: the searches above decide, these words only say.
+_STEPS = "(Acme: observations_per_step; TF-Agents: collect steps per train step)"
+_COSTS: dict[Change, Callable[[Fix], str]] = {
+    Change.ONE_WORKER: lambda f: f"1 sampling worker instead of {f.was}: less sampling throughput",
+    Change.FEWER_WORKERS: lambda f: (f"{f.value} sampling worker(s) instead of {f.was}: less "
+                                     "sampling throughput"),
+    Change.MORE_THREADS: lambda f: (f"{f.value} interleave threads instead of {f.was}: more "
+                                    "threads in the trainer"),
+    Change.FEWER_SAMPLERS: lambda f: (f"{f.value} Reverb datasets interleaved instead of "
+                                      f"{f.was} (TF-Agents: max_cycle_length): fewer sampling "
+                                      "streams"),
+    Change.MORE_BUFFER: lambda f: (
+        f"samples and inserts may drift {f.value} samples apart"
+        + (f", Acme's tolerance rate {f.tolerance:.3g}" if f.tolerance is not None else "")
+        + "; any larger error_buffer holds too"),
+    Change.SMALLER_BATCH: lambda f: (f"batches of {f.value}: a different learning step "
+                                     "(rescale the learning rate)"),
+    Change.LONGER_LAG: lambda f: f"actors may act up to {f.value} steps on a policy that old",
+    Change.MORE_AHEAD: lambda f: (f"actors may insert {f.value} items ahead of what the "
+                                  "learner consumed: older data"),
+    Change.LATER_FIRST_STEP: lambda f: (
+        f"the loop's first learner step once the table holds {f.value} items (Acme: "
+        "min_observations; TF-Agents: the initial collect): training starts later"),
+    Change.PAID_STRIDE: lambda f: (f"one learner step every {f.value} inserts, the schedule "
+                                   f"the ratio pays for {_STEPS}"),
+    Change.LOWER_RATIO: lambda f: (f"one learner step every {f.value} inserts {_STEPS}: a "
+                                   "lower replay ratio"),
+    Change.RATIO_STEPS: lambda f: (f"one learner step every {f.value} inserts {_STEPS}: as "
+                                   "many steps as the ratio allows"),
+}
+
+
+def _cost(f: Fix) -> str:
+    said = _COSTS[f.change](f)
+    if f.hangs_below:
+        said += f"; a smaller one is not always safer: {_spans(list(f.hangs_below))} can hang"
+    if f.stride is not None:
+        least = "at least " if f.stride_at_least else ""
+        said += (f"; if the loop steps on a schedule, with {least}{f.stride:g} inserts "
+                 "between its steps")
+    return said
 
 
 def _num(value: float | int | None) -> str:
