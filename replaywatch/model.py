@@ -19,11 +19,6 @@ from replaywatch.probe.protocol import Gate, Layout
 # (Acme's synchronous `_disable_insert_blocking` rewrite, `MinSize` limiter).
 FLOAT_MAX = 1.7976931348623157e308
 
-# The words as tuples, where a list of choices is wanted (the budget model and predict's flags
-# read these names).
-LAYOUTS: tuple[Layout, ...] = tuple(Layout)
-GATES: tuple[Gate, ...] = tuple(Gate)
-
 
 class SourceKind(enum.StrEnum):
     """What a source reads: a Reverb server (ServerInfo) or a probe's HTTP documents."""
@@ -134,7 +129,7 @@ class DeclaredLayout:
             return None
         words = spec.split()
         kind = words.pop(0) if words and "=" not in words[0] else None
-        if kind is not None and kind not in LAYOUTS:
+        if kind is not None and kind not in tuple(Layout):
             raise ValueError(f"layout {kind!r} must be one of {', '.join(Layout)}")
         found: dict[str, str] = {}
         settings = [f.name for f in dataclasses.fields(cls)][1:]  # gate, inserts_per_step, ...
@@ -144,7 +139,7 @@ class DeclaredLayout:
                 raise ValueError(f"{word!r} is not gate=, inserts_per_step= or first_step_at=")
             found[key] = value
         gate = found.get("gate")
-        if gate is not None and gate not in GATES:
+        if gate is not None and gate not in tuple(Gate):
             raise ValueError(f"gate {gate!r} must be one of {', '.join(Gate)}")
         k = float(found["inserts_per_step"]) if "inserts_per_step" in found else None
         m = int(found["first_step_at"]) if "first_step_at" in found else None

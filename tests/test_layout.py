@@ -62,7 +62,7 @@ def test_a_declared_async_lag_takes_the_smallest_bound_the_actors_declare() -> N
 def test_the_probe_and_the_model_name_the_same_layouts() -> None:
     from replaywatch import model
     from replaywatch.probe import protocol
-    assert model.Layout is protocol.Layout and model.LAYOUTS == tuple(protocol.Layout)
+    assert model.Layout is protocol.Layout and model.Gate is protocol.Gate
     assert TrainerProbe(layout=protocol.Layout.ASYNC_LAG).snapshot()["layout"] == "async-lag"
     with pytest.raises(ValueError, match="sync, sync-ratio, async, async-lag"):
         TrainerProbe(layout="synchronous")

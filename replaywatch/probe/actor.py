@@ -25,7 +25,6 @@ from replaywatch.probe.protocol import WRITER_CALLS, Actor, CallKeys, Doc, Error
 from replaywatch.probe.sections import Sections
 from replaywatch.probe.serving import ProbeServer, Served, thread_counts
 
-CALLS = WRITER_CALLS
 _MAX_ERROR_CHARS = 300
 
 
@@ -175,7 +174,7 @@ class ActorProbe(Served):
         self._call: tuple[str, float] | None = None  # (writer call, entered at)
         # call -> (calls returned or raised, of which raised, seconds inside, last ended at)
         self._stats: dict[str, tuple[int, int, float, float | None]] = {
-            c: (0, 0, 0.0, None) for c in CALLS}
+            c: (0, 0, 0.0, None) for c in WRITER_CALLS}
         # Items created since the last flush that returned with nothing left
         # unconfirmed (or end_episode). Reverb confirms items asynchronously and
         # does not expose the count, so this is an upper bound: some may already
