@@ -3,7 +3,9 @@
 Everything here is a frozen dataclass built from the stdlib only, so the pure
 diagnosis core, the API edge and the tests share one vocabulary. Field names
 follow Reverb's `TableInfo` proto (reverb/cc/schema.proto) and the probe's
-JSON document one to one.
+JSON document (its keys in replaywatch/probe/protocol.py), but for a trainer's
+pipeline: what it declares and what its probe read from the graph are one
+`PipelineShape` each, and `ProbeSnapshot.pipeline` chooses between them.
 """
 
 from __future__ import annotations
