@@ -1,0 +1,219 @@
+"""A real RLlib job on CartPole-v1, the RLlib tier's workload: run by .venv-rllib's Python only.
+
+DQN with its replay buffer, or APPO, on RLlib's new API stack (the default in Ray 2.60), in a
+plain `algo.train()` loop. Faults are switched on by flags, nothing else in the job changes:
+`--hang-env-after N` sleeps forever in the N+1-th `step()` of one EnvRunner's environment
+(`--hang-env-runner`, 0 for every runner), `--hang-learner-after N` sleeps forever in the
+Learner's N+1-th `compute_losses` (in the Learner actor with `--num-learners 1`; in APPO that
+is its `_LearnerThread`).
+
+Ray 2.60 writes no result.json in a plain `algo.train()` loop: `Trainable.log_result` does
+nothing and `algo.logdir` is an empty directory under ~/ray_results (only Tune's
+JsonLoggerCallback writes one). This job writes each iteration's row there itself, as Tune
+does (one JSON object a line, `result.json`; the config in `params.json`), so a reader finds
+the rows where a Tune run keeps them.
+
+It joins the cluster at `--address` (one `ray start --head` made) or starts a local one, and
+prints one JSON line first: pid, logdir, ray address, dashboard URL, the metrics export port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import ray
+from ray.tune.registry import register_env
+from ray.tune.utils.util import SafeFallbackEncoder
+
+ENV_NAME = "replaywatch_cartpole"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--algo", choices=("dqn", "appo"), default="dqn")
+    p.add_argument("--address", default=None,
+                   help="a running cluster's address (ray start --head); else a local one")
+    p.add_argument("--num-cpus", type=int, default=4, help="a local cluster's logical CPUs")
+    p.add_argument("--temp-dir", default=None,
+                   help="a local cluster's temp dir (Ray's default: /tmp/ray)")
+    p.add_argument("--num-env-runners", type=int, default=1)
+    p.add_argument("--num-learners", type=int, default=0,
+                   help="0: the Learner lives in the driver; 1: a Learner actor")
+    p.add_argument("--num-aggregators", type=int, default=0,
+                   help="APPO: aggregator actors per learner")
+    p.add_argument("--rollout-fragment-length", default="auto")
+    p.add_argument("--train-batch-size", type=int, default=64, help="per learner")
+    p.add_argument("--training-intensity", type=float, default=None, help="DQN")
+    p.add_argument("--learning-starts", type=int, default=500,
+                   help="DQN: num_steps_sampled_before_learning_starts")
+    p.add_argument("--replay-capacity", type=int, default=50_000, help="DQN")
+    p.add_argument("--uniform-replay", action="store_true",
+                   help="DQN: EpisodeReplayBuffer instead of the prioritized default")
+    p.add_argument("--learner-queue-size", type=int, default=None, help="APPO")
+    p.add_argument("--sample-timeout-s", type=float, default=None)
+    p.add_argument("--min-steps-per-iteration", type=int, default=None,
+                   help="min_sample_timesteps_per_iteration (DQN's default 1000)")
+    p.add_argument("--min-time-per-iteration", type=float, default=None,
+                   help="min_time_s_per_iteration")
+    p.add_argument("--iterations", type=int, default=0, help="0: until --seconds")
+    p.add_argument("--seconds", type=float, default=60.0, help="0: until --iterations")
+    p.add_argument("--hang-env-after", type=int, default=0, help="env steps; 0: never")
+    p.add_argument("--hang-env-runner", type=int, default=1,
+                   help="the EnvRunner index whose env hangs (0: every one)")
+    p.add_argument("--hang-learner-after", type=int, default=0,
+                   help="compute_losses calls; 0: never")
+    p.add_argument("--logdir", default=None, help="default: the algorithm's own logdir")
+    args = p.parse_args(argv)
+    if not args.iterations and not args.seconds:
+        p.error("give --iterations or --seconds")
+    return args
+
+
+class HangAfterSteps(gym.Wrapper):
+    """An environment whose `step()` never returns after `after` steps: a hung simulator."""
+
+    def __init__(self, env: gym.Env, after: int) -> None:
+        super().__init__(env)
+        self._after = after
+        self._steps = 0
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self._steps += 1
+        if self._after and self._steps > self._after:
+            while True:
+                time.sleep(3600)
+        return self.env.step(action)
+
+
+def env_creator(env_config: Any) -> gym.Env:
+    env = gym.make("CartPole-v1")
+    runner = getattr(env_config, "worker_index", 0)
+    chosen = env_config.get("hang_env_runner", 1)
+    after = env_config.get("hang_env_after", 0)
+    return HangAfterSteps(env, after if chosen in (0, runner) else 0)
+
+
+def hanging_learner(base: type, after: int) -> type:
+    """`base` whose `compute_losses` never returns after `after` calls: a hung learner."""
+
+    class HangingLearner(base):  # type: ignore[misc, valid-type]
+        _calls = 0
+
+        def compute_losses(self, *args: Any, **kwargs: Any) -> Any:
+            self._calls += 1
+            if self._calls > after:
+                while True:
+                    time.sleep(3600)
+            return super().compute_losses(*args, **kwargs)
+
+    HangingLearner.__name__ = HangingLearner.__qualname__ = "Hanging" + base.__name__
+    return HangingLearner
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    if args.algo == "dqn":
+        from ray.rllib.algorithms.dqn import DQNConfig
+
+        config = DQNConfig()
+        training: dict[str, Any] = dict(
+            num_steps_sampled_before_learning_starts=args.learning_starts,
+            replay_buffer_config={
+                "type": "EpisodeReplayBuffer" if args.uniform_replay
+                else "PrioritizedEpisodeReplayBuffer",
+                "capacity": args.replay_capacity,
+                **({} if args.uniform_replay else {"alpha": 0.6, "beta": 0.4}),
+            },
+        )
+        if args.training_intensity is not None:
+            training["training_intensity"] = args.training_intensity
+    else:
+        from ray.rllib.algorithms.appo import APPOConfig
+
+        config = APPOConfig()
+        training = {}
+        if args.learner_queue_size is not None:
+            training["learner_queue_size"] = args.learner_queue_size
+    fragment = args.rollout_fragment_length
+    runners: dict[str, Any] = dict(
+        num_env_runners=args.num_env_runners,
+        rollout_fragment_length=fragment if fragment == "auto" else int(fragment),
+    )
+    if args.sample_timeout_s is not None:
+        runners["sample_timeout_s"] = args.sample_timeout_s
+    config = (
+        config.environment(ENV_NAME, env_config={"hang_env_after": args.hang_env_after,
+                                                 "hang_env_runner": args.hang_env_runner})
+        .framework("torch")
+        .env_runners(**runners)
+        .learners(num_learners=args.num_learners, **(
+            {"num_aggregator_actors_per_learner": args.num_aggregators}
+            if args.algo == "appo" else {}))
+        .training(train_batch_size_per_learner=args.train_batch_size, **training)
+    )
+    reporting: dict[str, Any] = {}
+    if args.min_steps_per_iteration is not None:
+        reporting["min_sample_timesteps_per_iteration"] = args.min_steps_per_iteration
+    if args.min_time_per_iteration is not None:
+        reporting["min_time_s_per_iteration"] = args.min_time_per_iteration
+    config.reporting(**reporting)
+    if args.hang_learner_after:
+        config.training(learner_class=hanging_learner(config.get_default_learner_class(),
+                                                      args.hang_learner_after))
+    return config
+
+
+def write_row(path: Path, result: dict[str, Any]) -> None:
+    with path.open("a") as f:  # Tune's JsonLoggerCallback: one object a line, flushed
+        json.dump(result, f, cls=SafeFallbackEncoder)
+        f.write("\n")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.address:
+        context = ray.init(address=args.address)
+    else:
+        context = ray.init(num_cpus=args.num_cpus, include_dashboard=True,
+                           _temp_dir=args.temp_dir)
+    register_env(ENV_NAME, env_creator)
+    config = build_config(args)
+    algo = config.build_algo()
+    logdir = Path(args.logdir or algo.logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    with (logdir / "params.json").open("w") as f:
+        json.dump(config.to_dict(), f, indent=2, sort_keys=True, cls=SafeFallbackEncoder)
+    node = ray._private.worker.global_worker.node
+    print(json.dumps({
+        "event": "rllib_job", "pid": os.getpid(), "algo": args.algo,
+        "logdir": str(logdir), "result_json": str(logdir / "result.json"),
+        "ray_address": context.address_info["gcs_address"],
+        "dashboard_url": "http://" + context.dashboard_url if context.dashboard_url else None,
+        "metrics_export_port": node.metrics_export_port, "session_dir": node.get_session_dir_path(),
+    }), flush=True)
+    start = time.monotonic()
+    iteration = 0
+    while True:
+        result = algo.train()
+        iteration += 1
+        write_row(logdir / "result.json", result)
+        print(json.dumps({"event": "iteration", "iteration": iteration,
+                          "time_this_iter_s": round(result.get("time_this_iter_s", 0.0), 3)}),
+              flush=True)
+        if args.iterations and iteration >= args.iterations:
+            break
+        if args.seconds and time.monotonic() - start >= args.seconds:
+            break
+    algo.stop()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
