@@ -189,12 +189,6 @@ class PipelineShape:
 _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(PipelineShape))
 
 
-def _chosen(name: str) -> Any:
-    """A field of `ProbeSnapshot.pipeline` under the name the flattened declared field had."""
-    return property(lambda self: getattr(self.pipeline, name),
-                    doc=f"`pipeline.{name}`: the read value, else the declared one.")
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class NextStrides:
     """A synchronous loop's items inserted (its wrapped writer's) around its next() calls."""
@@ -305,17 +299,6 @@ class ProbeSnapshot:
         wrong declaration is a wrong verdict), and the declared values fill what the read
         left unknown (a batch the graph does not show, the items' size)."""
         return self.declared if self.read is None else self.read.over(self.declared)
-
-    # replaywatch/predict.py reads the chosen values under the flattened fields' old names.
-    batch_size = _chosen("batch_size")
-    num_parallel_calls = _chosen("num_parallel_calls")
-    prefetch_size = _chosen("prefetch_size")
-    max_in_flight = _chosen("max_in_flight")
-    iterators_per_worker = _chosen("iterators_per_worker")
-    item_bytes = _chosen("item_bytes")
-    batch_after_interleave = _chosen("batch_after_interleave")
-    cycle_length = _chosen("cycle_length")
-    workers_per_iterator = _chosen("workers_per_iterator")
 
     def priorities_to(self, table: str) -> PriorityUpdates | None:
         return next((u for u in self.priority_updates if u.table == table), None)

@@ -333,18 +333,13 @@ def probe_settings(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
         p = snapshot_from_probe(doc, url, time.time())
     except (SourceError, KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"--probe {url}: {e}") from None
-    r = p.pipeline
+    s = p.pipeline  # the read values, the declared ones where the graph did not show them
     found: dict[str, Any] = {
-        "batch_size": r.batch_size if r else p.batch_size,
-        "num_parallel_calls": r.num_parallel_calls if r else p.num_parallel_calls,
-        "max_in_flight": r.max_in_flight if r else p.max_in_flight,
-        "prefetch": (r.prefetch_size if r else p.prefetch_size),
-        "iterators_per_worker": r.iterators_per_worker if r else p.iterators_per_worker,
-        "item_bytes": (r.item_bytes if r else None) or p.item_bytes,
-        "cycle_length": r.cycle_length if r else p.cycle_length,
-        "workers_per_iterator": r.workers_per_iterator if r else p.workers_per_iterator,
-        "pipeline": ("tf-agents" if (r.batch_after_interleave if r
-                                     else p.batch_after_interleave) else None),
+        "batch_size": s.batch_size, "num_parallel_calls": s.num_parallel_calls,
+        "max_in_flight": s.max_in_flight, "prefetch": s.prefetch_size,
+        "iterators_per_worker": s.iterators_per_worker, "item_bytes": s.item_bytes,
+        "cycle_length": s.cycle_length, "workers_per_iterator": s.workers_per_iterator,
+        "pipeline": "tf-agents" if s.batch_after_interleave else None,
         "layout": p.layout, "inserts_per_step": p.inserts_per_step,
         "first_step_at": p.first_step_at,
         "gate": None if p.gate is None else Gate(p.gate).replace("_", "-")}

@@ -128,7 +128,7 @@ def test_the_documents_carry_the_gate_the_pipeline_and_the_actors_bound() -> Non
                          first_step_at=202)
     snap = snapshot_from_probe(probe.snapshot(), "http://p", 1000.0)
     assert (snap.gate, snap.inserts_per_step, snap.first_step_at) == (SCHEDULE, 4.0, 202)
-    assert (snap.batch_after_interleave, snap.cycle_length) == (True, 32)
+    assert (snap.pipeline.batch_after_interleave, snap.pipeline.cycle_length) == (True, 32)
     assert snap.next_strides is None  # no next() yet
     it = probe.wrap(iter(range(3)))
     next(it), next(it)

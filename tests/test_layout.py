@@ -72,7 +72,8 @@ def test_the_trainer_document_carries_the_dataset_and_the_loop() -> None:
     probe = TrainerProbe(batch_size=256, num_parallel_calls=12, max_in_flight=512,
                          iterators_per_worker=3, item_bytes=63504, layout="sync")
     snap = snapshot_from_probe(probe.snapshot(), "http://p", 1000.0)
-    assert (snap.max_in_flight, snap.iterators_per_worker, snap.item_bytes, snap.layout) == (
+    s = snap.pipeline
+    assert (s.max_in_flight, s.iterators_per_worker, s.item_bytes, snap.layout) == (
         512, 3, 63504, "sync")
     assert snap.items_inserted == 0 and snap.inserts_on_next_thread is None
 

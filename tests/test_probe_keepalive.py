@@ -67,7 +67,7 @@ def test_a_stopped_probe_ends_kept_alive_connections_and_a_restarted_one_is_reco
         again.start()
         try:
             out = source.poll()
-            assert out.ok and out.probe is not None and out.probe.batch_size == 4
+            assert out.ok and out.probe is not None and out.probe.pipeline.batch_size == 4
         finally:
             again.stop()
     finally:

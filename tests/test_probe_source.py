@@ -115,7 +115,7 @@ def test_a_trainer_probe_still_reads_as_a_trainer_with_its_thread_counts() -> No
     finally:
         trainer.stop()
     assert out.ok and out.actor is None and out.probe is not None
-    assert out.probe.batch_size == 8 and out.probe.table == "replay"
+    assert out.probe.pipeline.batch_size == 8 and out.probe.table == "replay"
     assert out.probe.os_threads is None or out.probe.os_threads >= out.probe.thread_count
 
 

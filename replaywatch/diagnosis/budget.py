@@ -465,6 +465,3 @@ def _judge(released: float, strand: float, ds: Dataset, reason: Reason,
     # the run's.
     return Budget(CAN_HANG, released, strand, reason, gate, race_terms(ds))
 
-
-# The name diagnosis/layout.py builds a JobLayout by, until it says JobLayout itself.
-Layout = JobLayout

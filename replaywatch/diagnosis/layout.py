@@ -50,7 +50,7 @@ from replaywatch.diagnosis import budget
 from replaywatch.diagnosis.actors import Actor
 from replaywatch.model import DeclaredLayout, NextStrides, ProbeSnapshot, TableSnapshot
 from replaywatch.probe.protocol import Gate
-from replaywatch.probe.protocol import Layout as Kind  # budget.Layout is the model's
+from replaywatch.probe.protocol import Layout as Kind  # budget.JobLayout is the model's
 
 DECLARED, LOOP_WRITER, ACTOR_PROBES = "declared", "loop writer", "actor probes"
 LEARNED = "learned"
@@ -85,16 +85,16 @@ class KnownLayout:
         """One loop inserts and samples: when next() blocks, nothing inserts."""
         return self.kind in (Kind.SYNC, Kind.SYNC_RATIO)
 
-    def model(self) -> budget.Layout | None:
+    def model(self) -> budget.JobLayout | None:
         if not self.known or self.kind is None:
             return None
         lagged = self.kind == Kind.ASYNC_LAG
-        return budget.Layout(self.kind, self.max_policy_lag if lagged else None,
+        return budget.JobLayout(self.kind, self.max_policy_lag if lagged else None,
                              self.gate if self.synchronous else None,
                              self.inserts_per_step, self.first_step_at,
                              self.max_items_ahead if lagged else None, self.stride_known)
 
-    def fix_model(self, lim: budget.Limiter) -> budget.Layout | None:
+    def fix_model(self, lim: budget.Limiter) -> budget.JobLayout | None:
         """The layout a fix is searched under: the fixed run as the sidecar will judge it
         from its first poll. What was declared holds there too, and a gate learned from
         enough of the loop's strides is the loop's; but a gate one early ask proved, and the
@@ -102,7 +102,7 @@ class KnownLayout:
         min_size until it asks, so a fix is printed only where that reading is safe too
         (TF-Agents' DQN job: error_buffer 238 with one step every 8 inserts, not the 222 its
         own first step at 202 items would allow). A gate nobody declared or proved leaves
-        the stride unknown too (`budget.Layout.for_fixes`)."""
+        the stride unknown too (`budget.JobLayout.for_fixes`)."""
         model = self.model()
         if model is None:
             return None

@@ -234,9 +234,8 @@ def shape(doc: dict[str, Any]) -> dict[str, Any] | None:
         Shape.NUM_PARALLEL_CALLS_AUTOTUNE: parallel == AUTOTUNE,
         Shape.MAX_IN_FLIGHT: sampler["max_in_flight_samples_per_worker"],
         # Reverb's auto (-1) is one worker, in-process and over gRPC alike (GetNumWorkers,
-        # kDefaultNumWorkers 1, reverb/cc/sampler.cc; measured on 0.14: one iterator draws
-        # max_in_flight samples, two workers twice as many; TF-Agents' DQN job at the
-        # strand bound trained over gRPC too, bench/RESULTS.md).
+        # kDefaultNumWorkers 1, reverb/cc/sampler.cc); bench/RESULTS.md has the runs (one
+        # iterator draws max_in_flight samples, two workers twice as many, over gRPC too).
         Shape.WORKERS_PER_ITERATOR: workers if workers and workers > 0 else 1,
         Shape.ITERATORS_PER_WORKER: (REPEAT_ITERATORS_PER_WORKER
                                      if inter and inter["over"] == "repeat" else 1),
