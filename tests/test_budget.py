@@ -203,6 +203,12 @@ def test_an_error_buffer_fix_holds_for_every_larger_value_too() -> None:
     # value holds; 748 (g 4) and 749 (g 1) likewise give 756.
     assert _buffer_fix(sized(cell("sync-ratio", 2, 16, 4, 20), 16)) == 30
     assert _buffer_fix(sized(cell("sync-ratio", 12, 64, 8, 300), 16)) == 756
+
+
+# Some 2,700 configurations, each checked at a few hundred values: a sweep for make test,
+# not the edit-test loop (make test-fast keeps the two cases above).
+@pytest.mark.slow
+def test_every_error_buffer_fix_of_the_sweep_holds_for_every_larger_value_too() -> None:
     checked = 0
     for layout in ("sync", "sync-ratio"):
         for workers, batch, spi, e, iters, item in itertools.product(
