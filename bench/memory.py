@@ -29,7 +29,7 @@ Then the cost: MemoryWatch.read on a live process, per call (the poll adds one).
 
 `--run`: that run alone, its row printed (no file written). `--trace`: each poll's readings
 (the table's size, the process's counted memory, the sidecar's clock from the first poll)
-and the kill, as JSON: tests/test_memory.py judges the fixture poll by poll.
+and the kill, as JSON: tests/test_rules_memory.py judges the fixture poll by poll.
 """
 
 from __future__ import annotations

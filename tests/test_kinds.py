@@ -5,13 +5,17 @@ from __future__ import annotations
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.kinds import ALL, BY_NAME, worst_first
 from replaywatch.model import Finding, Severity
-from tests import test_memory as mm
-from tests import test_replay_health as h
-from tests import test_rules as r
+from tests import test_rules_actors as ac
+from tests import test_rules_config as cf
+from tests import test_rules_health as h
+from tests import test_rules_learner as lr
+from tests import test_rules_liveness as lv
+from tests import test_rules_memory as mm
 from tests import test_rules_queue as q
+from tests import test_rules_stalls as st
 from tests import test_rules_startup as s
 from tests import test_rules_throughput as tp
-from tests import test_windows_core as w
+from tests import test_rules_windows as w
 
 
 def _finding(kind: str, severity: Severity, since: float = 0.0, table: str = "t") -> Finding:
@@ -67,8 +71,9 @@ def test_the_markdown_table_has_one_row_per_kind_in_precedence_order() -> None:
 
 
 def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
-    expected = {c[-1] for c in [*r.TABLE_CASES, *r.SPI_CASES, *r.STARVATION_CASES,
-                                *r.PROBE_CASES, *r.VIEW_CASES, *r.WRITER_CASES,
+    expected = {c[-1] for c in [*st.TABLE_CASES, *st.SPI_CASES, *ac.STARVATION_CASES,
+                                *lr.PROBE_CASES, *cf.PROBE_CASES, *lv.VIEW_CASES,
+                                *ac.WRITER_CASES,
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
                                 *q.QUEUE_CASES, *tp.THROUGHPUT_CASES, *w.WINDOW_CASES,
                                 *mm.MEMORY_CASES, *mm.LEAK_CASES, *h.HEALTH_CASES]}

@@ -1,7 +1,8 @@
 """Reverb's rate-limiter arithmetic and history windows, on hand-computed numbers.
 
-The rules are tested as tables in test_rules.py; these pin the formulas they rest on, so a
-change in one shows here with the numbers, not only as a changed verdict.
+The rules are tested as tables in their family's tests/test_rules_<family>.py; these pin the
+formulas they rest on, so a change in one shows here with the numbers, not only as a changed
+verdict.
 """
 
 from __future__ import annotations

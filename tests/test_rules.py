@@ -13,11 +13,6 @@ from pathlib import Path
 import pytest
 
 from replaywatch.diagnosis import kinds, rules
-from tests import test_rules_actors as actors_cases
-from tests import test_rules_config as config_cases
-from tests import test_rules_learner as learner_cases
-from tests import test_rules_liveness as liveness_cases
-from tests import test_rules_stalls as stalls_cases
 
 # -- the declaration and the rules agree --------------------------------------------------------
 
@@ -41,26 +36,14 @@ def test_rules_name_kinds_by_their_declaration_not_by_string(path: Path) -> None
 
 TESTS = Path(__file__).parent
 
-# Families whose rule tests still live in a module named for something else, and the module
-# that should become their tests/test_rules_<family>.py. The test below fails once one is
-# mirrored, so this shrinks as they move (and never hides a new family).
-NOT_YET_MIRRORED = {
-    "health": "tests/test_replay_health.py",
-    "memory": "tests/test_memory.py",
-    "windows": "tests/test_windows_core.py",
-}
-
-
 def family(path: Path, prefix: str) -> str:
     return path.stem.removeprefix(prefix)
 
 
-def test_every_rule_family_has_its_test_module_but_those_not_yet_mirrored() -> None:
+def test_every_rule_family_has_its_test_module_and_every_test_module_its_family() -> None:
     families = {family(p, "rules_") for p in RULE_MODULES}
     mirrored = {family(p, "test_rules_") for p in TESTS.glob("test_rules_*.py")}
-    assert families - mirrored == set(NOT_YET_MIRRORED)
-    assert mirrored <= families  # no test module for a family that is gone
-    assert all((TESTS.parent / f).is_file() for f in NOT_YET_MIRRORED.values())
+    assert families == mirrored
 
 
 def test_every_family_test_module_imports_its_rule_module() -> None:
@@ -78,15 +61,3 @@ def test_every_family_test_module_imports_its_rule_module() -> None:
     assert modules
     assert [p.name for p in modules if f"rules_{family(p, 'test_rules_')}" not in imported(p)
             ] == []
-
-
-# -- the case lists, where tests/test_kinds.py reads them -----------------------------------------
-
-# tests/test_kinds.py reads these lists as `test_rules.X` to prove every kind has a case; they
-# now live in their family's module. Named here until test_kinds.py reads them from there.
-TABLE_CASES = stalls_cases.TABLE_CASES
-SPI_CASES = stalls_cases.SPI_CASES
-STARVATION_CASES = actors_cases.STARVATION_CASES
-PROBE_CASES = [*learner_cases.PROBE_CASES, *config_cases.PROBE_CASES]
-VIEW_CASES = liveness_cases.VIEW_CASES
-WRITER_CASES = actors_cases.WRITER_CASES

@@ -10,7 +10,7 @@ fail). At 30 s the every-probe sidecar is restarted on its incident log: it resu
 rhythm and pages nothing in the minute after. Beside it, a learner whose 4 s step feeds on a
 deep pipeline (prefetch(8) after four batching workers) leaves its table resting 20 s in a
 rhythm of 4 s: watched the same ways, it is never paged, and `pipeline_draining` says why.
-How fast a hung 12 s learner is named is tests/test_windows_core.py's (36 to 38 s) and
+How fast a hung 12 s learner is named is tests/test_rules_windows.py's (36 to 38 s) and
 bench/RESULTS.md's (make bench-rhythms: real runs).
 """
 

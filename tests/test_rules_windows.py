@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from replaywatch.diagnosis import rhythm as rh
-from replaywatch.diagnosis import rules_throughput
+from replaywatch.diagnosis import rules_throughput, rules_windows
 from replaywatch.diagnosis import stall_window as sw
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -196,7 +196,8 @@ WINDOW_CASES: list[tuple[str, Job, int, bool, str | None]] = [
 
 
 def test_each_window_case_shows_its_kind() -> None:
-    held = {"in_section", "pipeline_draining"}
+    held = {rule.kind.name for rule in rules_windows.RULES}
+    assert held == {"in_section", "pipeline_draining"}
     for what, job, at, probe, kind in WINDOW_CASES:
         shown = [f.kind for f in last_poll(job, at, probe) if f.kind in held]
         assert shown == ([kind] if kind else []), what
