@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from replaywatch.api import create_app
+from replaywatch.api.app import _token_ok
 from replaywatch.api.routes_health import METRICS_CACHE_KEY
 from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
@@ -184,3 +185,12 @@ def test_the_replays_memory_is_served_with_what_counts_against_its_limit(
     assert f'replaywatch_replay_memory_bytes{{target="{T}"}} 5.24288e+08' in metrics
     assert f'replaywatch_replay_oom_kills_total{{target="{T}"}} 1.0' in metrics
     assert client_for(published()).get("/api/v1/memory").json() == {"memory": [], "tables": []}
+
+
+def test_token_comparison_accepts_only_the_exact_token() -> None:
+    token = "s3cret-token-for-tests"
+    expected = token.encode()
+    assert _token_ok(f"Bearer {token}", expected)
+    assert _token_ok(f"bearer {token}", expected)
+    for header in ("", "Bearer", f"Basic {token}", f"Bearer {token}x", f"Bearer {token[:-1]}"):
+        assert not _token_ok(header, expected), header
