@@ -26,7 +26,7 @@ from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 WORKLOAD = "harness/reverb_workload.py"
 
 # Fixtures that start processes: a test using one is slow wherever it lives.
-PROCESS_FIXTURES = frozenset({"spawn", "sidecar", "reverb_workload"})
+PROCESS_FIXTURES = frozenset({"spawn", "sidecar", "reverb_workload", "unguarded_sidecar"})
 _SLOW_MODULE = re.compile(r"^pytestmark = .*pytest\.mark\.slow\b", re.MULTILINE)
 # A module importing these starts agents or Reverb servers, or pays seconds of imports.
 SLOW_IMPORTS = ("reverb", "tensorflow", "jax", "harness.agent", "bench.detection")
@@ -116,6 +116,23 @@ def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
         return proc, base
 
     return start
+
+
+@pytest.fixture(scope="module")
+def unguarded_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, str]]:
+    """One `replaywatch watch` (no token, an unreachable Reverb target) for a whole module
+    whose tests only read it: a start costs seconds of both cores."""
+    where = tmp_path_factory.mktemp("sidecar")
+    port = free_port()
+    proc = Proc([PYTHON, "-m", "replaywatch", "watch", "--listen", f"127.0.0.1:{port}",
+                 "--reverb", "127.0.0.1:9", "--db", str(where / "i.db")],
+                stdout_path=where / "sidecar.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: get_json(f"{base}/healthz", 1.0)[0] == 200, timeout_s=30)
+        yield proc, base
+    finally:
+        proc.kill()
 
 
 # `make test` runs three xdist workers with `--dist loadgroup`. A module marked `agents`

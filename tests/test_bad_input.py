@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -105,9 +104,9 @@ def test_check_on_an_unreachable_target_reports_down_without_hanging() -> None:
     ],
 )
 def test_bad_http_requests_get_4xx_with_a_json_error(
-    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path, path: str, status: int
+    unguarded_sidecar: tuple[Proc, str], path: str, status: int
 ) -> None:
-    _, base = sidecar("--reverb", "127.0.0.1:9", "--db", str(tmp_path / "i.db"))
+    _, base = unguarded_sidecar
     got, body = get_json(base + path)
     assert got == status, body
     assert isinstance(body, dict) and isinstance(body.get("error"), str), body

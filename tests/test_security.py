@@ -45,9 +45,6 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, st
     yield from _serve(where, "--token-file", str(where / "token"))
 
 
-@pytest.fixture(scope="module")
-def unguarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, str]]:
-    yield from _serve(tmp_path_factory.mktemp("unguarded"))
 
 
 @pytest.mark.parametrize("path", ["/api/v1/targets", "/api/v1/tables", "/api/v1/findings",
@@ -114,11 +111,11 @@ def test_binds_loopback_by_default_and_warns_when_exposed_without_a_token(tmp_pa
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
-def test_no_endpoint_accepts_writes(unguarded: tuple[Proc, str], method: str) -> None:
+def test_no_endpoint_accepts_writes(unguarded_sidecar: tuple[Proc, str], method: str) -> None:
     import urllib.error
     import urllib.request
 
-    _, base = unguarded
+    _, base = unguarded_sidecar
     for path in ("/api/v1/targets", "/api/v1/findings", "/api/v1/incidents/1", "/metrics"):
         request = urllib.request.Request(base + path, method=method, data=b"{}")
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -126,11 +123,11 @@ def test_no_endpoint_accepts_writes(unguarded: tuple[Proc, str], method: str) ->
         assert e.value.code in (404, 405), (path, e.value.code)
 
 
-def test_oversized_requests_are_refused(unguarded: tuple[Proc, str]) -> None:
+def test_oversized_requests_are_refused(unguarded_sidecar: tuple[Proc, str]) -> None:
     import http.client
     import json
 
-    _, base = unguarded
+    _, base = unguarded_sidecar
     conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
     # Announce a 100 MB body and send none: refused before anything is read.
     conn.putrequest("GET", "/api/v1/targets")
@@ -142,10 +139,10 @@ def test_oversized_requests_are_refused(unguarded: tuple[Proc, str]) -> None:
     conn.close()
 
 
-def test_every_response_carries_the_security_headers(unguarded: tuple[Proc, str]) -> None:
+def test_every_response_carries_the_security_headers(unguarded_sidecar: tuple[Proc, str]) -> None:
     import urllib.request
 
-    _, base = unguarded
+    _, base = unguarded_sidecar
     for path in ("/api/v1/targets", "/nope"):
         try:
             response = urllib.request.urlopen(base + path, timeout=5)
