@@ -19,11 +19,12 @@ LP_VENV := .venv-launchpad
 LP_PY := $(LP_VENV)/bin/python
 LP_STAMP := $(LP_VENV)/.installed
 REQUIRE_LAUNCHPAD ?= 0
-# make test's xdist workers: the agent tests in one lane (modules marked `agents` in tests/),
-# the rest in two lanes beside it. With one, that lane (~300 s of tests, half of it waiting
-# on stall windows and real processes) outlasted the agent lane; the three average ~70% of
-# both cores. TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 3
+# make test's xdist workers: the JAX agent's tests in one lane (modules marked `agents` in
+# tests/), the frameworks' own loops (Acme, TF-Agents, Launchpad: `frameworks`) in a second,
+# the rest in two beside them. Most of the suite waits on stall windows and real processes,
+# so four lanes fill the two cores better than three. TEST_WORKERS=0 runs everything in one
+# process.
+TEST_WORKERS ?= 4
 
 # Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
 # Chromium for the status page, docker-compose to validate the compose file, jsonnet to

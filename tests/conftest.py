@@ -135,29 +135,33 @@ def unguarded_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         proc.kill()
 
 
-# `make test` runs three xdist workers with `--dist loadgroup`. A module marked `agents`
-# starts the JAX agent (a Ray cluster, 12 tf.data workers, an Acme, TF-Agents or Launchpad
-# loop), each some 10-20 s of both cores at start-up, and asserts that a stall is named within
-# windows of seconds: those modules share one lane, one after another; every other test runs
-# beside them in the other two. Two agents starting at once on 2 cores starve each other's
-# actors of CPU for seconds, which is a real `sample_blocked`, not a test flake to retry.
+# `make test` runs four xdist workers with `--dist loadgroup`. A module marked `agents`
+# starts the JAX agent (a Ray cluster, 12 tf.data workers), each some 10-20 s of both cores at
+# start-up, and asserts that a stall is named within windows of seconds: those modules share
+# one lane, one after another, un-niced. Two agents starting at once on 2 cores starve each
+# other's actors of CPU for seconds, which is a real `sample_blocked`, not a flake to retry.
+# A module marked `frameworks` runs a framework's own loop (Acme, TF-Agents, Launchpad): those
+# share a second lane, niced like every lane but the agents', so the agent lane keeps the
+# cores first; every other test runs beside them in the other two.
 # A module marked `long` has tests of 15 s or more (sleep-bound sidecars over learned
 # windows, browsers, real faults): handed out first, since xdist hands tests out in
 # collection order and a long test collected last makes its lane the last to finish.
 MARKERS = {
     "slow": "starts processes, Reverb, an agent or needs Debian packages; deselect with "
             "-m 'not slow' (make test-fast)",
-    "agents": "starts an agent or a framework's loop: runs in make test's one agent lane",
+    "agents": "starts the JAX agent: runs in make test's agent lane, one after another",
+    "frameworks": "runs Acme's, TF-Agents' or Launchpad's own loop: make test's second lane",
     "long": "has tests of 15 s or more: handed out first",
     "launchpad": "the Launchpad tier: required to pass where REPLAYWATCH_REQUIRE_LAUNCHPAD=1",
 }
 
 
-# The agent lane is make test's critical path; the other two lanes, handed their long tests
-# first, finish over a minute before it. Their workers (and what their tests start) run at
+# The agent lane is make test's critical path; the other lanes, handed their long tests
+# first, finish before it. Their workers (and what their tests start) run at
 # nice 3, a weight of 526 against the agent lane's 1024: its start-ups (JAX, TensorFlow,
 # Ray, twelve tf.data workers) get the cores first, and the other lanes spend their slack.
 OTHER_LANES_NICE = 3
+LANES = ("agents", "frameworks")  # marks that are lanes of their own (one worker each)
 _niced: list[bool] = []
 
 
@@ -170,9 +174,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _handed_out(item: pytest.Item) -> int:
-    """The agent lane first (one group, one worker), then the long modules, then the rest."""
-    return (0 if item.get_closest_marker("agents") else 1 if item.get_closest_marker("long")
-            else 2)
+    """The two lanes first (a group each, one worker each), then the long modules, then the
+    rest."""
+    return (0 if _lane(item) else 1 if item.get_closest_marker("long") else 2)
+
+
+def _lane(item: pytest.Item) -> str | None:
+    return next((m for m in LANES if item.get_closest_marker(m)), None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -188,8 +196,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or is_slow_module(
                 Path(str(item.fspath))):
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("agents"):
-            item.add_marker(pytest.mark.xdist_group("agents"))
+        if (lane := _lane(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(lane))
     items.sort(key=_handed_out)  # stable: each module's own order is kept
     shim = sys.modules.get("haiku.experimental.flax")
     if shim is not None and type(shim).__name__ == "FlaxNotInstalled":

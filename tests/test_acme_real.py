@@ -31,7 +31,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Severity
 from replaywatch.wiring import Sidecar, build_sidecar
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.agents]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.frameworks]
 
 EXAMPLE = "examples/acme_sync_loop.py"
 POLL_S = 0.25

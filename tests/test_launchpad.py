@@ -38,7 +38,8 @@ from replaywatch.model import Finding, Severity
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.agents, pytest.mark.launchpad]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.frameworks,
+              pytest.mark.launchpad]
 
 PROGRAM = "harness/launchpad_program.py"
 POLL_S = 0.25

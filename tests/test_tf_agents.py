@@ -30,7 +30,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Severity
 from replaywatch.wiring import Sidecar, build_sidecar
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.agents]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420), pytest.mark.frameworks]
 
 EXAMPLE = "examples/tf_agents_dqn.py"
 POLL_S = 0.25
