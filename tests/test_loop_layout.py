@@ -199,7 +199,7 @@ def test_the_item_size_comes_from_the_table_signature_when_the_probe_does_not_sa
                            "--error-buffer", "200", "--item", "frames",
                            "--item-size-from-signature"], 2.0, "signature")
     (probe,) = [p["snapshot"] for p in doc["probes"]]
-    assert probe["item_bytes"] is None
+    assert probe["declared"]["item_bytes"] is None
     (risk,) = [f for f in doc["findings"] if f["kind"] == "deadlock_risk"]
     # The probe reads it from the tf.data graph's item shapes; the table's signature says
     # the same (tests/test_engine.py judges a probe that neither declares nor reads it).
