@@ -1,0 +1,658 @@
+"""The edge that reads a Ray cluster's RLlib job from outside it: no code in the job.
+
+One poll reads, each with its own timeout and each failure one line of `RaySnapshot.errors`:
+
+    actors     GET {dashboard}/api/v0/actors?limit=10000&detail=1          (the token)
+    tasks      GET {dashboard}/api/v0/tasks?detail=1&... state=RUNNING     (the token)
+    metrics    <temp dir>/prom_metrics_service_discovery.json, then GET /metrics of each
+               target (no token); only the `ray_rllib_*` and `ray_actors` families kept
+    results    a result.json (or the newest under a directory), tailed line by line
+
+The state API wants `Authorization: Bearer <token>` since Ray enables token authentication
+by default; the metrics endpoints want none. The job is the one named, or else the newest job
+with a live RLlib actor; Ray lists the dead actors of earlier jobs, and keeps exporting the
+series of dead workers with their last value, so both are filtered: actors by `job_id`,
+series by `WorkerId`, joined to live workers through the tasks API's `worker_id` (a running
+task's, or a live actor's creation task's) and the driver's id (the job id, then `ff`s).
+The parsers are pure and take the documents as read: `parse_actors`, `parse_tasks`,
+`parse_metrics`, `parse_result_row`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import http.client
+import json
+import math
+import os
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
+from replaywatch.model import NO_ANSWER
+from replaywatch.ray_model import (
+    ActorRole,
+    RayActor,
+    RayActorCount,
+    RaySnapshot,
+    RayTask,
+    ResultRow,
+    RllibCounters,
+    role_of_class,
+)
+
+SD_FILE = "prom_metrics_service_discovery.json"
+DEFAULT_TEMP_DIR = "/tmp/ray"
+ACTORS = "/api/v0/actors?limit=10000&detail=1"
+_EQ = "&filter_predicates=%3D"
+RUNNING_TASKS = f"/api/v0/tasks?detail=1&limit=10000&filter_keys=state{_EQ}&filter_values=RUNNING"
+CREATION_TASKS = ("/api/v0/tasks?detail=1&limit=10000&filter_keys=type"
+                  f"{_EQ}&filter_values=ACTOR_CREATION_TASK")
+_MAX_STATE = 32 * 1024 * 1024  # 10,000 actors in detail
+_MAX_METRICS = 64 * 1024 * 1024  # the node's page grows with every job the cluster ran
+_TEXT = 300
+_WORKER_ID_HEX = 56  # a WorkerID is 28 bytes; a driver's is its job id, then 0xff
+
+# Sample name -> RllibCounters field. A histogram is read by its _count: calls completed.
+FIELD_OF = {
+    "ray_rllib_env_runner_num_env_steps_sampled_counter_total": "env_steps_sampled",
+    "ray_rllib_env_runner_num_try_env_step_counter_total": "env_step_calls",
+    "ray_rllib_learner_all_modules_num_env_steps_trained_counter_total": "env_steps_trained",
+    "ray_rllib_learner_all_modules_num_module_steps_trained_counter_total":
+        "module_steps_trained",
+    "ray_rllib_algorithm_step_time_count": "iterations",
+    "ray_rllib_algorithm_training_step_time_count": "training_steps",
+    "ray_rllib_learner_group_update_time_count": "learner_group_updates",
+    "ray_rllib_learner_update_inner_update_time_count": "learner_updates",
+    "ray_rllib_learner_impala_learner_thread_step_update_time_count": "learner_thread_steps",
+    "ray_rllib_utils_circular_buffer_put_time_count": "circular_buffer_puts",
+    "ray_rllib_utils_circular_buffer_get_time_count": "circular_buffer_gets",
+    "ray_rllib_utils_circular_buffer_put_ts_dropped_counter_total": "circular_buffer_dropped",
+    "ray_rllib_algorithms_impala_training_step_env_steps_dropped_counter_total":
+        "env_steps_dropped",
+    "ray_rllib_algorithms_impala_training_step_input_batches_counter_total": "input_batches",
+    "ray_rllib_algorithms_impala_training_step_zero_input_batches_counter_total":
+        "zero_input_batches",
+    "ray_rllib_utils_aggregator_actor_get_batch_output_batches_counter_total":
+        "aggregator_output_batches",
+}
+# Both count iterations; `step` is Algorithm.step, `run_one_training_iteration` inside it.
+ITERATIONS_TOO = "ray_rllib_algorithm_run_one_training_iteration_time_count"
+# What each emitting class exports once it has run; any other tag is the algorithm's own.
+EXPECTED = {
+    ActorRole.ENV_RUNNER: ("env_steps_sampled",),
+    "_WrappedExecutable": ("env_steps_trained",),
+    "LearnerGroup": ("learner_group_updates",),
+    "IMPALA/LearnerThread": ("learner_thread_steps",),
+    "CircularBuffer": ("circular_buffer_puts", "circular_buffer_dropped"),
+    ActorRole.AGGREGATOR: ("aggregator_output_batches",),
+}
+ALGORITHM_EXPECTS = ("iterations", "training_steps")
+RLLIB_PREFIX = "ray_rllib_"
+ACTORS_FAMILY = "ray_actors"
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())[:_TEXT]
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+def state_rows(doc: Any) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The rows of a state API answer, and what it warned of (a partial or truncated list)."""
+    if not isinstance(doc, dict) or not doc.get("result"):
+        msg = doc.get("msg") if isinstance(doc, dict) else None
+        raise SourceProtocolError(f"not a state API answer: {_one_line(msg or doc)[:120]}")
+    data = doc["data"]["result"]
+    rows = data["result"]
+    if not isinstance(rows, list):
+        raise SourceProtocolError("state API answer without a list of rows")
+    warnings = [_one_line(w) for w in (data.get("partial_failure_warning"),
+                                       *(data.get("warnings") or ())) if w]
+    total, kept = data.get("total"), data.get("num_after_truncation")
+    if isinstance(total, int) and isinstance(kept, int) and kept < total:
+        warnings.append(f"truncated to {kept} of {total} rows")
+    return [r for r in rows if isinstance(r, dict)], tuple(warnings)
+
+
+def _death_cause(cause: Any) -> str | None:
+    """One line from `death_cause`: the reason and Ray's message, whichever context it is
+    (actor_died_error_context, creation_task_failure_context, ...)."""
+    if not isinstance(cause, dict) or not cause:
+        return None
+    key, context = next(iter(cause.items()))
+    if not isinstance(context, dict):
+        return _one_line(f"{key}: {context}")
+    said = [context.get("reason"), context.get("error_message")
+            or context.get("formatted_exception_string")]
+    return _one_line(": ".join(str(s) for s in said if s) or key)
+
+
+def parse_actors(doc: Any, now: float) -> tuple[RayActor, ...]:
+    """`/api/v0/actors?detail=1` as actors; `now` is unused (an actor carries no age) but
+    kept so every state parser reads the same. Raises SourceProtocolError on a wrong shape."""
+    rows, _ = state_rows(doc)
+    try:
+        return tuple(RayActor(
+            actor_id=str(r["actor_id"]), class_name=str(r["class_name"]),
+            role=role_of_class(str(r["class_name"])), state=str(r["state"]),
+            num_restarts=int(r.get("num_restarts") or 0),
+            death_cause=_death_cause(r.get("death_cause")),
+            pid=_opt_int(r.get("pid")) or None, node_id=r.get("node_id") or None,
+            job_id=str(r["job_id"]), name=str(r.get("name") or "")[:_TEXT])
+            for r in rows)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SourceProtocolError(f"not an actor row ({e!r})"[:_TEXT]) from None
+
+
+def parse_tasks(doc: Any, now: float) -> tuple[RayTask, ...]:
+    """`/api/v0/tasks?detail=1` as tasks, each aged from its `start_time_ms` to `now`."""
+    rows, _ = state_rows(doc)
+    try:
+        return tuple(_task(r, now) for r in rows)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SourceProtocolError(f"not a task row ({e!r})"[:_TEXT]) from None
+
+
+def _task(r: dict[str, Any], now: float) -> RayTask:
+    name = str(r["name"])
+    started = r.get("start_time_ms")
+    return RayTask(
+        name=name[:_TEXT], role=role_of_class(name.rpartition(".")[0] or name),
+        worker_pid=_opt_int(r.get("worker_pid")), worker_id=r.get("worker_id") or None,
+        job_id=str(r["job_id"]),
+        running_for_s=None if not started else max(0.0, now - int(started) / 1000.0),
+        actor_id=r.get("actor_id") or None, task_id=str(r.get("task_id") or ""),
+        attempt=int(r.get("attempt_number") or 0))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricsPage:
+    """What one or more `/metrics` pages say of RLlib: its series per process and tag (none
+    joined yet), the `ray_actors` counts, and the Ray version the labels name."""
+
+    counters: tuple[RllibCounters, ...] = ()
+    actor_counts: tuple[RayActorCount, ...] = ()
+    ray_version: str | None = None
+
+
+def _kept(line: str) -> bool:
+    if line.startswith("#"):
+        words = line.split(None, 3)
+        line = words[2] if len(words) > 2 and words[1] in ("TYPE", "HELP") else ""
+    name = line.split("{", 1)[0].split(" ", 1)[0]
+    return (name.startswith(RLLIB_PREFIX) and not name.endswith("_bucket")) or (
+        name == ACTORS_FAMILY)
+
+
+def kept_text(text: str) -> str:
+    """The lines of the families kept, histogram buckets left out: the node's page is
+    megabytes of other families and of dead workers' buckets, not worth parsing."""
+    return "\n".join(line for line in text.splitlines() if _kept(line)) + "\n"
+
+
+def parse_metrics(text: str) -> MetricsPage:
+    """A Prometheus text page as RLlib series per (WorkerId, rllib) and `ray_actors`."""
+    series: dict[tuple[str, str], dict[str, float]] = collections.defaultdict(dict)
+    counts, version = [], None
+    try:
+        families = list(text_string_to_metric_families(kept_text(text)))
+    except ValueError as e:
+        raise SourceProtocolError(f"not a Prometheus text page ({e})"[:_TEXT]) from None
+    for family in families:
+        for s in family.samples:
+            if math.isnan(s.value):
+                continue
+            version = version or s.labels.get("Version")
+            if s.name == ACTORS_FAMILY:
+                counts.append(RayActorCount(
+                    s.labels.get("JobId", ""), s.labels.get("Name", ""),
+                    s.labels.get("State", ""), s.value, s.labels.get("Source", "")))
+            elif "WorkerId" in s.labels and not s.name.endswith("_created"):
+                series[s.labels["WorkerId"], s.labels.get("rllib", "")][s.name] = s.value
+    return MetricsPage(tuple(_counters(w, tag, v) for (w, tag), v in sorted(series.items())),
+                       tuple(counts), version)
+
+
+def _counters(worker_id: str, tag: str, values: dict[str, float]) -> RllibCounters:
+    fields = {f: values[n] for n, f in FIELD_OF.items() if n in values}
+    if "iterations" not in fields and ITERATIONS_TOO in values:
+        fields["iterations"] = values[ITERATIONS_TOO]
+    role = role_of_class(tag)
+    expected = EXPECTED.get(tag) or EXPECTED.get(role) or (
+        ALGORITHM_EXPECTS if role == ActorRole.OTHER else ())
+    return RllibCounters(worker_id=worker_id, rllib=tag, role=role, joined=False,
+                         missing=tuple(f for f in expected if f not in fields),
+                         samples=tuple(sorted(values.items())), **fields)
+
+
+# ResultRow field -> the row's key (nested dicts, written with "/").
+ROW_KEYS = {
+    "replay_env_steps_added": "replay_buffer/num_env_steps_added",
+    "replay_env_steps_added_lifetime": "replay_buffer/num_env_steps_added_lifetime",
+    "replay_env_steps_sampled": "replay_buffer/num_env_steps_sampled",
+    "replay_env_steps_sampled_lifetime": "replay_buffer/num_env_steps_sampled_lifetime",
+    "replay_env_steps_evicted": "replay_buffer/num_env_steps_evicted",
+    "replay_env_steps_evicted_lifetime": "replay_buffer/num_env_steps_evicted_lifetime",
+    "replay_env_steps_stored": "replay_buffer/num_env_steps_stored",
+    "replay_episodes_stored": "replay_buffer/num_episodes_stored",
+    "replay_episodes_added": "replay_buffer/num_episodes_added",
+    "replay_episodes_evicted": "replay_buffer/num_episodes_evicted",
+    "replay_env_step_utilization": "replay_buffer/env_step_utilization",
+    "replay_num_resamples": "replay_buffer/num_resamples",
+    "env_steps_sampled": "env_runners/num_env_steps_sampled",
+    "env_steps_sampled_lifetime": "env_runners/num_env_steps_sampled_lifetime",
+    "env_steps_trained": "learners/__all_modules__/num_env_steps_trained",
+    "env_steps_trained_lifetime": "learners/__all_modules__/num_env_steps_trained_lifetime",
+    "learner_group_ts_dropped_lifetime": "learner_group/learner_group_ts_dropped_lifetime",
+    "learner_thread_in_queue_wait_timer":
+        "learners/__all_modules__/learner_thread_in_queue_wait_timer",
+    "learner_thread_out_queue_size": "learners/__all_modules__/learner_thread_out_queue_size",
+    "aggregator_env_steps_dropped_lifetime": "aggregator_actors/num_env_steps_dropped_lifetime",
+    "num_healthy_workers": "fault_tolerance/num_healthy_workers",
+    "num_remote_worker_restarts": "fault_tolerance/num_remote_worker_restarts",
+}
+# ResultRow field -> the key of the row's `config` (AlgorithmConfig.to_dict's names).
+CONFIG_INTS = {
+    "train_batch_size": "train_batch_size",
+    "num_learners": "num_learners",
+    "replay_capacity": "replay_buffer_config/capacity",
+    "num_steps_sampled_before_learning_starts": "num_steps_sampled_before_learning_starts",
+    "num_env_runners": "num_env_runners",
+    "num_envs_per_env_runner": "num_envs_per_env_runner",
+}
+# to_dict() copies the attributes, and this one is a property over `_train_batch_size_...`.
+PER_LEARNER = ("train_batch_size_per_learner", "_train_batch_size_per_learner")
+
+
+def _at(obj: dict[str, Any], path: str) -> Any:
+    """The value at `a/b/c` of nested dicts, or under the flat key `a/b/c` (a flattened row)."""
+    node: Any = obj
+    for part in path.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return obj.get(path)
+        node = node[part]
+    return node
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a float; NaN (RLlib's mean of nothing), text and bools as None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return None if math.isnan(value) else float(value)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None or not math.isfinite(value) else int(value)
+
+
+def parse_result_row(obj: Any) -> ResultRow:
+    """One result.json line (one `algo.train()` result) as a row; ValueError if it is not a
+    JSON object."""
+    if not isinstance(obj, dict):
+        raise ValueError("a result row is a JSON object")
+    config = obj.get("config")
+    config = config if isinstance(config, dict) else {}
+    fragment = _at(config, "rollout_fragment_length")
+    per_learner = next((v for k in PER_LEARNER if (v := config.get(k)) is not None), None)
+    read: dict[str, Any] = {field: _number(_at(obj, key)) for field, key in ROW_KEYS.items()}
+    read |= {field: _int(_number(_at(config, key))) for field, key in CONFIG_INTS.items()}
+    return ResultRow(
+        iteration=_int(_number(obj.get("training_iteration"))),
+        timestamp=_number(obj.get("timestamp")),
+        time_this_iter_s=_number(obj.get("time_this_iter_s")),
+        time_total_s=_number(obj.get("time_total_s")),
+        pid=_int(_number(obj.get("pid"))),
+        training_intensity=_number(config.get("training_intensity")),
+        train_batch_size_per_learner=_int(_number(per_learner)),
+        rollout_fragment_length=_int(_number(fragment)),
+        rollout_fragment_length_auto=None if fragment is None else fragment == "auto",
+        **read)
+
+
+class ResultTail:
+    """A result.json read incrementally: each poll parses the lines added since the last.
+
+    `path` is the file, or a directory searched for the newest result.json (Tune's layout:
+    the experiment, then the trial; or a job's own logdir). A partial last line is left for
+    the next poll; a file that shrank or was replaced (another inode, another newest file)
+    is read again from its start, as a new run. Only the last `KEEP` rows are kept, so a long
+    file is read from its last `MAX_READ` bytes."""
+
+    KEEP = 8
+    MAX_READ = 4 * 1024 * 1024  # rows are ~20 KB, most of it the config
+
+    def __init__(self, path: Path):
+        self._path = path
+        self._file: Path | None = None
+        self._inode = -1
+        self._offset = 0
+        self._rows: collections.deque[ResultRow] = collections.deque(maxlen=self.KEEP)
+
+    def read(self) -> tuple[tuple[ResultRow, ...], str | None, tuple[str, ...]]:
+        """The latest rows (oldest first), the file read, and what could not be read."""
+        file = self._find()
+        if file is None:
+            where = "under" if self._path.is_dir() else "at"
+            return tuple(self._rows), None, (f"results: no result.json {where} {self._path}",)
+        try:
+            errors = self._read(file)
+        except OSError as e:
+            errors = (f"results: {file}: {_one_line(e.strerror or e)}",)
+        return tuple(self._rows), str(file), errors
+
+    def _find(self) -> Path | None:
+        if not self._path.is_dir():
+            return self._path if self._path.is_file() else None
+        found = []
+        for pattern in ("result.json", "*/result.json", "*/*/result.json"):
+            for p in self._path.glob(pattern):
+                try:
+                    found.append((p.stat().st_mtime, str(p), p))
+                except OSError:
+                    continue  # gone between the listing and the stat
+        return max(found)[2] if found else None
+
+    def _read(self, file: Path) -> tuple[str, ...]:
+        size, inode = file.stat().st_size, file.stat().st_ino
+        if file != self._file or inode != self._inode or size < self._offset:
+            self._file, self._inode, self._offset = file, inode, 0
+            self._rows.clear()
+        if size == self._offset:
+            return ()
+        start = max(self._offset, size - self.MAX_READ)
+        with file.open("rb") as f:
+            f.seek(start)
+            data = f.read(self.MAX_READ)
+        end = data.rfind(b"\n")
+        if end < 0:  # a partial line only: the rest comes with a later poll
+            if len(data) < self.MAX_READ:
+                return ()
+            self._offset = start + len(data)
+            return (f"results: {file}: a line longer than {self.MAX_READ} bytes, skipped",)
+        lines = data[:end].split(b"\n")
+        if start > self._offset:
+            lines = lines[1:]  # began mid-line
+        self._offset = start + end + 1
+        bad = 0
+        for line in filter(bytes.strip, lines):
+            try:
+                self._rows.append(parse_result_row(json.loads(line)))
+            except ValueError:
+                bad += 1
+        return (f"results: {file}: {bad} lines not a JSON object, skipped",) if bad else ()
+
+
+def find_token(flag: str | None, environ: Mapping[str, str], home: Path) -> tuple[str | None, str]:
+    """The cluster's token, and where it came from, in Ray's order: the flag, then
+    RAY_AUTH_TOKEN, the file at RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
+    if flag and flag.strip():
+        return flag.strip(), "the flag"
+    if environ.get("RAY_AUTH_TOKEN", "").strip():
+        return environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    paths = [Path(p) for p in (environ.get("RAY_AUTH_TOKEN_PATH"),) if p]
+    paths.append(home / ".ray" / "auth_token")
+    for path in paths:
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            continue
+        if token:
+            return token, str(path)
+    return None, "no token in the flag, RAY_AUTH_TOKEN, " + " or ".join(map(str, paths))
+
+
+def job_number(job_id: str) -> int:
+    """A job id is a little-endian counter in hex: `03000000` is the cluster's third job."""
+    try:
+        return int.from_bytes(bytes.fromhex(job_id), "little")
+    except ValueError:
+        return -1
+
+
+def newest_rllib_job(actors: Iterable[RayActor]) -> str | None:
+    """The newest job with an RLlib actor (EnvRunner, Learner, aggregator) not dead."""
+    live = {a.job_id for a in actors if a.role != ActorRole.OTHER and a.state != "DEAD"}
+    return max(live, key=job_number, default=None)
+
+
+def driver_worker_id(job_id: str) -> str:
+    """The driver's WorkerId, the label of its series: the job id padded with `f`."""
+    return job_id + "f" * (_WORKER_ID_HEX - len(job_id))
+
+
+def join_counters(counters: Iterable[RllibCounters], live: set[str], complete: bool
+                  ) -> tuple[tuple[RllibCounters, ...], int]:
+    """Series of live workers marked joined; the others dropped where the live set is
+    `complete` (every live actor's WorkerId known), else kept unjoined. Returns the kept
+    series and how many were dropped."""
+    kept, dropped = [], 0
+    for c in counters:
+        if c.worker_id in live:
+            kept.append(dataclasses.replace(c, joined=True))
+        elif complete:
+            dropped += 1
+        else:
+            kept.append(c)
+    return tuple(kept), dropped
+
+
+class _Refused(SourceUnreachable):
+    """Nothing listens there: for a metrics target, normal (Ray lists one that never does)."""
+
+
+def http_get(url: str, timeout_s: float, limit: int,
+             headers: Mapping[str, str] | None = None) -> bytes:
+    """GET with a deadline; every failure a SourceError, an HTTP error with its first words."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read(limit + 1)
+    except urllib.error.HTTPError as e:
+        said = _one_line(e.read(200).decode("utf-8", "replace"))[:120]
+        raise SourceProtocolError(f"HTTP {e.code} {said}".strip()) from None
+    except (ValueError, http.client.HTTPException) as e:
+        raise SourceProtocolError(f"{type(e).__name__}: {e}"[:_TEXT]) from None
+    except TimeoutError:
+        raise SourceTimeout(f"{NO_ANSWER} {timeout_s:g}s") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise SourceTimeout(f"{NO_ANSWER} {timeout_s:g}s") from None
+        if isinstance(reason, ConnectionRefusedError):
+            raise _Refused("connection refused") from None
+        raise SourceUnreachable(f"unreachable ({reason})"[:_TEXT]) from None
+    if len(body) > limit:
+        raise SourceProtocolError(f"answer larger than {limit} bytes")
+    return body
+
+
+class RayClusterSource:
+    """One Ray cluster's RLlib job, read from outside: `poll(now)` returns a `RaySnapshot`
+    and never raises; what could not be read is a line of its `errors`.
+
+    `dashboard` is the dashboard's address (`http://127.0.0.1:8265`); `token` the cluster's
+    (else found as Ray finds it, at the first poll); `temp_dir` Ray's temp dir, where the
+    head writes the metrics' service-discovery file; `job_id` the job to watch (else the
+    newest with a live RLlib actor); `results` a result.json or a directory holding one.
+    """
+
+    def __init__(self, dashboard: str, *, token: str | None = None,
+                 temp_dir: str | Path = DEFAULT_TEMP_DIR, job_id: str | None = None,
+                 results: str | Path | None = None, timeout_s: float = 2.0,
+                 scrape_timeout_s: float = 2.0, environ: Mapping[str, str] | None = None,
+                 home: Path | None = None):
+        base = dashboard if "://" in dashboard else f"http://{dashboard}"
+        self.target = base.rstrip("/")
+        self.name = f"ray {self.target}"
+        self._flag_token = token
+        self._token: str | None = None
+        self._token_from = ""
+        self._sd_file = Path(temp_dir) / SD_FILE
+        self._job = job_id
+        self._pinned = job_id is not None
+        self._tail = ResultTail(Path(results)) if results is not None else None
+        self._timeout_s, self._scrape_timeout_s = timeout_s, scrape_timeout_s
+        self._environ = os.environ if environ is None else environ
+        self._home = home
+        self._worker_of: dict[str, tuple[int, str]] = {}  # actor -> (restarts, WorkerId)
+        self._asked: frozenset[tuple[str, int]] = frozenset()
+
+    def close(self) -> None:
+        """Nothing held between polls: every read opens and closes its own connection."""
+
+    def poll(self, now: float) -> RaySnapshot:
+        errors: list[str] = []
+        actors = self._actors(now, errors)
+        job = self._choose(actors, errors)
+        mine = tuple(a for a in actors or () if a.job_id == job)
+        tasks = self._tasks(RUNNING_TASKS, job, now, errors) if job and actors is not None else ()
+        mine = self._with_workers(mine, tasks, job, now, errors)
+        counters, counts, version, targets, refused, dropped = self._metrics(job, mine, tasks,
+                                                                             errors)
+        rows: tuple[ResultRow, ...] = ()
+        file = None
+        if self._tail is not None:
+            rows, file, said = self._tail.read()
+            errors += said
+        return RaySnapshot(
+            target=self.target, observed_at=now, job_id=job,
+            driver_pid=rows[-1].pid if rows else None, actors=mine, tasks=tasks,
+            counters=counters, actor_counts=counts, results=rows, result_file=file,
+            ray_version=version, metrics_targets=targets, metrics_targets_refused=refused,
+            series_dropped=dropped, errors=tuple(errors))
+
+    def _state(self, path: str) -> Any:
+        """A state API document, with the token; SourceError names what went wrong."""
+        if self._token is None:
+            home = self._home if self._home is not None else Path.home()
+            self._token, self._token_from = find_token(self._flag_token, self._environ, home)
+        headers = {"Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        try:
+            return json.loads(http_get(self.target + path, self._timeout_s, _MAX_STATE, headers))
+        except SourceProtocolError as e:
+            if str(e).startswith(("HTTP 401", "HTTP 403")):
+                hint = (f"token from {self._token_from}" if self._token
+                        else self._token_from)
+                self._token = None  # read again next poll: the file may be written by then
+                raise SourceProtocolError(f"{e} ({hint})") from None
+            raise
+        except ValueError:
+            raise SourceProtocolError("answer is not JSON") from None
+
+    def _actors(self, now: float, errors: list[str]) -> tuple[RayActor, ...] | None:
+        try:
+            doc = self._state(ACTORS)
+            errors += [f"state API: actors: {w}" for w in state_rows(doc)[1]]
+            return parse_actors(doc, now)
+        except SourceError as e:
+            errors.append(f"state API: {self.target}/api/v0/actors: {e}")
+            return None
+
+    def _choose(self, actors: tuple[RayActor, ...] | None, errors: list[str]) -> str | None:
+        """The job named, or the newest with a live RLlib actor; a job whose actors all died
+        stays watched until a newer one starts, so its end is seen rather than lost."""
+        if self._pinned or actors is None:
+            return self._job
+        newest = newest_rllib_job(actors)
+        if newest is not None and job_number(newest) >= job_number(self._job or ""):
+            self._job = newest
+        if self._job is None:
+            errors.append("state API: no job with a live RLlib actor (name one to watch it)")
+        return self._job
+
+    def _tasks(self, path: str, job: str, now: float, errors: list[str]) -> tuple[RayTask, ...]:
+        try:
+            doc = self._state(f"{path}&filter_keys=job_id{_EQ}&filter_values={job}")
+            errors += [f"state API: tasks: {w}" for w in state_rows(doc)[1]]
+            return tuple(t for t in parse_tasks(doc, now) if t.job_id == job)
+        except SourceError as e:
+            errors.append(f"state API: {self.target}/api/v0/tasks: {e}")
+            return ()
+
+    def _with_workers(self, actors: tuple[RayActor, ...], running: tuple[RayTask, ...],
+                      job: str | None, now: float, errors: list[str]) -> tuple[RayActor, ...]:
+        """The job's actors with their WorkerIds: from a running task of theirs, or from
+        their creation task, asked only when a live actor's (or restart's) id is unknown."""
+        for t in running:
+            actor = next((a for a in actors if a.actor_id == t.actor_id), None)
+            if actor is not None and t.worker_id:
+                self._worker_of[actor.actor_id] = (actor.num_restarts, t.worker_id)
+        need = frozenset((a.actor_id, a.num_restarts) for a in actors if a.alive
+                         and self._worker_of.get(a.actor_id, (-1, ""))[0] != a.num_restarts)
+        if job and need and need != self._asked:
+            self._asked = need
+            latest: dict[str, RayTask] = {}
+            for t in self._tasks(CREATION_TASKS, job, now, errors):
+                if t.actor_id and t.worker_id and t.attempt >= getattr(
+                        latest.get(t.actor_id), "attempt", -1):
+                    latest[t.actor_id] = t
+            for actor_id, restarts in need:
+                if (made := latest.get(actor_id)) is not None and made.worker_id:
+                    self._worker_of[actor_id] = (restarts, made.worker_id)
+        return tuple(dataclasses.replace(a, worker_id=w[1]) if (
+            w := self._worker_of.get(a.actor_id)) and w[0] == a.num_restarts else a
+            for a in actors)
+
+    def _metrics(self, job: str | None, actors: tuple[RayActor, ...],
+                 tasks: tuple[RayTask, ...], errors: list[str]
+                 ) -> tuple[tuple[RllibCounters, ...], tuple[RayActorCount, ...], str | None,
+                            int, int, int]:
+        targets, refused, pages = self._scrape(errors)
+        page = MetricsPage(tuple(c for p in pages for c in p.counters),
+                           tuple(c for p in pages for c in p.actor_counts),
+                           next((p.ray_version for p in pages if p.ray_version), None))
+        live_actors = [a for a in actors if a.alive]
+        live = {a.worker_id for a in live_actors if a.worker_id}
+        live |= {t.worker_id for t in tasks if t.worker_id}
+        if job:
+            live.add(driver_worker_id(job))
+        named = sum(1 for a in live_actors if a.worker_id)
+        complete = job is not None and named == len(live_actors)
+        counters, dropped = join_counters(page.counters, live, complete)
+        unjoined = sum(1 for c in counters if not c.joined)
+        if unjoined:
+            why = (f"the state API named the WorkerId of {named} of {len(live_actors)} live "
+                   f"actors of job {job}" if job else "no job to join them to")
+            errors.append(f"metrics: {unjoined} RLlib series kept unjoined: {why}")
+        elif pages and job and not counters:
+            errors.append(f"metrics: no ray_rllib_* series of job {job}'s workers")
+        counts = tuple(c for c in page.actor_counts if job is None or c.job_id == job)
+        return counters, counts, page.ray_version, targets, refused, dropped
+
+    def _scrape(self, errors: list[str]) -> tuple[int, int, list[MetricsPage]]:
+        """Each target of the service-discovery file, read afresh each poll (the head
+        rewrites it as nodes come and go): how many, how many refused, their pages."""
+        try:
+            groups = json.loads(self._sd_file.read_text())
+            targets = [str(t) for g in groups for t in g["targets"]]
+        except FileNotFoundError:
+            errors.append(f"metrics: no service-discovery file at {self._sd_file}")
+            return 0, 0, []
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            errors.append(f"metrics: {self._sd_file} is not Prometheus file_sd JSON "
+                          f"({type(e).__name__})")
+            return 0, 0, []
+        refused, pages = 0, []
+        for target in targets:
+            try:
+                body = http_get(f"http://{target}/metrics", self._scrape_timeout_s, _MAX_METRICS)
+                pages.append(parse_metrics(body.decode("utf-8", "replace")))
+            except _Refused:
+                refused += 1
+            except SourceError as e:
+                errors.append(f"metrics: {target}/metrics: {e}")
+        if targets and refused == len(targets):
+            errors.append(f"metrics: every target of {self._sd_file} refused ({refused})")
+        return len(targets), refused, pages
