@@ -21,10 +21,10 @@ LP_STAMP := $(LP_VENV)/.installed
 REQUIRE_LAUNCHPAD ?= 0
 # make test's xdist workers: the JAX agent's tests in one lane (modules marked `agents` in
 # tests/), the frameworks' own loops (Acme, TF-Agents, Launchpad: `frameworks`) in a second,
-# the rest in two beside them. Most of the suite waits on stall windows and real processes,
-# so four lanes fill the two cores better than three. TEST_WORKERS=0 runs everything in one
-# process.
-TEST_WORKERS ?= 4
+# the rest in three beside them. Most of the suite waits on stall windows and real processes
+# (about 1.2 of the 2 cores busy with four lanes), so five fill them better. TEST_WORKERS=0
+# runs everything in one process.
+TEST_WORKERS ?= 5
 
 # Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
 # Chromium for the status page, docker-compose to validate the compose file, jsonnet to
@@ -44,9 +44,14 @@ UV := $(VENV)/bin/uv
 # --system-certs: the machine's CA store, which our machines' pip is configured to use too.
 UV_INSTALL := $(UV) pip install -q --python $(PY) --compile-bytecode --system-certs \
 	-c constraints.txt
-$(STAMP): pyproject.toml constraints.txt
+# uv first, alone: the main venv's packages and the other tiers' venvs are installed by it
+# side by side (make -j3), not one after the other.
+$(UV): constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt uv
+	touch $(UV)
+
+$(STAMP): pyproject.toml constraints.txt $(UV)
 	$(UV_INSTALL) -e '.[agents,dev]'
 	$(UV_INSTALL) --no-deps dm-acme dm-env  # tests/test_acme_real.py (its deps: no cp311 wheels)
 	# tests/test_tf_agents.py: tf-agents 0.19.0, the release paired with TF 2.15 and Reverb
@@ -57,7 +62,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # uv (from the main venv) builds it: about 1 GB, TensorFlow 2.8 the most of it.
-launchpad-venv: $(STAMP)
+launchpad-venv: $(UV)
 	@py=$$(tools/python310) || py=""; \
 	if [ -z "$$py" ]; then \
 		echo "no Python 3.10 on this machine (PATH or pyenv): the Launchpad tier is skipped"; \
@@ -76,7 +81,7 @@ launchpad-venv: $(STAMP)
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python
 RL_STAMP := $(RL_VENV)/.installed
-rllib-venv: $(STAMP)
+rllib-venv: $(UV)
 	@py=$$(command -v python3.11) || py=""; \
 	if [ -z "$$py" ]; then \
 		echo "no Python 3.11 on PATH: the RLlib tier is skipped"; \

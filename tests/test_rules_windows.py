@@ -229,8 +229,10 @@ def test_a_sidecar_that_came_after_the_pipelines_fill_counts_it_from_the_servers
     assert any(f.kind == "insert_blocked" for _, f in paged)
 
 
-# Four runs of 1,100 polls each judged cycle by cycle: make test's, not the edit-test loop's.
+# Four runs of 1,100 polls each judged cycle by cycle: make test's, not the edit-test loop's,
+# and handed out first there (a minute of one core).
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_60_s_learner_living_on_its_pipeline_for_5_steps_is_no_throughput_drop(
         monkeypatch: Any) -> None:
     job = buffered_learner(step_s=60.0, rest=(480, 780))
