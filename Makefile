@@ -21,17 +21,18 @@ LP_STAMP := $(LP_VENV)/.installed
 REQUIRE_LAUNCHPAD ?= 0
 # make test's xdist workers: the JAX agent's tests in one lane (modules marked `agents` in
 # tests/), the frameworks' own loops (Acme, TF-Agents, Launchpad: `frameworks`) in a second,
-# the rest in three beside them. Most of the suite waits on stall windows and real processes
-# (about 1.2 of the 2 cores busy with four lanes), so five fill them better. TEST_WORKERS=0
-# runs everything in one process.
-TEST_WORKERS ?= 5
+# the rest in two beside them. Most of the suite waits on stall windows and real processes,
+# so four lanes fill the two cores better than three; five kept them busy enough (1.6 of 2)
+# that timing tests missed their bounds, and were no faster. TEST_WORKERS=0 runs everything
+# in one process.
+TEST_WORKERS ?= 4
 
 # Debian packages the tests run for real: promtool/Prometheus, Alertmanager,
 # Chromium for the status page, docker-compose to validate the compose file, jsonnet to
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -117,6 +118,9 @@ test:
 	@$(MAKE) --no-print-directory -j3 venv system-deps launchpad-venv
 	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
 	$(PY) -m mypy replaywatch
+	@# With PYTHONDONTWRITEBYTECODE set (our CI machines), every process the tests start would
+	@# compile the project's own modules from source again: compiled once here, they are read.
+	$(PY) -m compileall -q -j 0 replaywatch agents harness tests bench tools examples >/dev/null
 	REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
 	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
@@ -189,6 +193,10 @@ bench-waste: $(STAMP)
 # (about 35 minutes, the cells side by side).
 bench-rhythms: $(STAMP)
 	$(PY) -m bench.rhythms --results bench/RESULTS.md
+
+# Real RLlib DQN jobs (.venv-rllib) against `replaywatch predict --rllib`: about 8 minutes.
+bench-rllib-ratio: $(STAMP) rllib-venv
+	$(PY) -m bench.rllib_ratio --results bench/RESULTS.md
 
 # TF-Agents' DQN job that hangs, on the plain and the TF-Agents recipe, its server in-process
 # and over gRPC: every fix the sidecar prints applied and trained 300 steps under its watch

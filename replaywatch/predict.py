@@ -18,6 +18,7 @@ import json
 import time
 from typing import IO, Any
 
+from replaywatch import predict_rllib
 from replaywatch.config import parse_address, read_toml
 from replaywatch.diagnosis import budget, budget_fixes, budget_terms, budget_words
 from replaywatch.diagnosis.budget import Batching, JobLayout
@@ -103,6 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "them out")
     p.add_argument("--config", metavar="FILE", help="TOML file with a [predict] table")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    predict_rllib.add_arguments(p)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -347,6 +349,8 @@ def probe_settings(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
 
 
 def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
+    if args.rllib:
+        return predict_rllib.run(args, out)
     s = settings(args)
     if args.probe:
         s = {**probe_settings(args.probe), **s}  # flags win over what the probe says

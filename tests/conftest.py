@@ -135,14 +135,14 @@ def unguarded_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         proc.kill()
 
 
-# `make test` runs five xdist workers with `--dist loadgroup`. A module marked `agents`
+# `make test` runs four xdist workers with `--dist loadgroup`. A module marked `agents`
 # starts the JAX agent (a Ray cluster, 12 tf.data workers), each some 10-20 s of both cores at
 # start-up, and asserts that a stall is named within windows of seconds: those modules share
 # one lane, one after another, un-niced. Two agents starting at once on 2 cores starve each
 # other's actors of CPU for seconds, which is a real `sample_blocked`, not a flake to retry.
 # A module marked `frameworks` runs a framework's own loop (Acme, TF-Agents, Launchpad): those
 # share a second lane, niced like every lane but the agents', so the agent lane keeps the
-# cores first; every other test runs beside them in the other three.
+# cores first; every other test runs beside them in the other two.
 # A module marked `long` has tests of 15 s or more (sleep-bound sidecars over learned
 # windows, browsers, real faults): handed out first, since xdist hands tests out in
 # collection order and a long test collected last makes its lane the last to finish.
