@@ -198,11 +198,29 @@ def worker_ms(s: TableSnapshot) -> int:
 
 def last_reset_index(snapshots: Sequence[TableSnapshot]) -> int:
     """Index of the first snapshot after the newest counter reset or new server (0 if none)."""
-    # Walks back from the newest point: the first reset found is the newest, and each
-    # point's uptime is summed once (this runs for every table on every cycle: 61% of the
-    # poller's CPU at 50 targets x 5 tables when it walked forward, summing each point twice).
     if len(snapshots) < 2:
         return 0
+    if not isinstance(snapshots, tuple):
+        return _last_reset_index(snapshots)
+    # A cycle asks this of the same history a dozen times (each rule, each figure): a tuple
+    # is immutable, and the one kept here cannot be freed, so its id names it while kept.
+    kept = _RESETS.get(id(snapshots))
+    if kept is not None and kept[0] is snapshots:
+        return kept[1]
+    found = _last_reset_index(snapshots)
+    if len(_RESETS) >= _RESETS_KEPT:
+        del _RESETS[next(iter(_RESETS))]  # the oldest: histories of earlier cycles
+    _RESETS[id(snapshots)] = (snapshots, found)
+    return found
+
+
+_RESETS: dict[int, tuple[tuple[TableSnapshot, ...], int]] = {}
+_RESETS_KEPT = 1024  # a few cycles of every table's fine and coarse histories
+
+
+def _last_reset_index(snapshots: Sequence[TableSnapshot]) -> int:
+    # Walks back from the newest point: the first reset found is the newest, and each
+    # point's uptime is summed once (this runs for every table on every cycle).
     cur, cur_ms = snapshots[-1].rate_limiter, worker_ms(snapshots[-1])
     for i in range(len(snapshots) - 1, 0, -1):
         prev, prev_ms = snapshots[i - 1].rate_limiter, worker_ms(snapshots[i - 1])
