@@ -191,7 +191,8 @@ def test_learner_starting_with_the_trainer_probe(servers, compile_s: float,
         with sidecar_for(server.port, probe=str(probe.url), startup_grace_s=grace) as sidecar:
             took = tick_until(sidecar, lambda s: "learner_starting" in kinds(s),
                               DEADLINE_S + SLACK_S, seen)
-            hang = tick_until(sidecar, lambda s: "learner_stalled" in kinds(s), 5.5, seen)
+            hang = tick_until(sidecar, lambda s: "learner_stalled" in kinds(s), 5.5 + SLACK_S,
+                              seen)
     finally:
         acting.stop()
         learning.stop()

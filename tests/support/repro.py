@@ -27,7 +27,9 @@ from replaywatch.wiring import Sidecar, build_sidecar
 POLL_S = 0.2
 WINDOW_S = 1.5
 DEADLINE_S = WINDOW_S + 2 * POLL_S  # the acceptance bound: the stall window plus two polls
-SLACK_S = 0.6  # a 2-core machine shared by several test runs: scheduling jitter
+# A 2-core machine running make test's four lanes: scheduling jitter of a tick or more. How
+# fast each kind is named is bench.detection's to measure; these tests hold the kind and a bound.
+SLACK_S = 1.5
 
 
 def free_port() -> int:
