@@ -13,7 +13,9 @@ by default; the metrics endpoints want none. The job is the one named, or else t
 with a live RLlib actor; Ray lists the dead actors of earlier jobs, and keeps exporting the
 series of dead workers with their last value, so both are filtered: actors by `job_id`,
 series by `WorkerId`, joined to live workers through the tasks API's `worker_id` (a running
-task's, or a live actor's creation task's) and the driver's id (the job id, then `ff`s).
+task's, matched to its actor by actor id or pid, and remembered) and the driver's id (the
+job id, then `ff`s). An actor never seen in a call has no known WorkerId (its creation task
+lists no worker_id); while any live actor's is unknown no series is dropped, and that is said.
 The parsers are pure and take the documents as read: `parse_actors`, `parse_tasks`,
 `parse_metrics`, `parse_result_row`.
 """
@@ -53,8 +55,6 @@ DEFAULT_TEMP_DIR = "/tmp/ray"
 ACTORS = "/api/v0/actors?limit=10000&detail=1"
 _EQ = "&filter_predicates=%3D"
 RUNNING_TASKS = f"/api/v0/tasks?detail=1&limit=10000&filter_keys=state{_EQ}&filter_values=RUNNING"
-CREATION_TASKS = ("/api/v0/tasks?detail=1&limit=10000&filter_keys=type"
-                  f"{_EQ}&filter_values=ACTOR_CREATION_TASK")
 _MAX_STATE = 32 * 1024 * 1024  # 10,000 actors in detail
 _MAX_METRICS = 64 * 1024 * 1024  # the node's page grows with every job the cluster ran
 _TEXT = 300
@@ -112,9 +112,10 @@ def state_rows(doc: Any) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     if not isinstance(doc, dict) or not doc.get("result"):
         msg = doc.get("msg") if isinstance(doc, dict) else None
         raise SourceProtocolError(f"not a state API answer: {_one_line(msg or doc)[:120]}")
-    data = doc["data"]["result"]
-    rows = data["result"]
-    if not isinstance(rows, list):
+    data = doc.get("data")
+    data = data.get("result") if isinstance(data, dict) else None
+    rows = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(rows, list):
         raise SourceProtocolError("state API answer without a list of rows")
     warnings = [_one_line(w) for w in (data.get("partial_failure_warning"),
                                        *(data.get("warnings") or ())) if w]
@@ -469,7 +470,7 @@ def http_get(url: str, timeout_s: float, limit: int,
         if isinstance(reason, (socket.timeout, TimeoutError)):
             raise SourceTimeout(f"{NO_ANSWER} {timeout_s:g}s") from None
         if isinstance(reason, ConnectionRefusedError):
-            raise _Refused("connection refused") from None
+            raise _Refused("unreachable (connection refused)") from None
         raise SourceUnreachable(f"unreachable ({reason})"[:_TEXT]) from None
     if len(body) > limit:
         raise SourceProtocolError(f"answer larger than {limit} bytes")
@@ -505,7 +506,6 @@ class RayClusterSource:
         self._environ = os.environ if environ is None else environ
         self._home = home
         self._worker_of: dict[str, tuple[int, str]] = {}  # actor -> (restarts, WorkerId)
-        self._asked: frozenset[tuple[str, int]] = frozenset()
 
     def close(self) -> None:
         """Nothing held between polls: every read opens and closes its own connection."""
@@ -517,8 +517,8 @@ class RayClusterSource:
         mine = tuple(a for a in actors or () if a.job_id == job)
         tasks = self._tasks(RUNNING_TASKS, job, now, errors) if job and actors is not None else ()
         mine = self._with_workers(mine, tasks, job, now, errors)
-        counters, counts, version, targets, refused, dropped = self._metrics(job, mine, tasks,
-                                                                             errors)
+        counters, counts, version, targets, refused, dropped = self._metrics(
+            job if actors is not None else None, mine, tasks, errors)
         rows: tuple[ResultRow, ...] = ()
         file = None
         if self._tail is not None:
@@ -585,22 +585,15 @@ class RayClusterSource:
                       job: str | None, now: float, errors: list[str]) -> tuple[RayActor, ...]:
         """The job's actors with their WorkerIds: from a running task of theirs, or from
         their creation task, asked only when a live actor's (or restart's) id is unknown."""
+        self._worker_of = {a.actor_id: w for a in actors
+                           if (w := self._worker_of.get(a.actor_id)) is not None}
+        # Creation tasks list the actor's worker_pid but no worker_id (Ray 2.60, recorded):
+        # the id comes only from a running task, matched by actor or by pid, and is kept.
         for t in running:
-            actor = next((a for a in actors if a.actor_id == t.actor_id), None)
-            if actor is not None and t.worker_id:
-                self._worker_of[actor.actor_id] = (actor.num_restarts, t.worker_id)
-        need = frozenset((a.actor_id, a.num_restarts) for a in actors if a.alive
-                         and self._worker_of.get(a.actor_id, (-1, ""))[0] != a.num_restarts)
-        if job and need and need != self._asked:
-            self._asked = need
-            latest: dict[str, RayTask] = {}
-            for t in self._tasks(CREATION_TASKS, job, now, errors):
-                if t.actor_id and t.worker_id and t.attempt >= getattr(
-                        latest.get(t.actor_id), "attempt", -1):
-                    latest[t.actor_id] = t
-            for actor_id, restarts in need:
-                if (made := latest.get(actor_id)) is not None and made.worker_id:
-                    self._worker_of[actor_id] = (restarts, made.worker_id)
+            for actor in actors:
+                if t.worker_id and (t.actor_id == actor.actor_id or (
+                        actor.pid is not None and t.worker_pid == actor.pid)):
+                    self._worker_of[actor.actor_id] = (actor.num_restarts, t.worker_id)
         return tuple(dataclasses.replace(a, worker_id=w[1]) if (
             w := self._worker_of.get(a.actor_id)) and w[0] == a.num_restarts else a
             for a in actors)
@@ -609,6 +602,8 @@ class RayClusterSource:
                  tasks: tuple[RayTask, ...], errors: list[str]
                  ) -> tuple[tuple[RllibCounters, ...], tuple[RayActorCount, ...], str | None,
                             int, int, int]:
+        """The pages' series, joined to the job's live workers; `job` is None where the
+        actors could not be read, and then no series is dropped: none can be told dead."""
         targets, refused, pages = self._scrape(errors)
         page = MetricsPage(tuple(c for p in pages for c in p.counters),
                            tuple(c for p in pages for c in p.actor_counts),
@@ -624,7 +619,7 @@ class RayClusterSource:
         unjoined = sum(1 for c in counters if not c.joined)
         if unjoined:
             why = (f"the state API named the WorkerId of {named} of {len(live_actors)} live "
-                   f"actors of job {job}" if job else "no job to join them to")
+                   f"actors of job {job}" if job else "no job's live workers to join them to")
             errors.append(f"metrics: {unjoined} RLlib series kept unjoined: {why}")
         elif pages and job and not counters:
             errors.append(f"metrics: no ray_rllib_* series of job {job}'s workers")
