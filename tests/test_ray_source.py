@@ -28,7 +28,6 @@ from replaywatch.ray_model import ActorRole, RaySnapshot, role_of_class
 from replaywatch.sources.ray_cluster import (
     SD_FILE,
     RayClusterSource,
-    ResultTail,
     driver_worker_id,
     find_token,
     join_counters,
@@ -36,9 +35,9 @@ from replaywatch.sources.ray_cluster import (
     newest_rllib_job,
     parse_actors,
     parse_metrics,
-    parse_result_row,
     parse_tasks,
 )
+from replaywatch.sources.ray_results import ResultTail, parse_result_row
 
 pytestmark = pytest.mark.timeout(60)
 
