@@ -4,8 +4,9 @@
 Each cell is a real DQN job on CartPole-v1 (harness/rllib_job.py in .venv-rllib, its learner
 in the driver, a local Ray cluster of its own), run for a few iterations after its warm-up.
 The measured ratio is counted from its result rows, not from RLlib's own ratio: env steps
-the learner trained on over env steps its EnvRunners sampled, over the rows after learning
-started. A cell agrees when the measured ratio is within 10 % of the predicted one.
+the learner trained on over env steps its EnvRunners sampled, over the rows after the one
+learning started in (that row also holds the warm-up's steps, which trained nothing). A
+cell agrees when the measured ratio is within 10 % of the predicted one.
 
 The two cells measured while the model was written (docs/research/rllib-observables.md:
 `no_intensity_2_runners`, `intensity_4_1_runner`) are marked `seen`; the others it never saw.
@@ -90,11 +91,17 @@ def run_cell(c: Cell, iterations: int, where: Path) -> dict[str, Any]:
     rows = [json.loads(line) for line in (logdir / "result.json").read_text().splitlines()
             if line.strip()] if (logdir / "result.json").exists() else []
     trained = sampled = 0.0
+    started = False
     for row in rows:
         t = row.get("learners", {}).get("__all_modules__", {}).get("num_env_steps_trained")
         s = row.get("env_runners", {}).get("num_env_steps_sampled")
         if not t or not s or (isinstance(t, float) and math.isnan(t)):
             continue  # warm-up rows train nothing; a NaN is a row without a learner result
+        if not started:
+            # The row learning started in also sampled the warm-up's steps, which trained
+            # nothing: the steady state is counted from the next row.
+            started = True
+            continue
         trained += float(t)
         sampled += float(s)
     predicted = ratio(c.config()).trained_per_sampled
@@ -123,7 +130,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", default="", help="comma-separated names (default: all)")
-    p.add_argument("--iterations", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--results", type=Path, default=None)
     args = p.parse_args()
     if not RLLIB_PY.exists():
@@ -145,7 +152,8 @@ def main() -> int:
             "`make bench-rllib-ratio` (bench/rllib_ratio.py): real DQN jobs (Ray 2.60, torch on "
             "the CPU, CartPole-v1, learner in the driver, uniform replay, learning starts at "
             f"100, {args.iterations} iterations of at least 200 env steps); measured = env steps "
-            "trained over env steps sampled in the result rows after learning started; "
+            "trained over env steps sampled in the result rows after the one learning started "
+            "in (it also sampled the warm-up, which trained nothing); "
             f"agrees within {AGREE:.0%} of `replaywatch predict --rllib`. A `_fixed` cell runs "
             "the training_intensity that predict printed for the cell it names.\n\n"
             + render(rows) + "\n")
