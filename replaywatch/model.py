@@ -16,6 +16,7 @@ from typing import Any
 
 from replaywatch.probe.protocol import WRITER_CALLS as WRITER_CALLS  # the actor's, for labels
 from replaywatch.probe.protocol import Gate, Layout
+from replaywatch.ray_model import RaySnapshot
 
 # Reverb writes `max_diff = sys.float_info.max` when inserts must never block
 # (Acme's synchronous `_disable_insert_blocking` rewrite, `MinSize` limiter).
@@ -23,10 +24,12 @@ FLOAT_MAX = 1.7976931348623157e308
 
 
 class SourceKind(enum.StrEnum):
-    """What a source reads: a Reverb server (ServerInfo) or a probe's HTTP documents."""
+    """What a source reads: a Reverb server (ServerInfo), a probe's HTTP documents, or a Ray
+    cluster's RLlib job from outside (state API, metrics, result rows)."""
 
     REVERB = "reverb"
     PROBE = "probe"
+    RAY = "ray"
 
 
 # How a poll error says the server accepted the call but did not answer in time (a timeout,
@@ -399,6 +402,7 @@ class PollOutcome:
     error: str | None = None
     actor: ActorSnapshot | None = None  # an actor probe's document
     memory: MemorySnapshot | None = None  # a Reverb target's process, where it can be read
+    ray: RaySnapshot | None = None  # a Ray cluster's RLlib job, as far as it could be read
 
     @property
     def ok(self) -> bool:

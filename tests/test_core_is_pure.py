@@ -17,8 +17,10 @@ FORBIDDEN_STDLIB = {
     "asyncio", "concurrent", "os", "sys", "io", "sqlite3", "http", "urllib", "random",
     "signal", "select", "selectors", "shutil", "tempfile", "pathlib", "builtins",
 }
-# The probe protocol is the standard library's too: its words (layouts, gates) are the model's.
-OURS = ("replaywatch.model", "replaywatch.diagnosis", "replaywatch.probe.protocol")
+# The probe protocol is the standard library's too: its words (layouts, gates) are the model's;
+# so are a Ray job's records (ray_model.py), the RLlib rules' input.
+OURS = ("replaywatch.model", "replaywatch.ray_model", "replaywatch.diagnosis",
+        "replaywatch.probe.protocol")
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -60,6 +62,8 @@ def test_core_module_imports_only_the_stdlib_and_our_model(path: Path) -> None:
     ("replaywatch.history", False),
     ("replaywatch.model", True),
     ("replaywatch.probe.protocol", True),
+    ("replaywatch.ray_model", True),
+    ("replaywatch.sources.ray_cluster", False),
     ("replaywatch.probe.trainer", False),  # a probe serves HTTP from a thread
     ("replaywatch.diagnosis.window", True),
     ("dataclasses", True),
