@@ -33,6 +33,11 @@ class Shape(enum.StrEnum):
     TABLE_SETTINGS = "table_settings"
     # (case, probe, thresholds): settings of a table and one trainer probe.
     PROBE_SETTINGS = "probe_settings"
+    # (job, thresholds): one RLlib job on a Ray cluster, its snapshots over the look-back
+    # (rules_rllib.RllibJob), every poll. Run by `rules_rllib.judge_rllib`, never by the
+    # engine: a Ray target has no tables, and its rules read no probe of ours whatever their
+    # kind says (learner_stalled needs one on Reverb, not on Ray).
+    RAY_JOB = "ray_job"
 
     @property
     def reads_a_probe(self) -> bool:
@@ -50,7 +55,7 @@ class Rule:
     def __post_init__(self) -> None:
         # A rule handed a trainer probe produces a kind that needs one, and only such a rule
         # among the table rules does: the status page and docs/findings.md say which need it.
-        table_rule = self.shape is not Shape.VIEW
+        table_rule = self.shape not in (Shape.VIEW, Shape.RAY_JOB)
         if table_rule and self.shape.reads_a_probe != self.kind.needs_probe:
             raise ValueError(f"{self.kind.name}: a {self.shape} rule must be declared "
                              f"needs_probe={self.shape.reads_a_probe}")
