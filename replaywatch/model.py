@@ -454,6 +454,10 @@ class Name(enum.StrEnum):
     PRIORITY_COLLAPSE = "priority_collapse"
     WASTED_EXPERIENCE = "wasted_experience"
     PRIORITY_UPDATES_REJECTED = "priority_updates_rejected"
+    ENV_RUNNER_STALLED = "env_runner_stalled"
+    DRIVER_STALLED = "driver_stalled"
+    RLLIB_ACTOR_DOWN = "rllib_actor_down"
+    ENV_STEPS_DROPPED = "env_steps_dropped"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,11 @@ REPRODUCED_ELSEWHERE = {
     # tests/test_priorities.py replays the cycle each opens in
     "priorities_ignored", "priority_collapse", "repeated_batches", "priority_updates_rejected",
     # tests/test_waste.py replays the cycle that names it
-    "wasted_experience"}
+    "wasted_experience",
+    # An RLlib job's, judged by rules_rllib.judge_rllib on a Ray cluster's snapshots, not by
+    # diagnose on a Reverb table: tests/test_rules_rllib.py holds them, on documents recorded
+    # off real Ray jobs among others
+    "env_runner_stalled", "driver_stalled", "rllib_actor_down", "env_steps_dropped"}
 
 
 def _probed(limiter: reverb.rate_limiters.RateLimiter,

@@ -41,4 +41,19 @@
     summary: "Learner's priority updates all refused: {{ $labels.target }} table {{ $labels.table }}",
     description: 'Reverb refuses every priority update the learner sends to table {{ $labels.table }} on {{ $labels.target }} (NaN or negative priorities): the table samples by stale priorities. The error and the counts: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
+  {
+    kind: 'rllib_actor_down',
+    summary: 'RLlib actor down: {{ $labels.target }} {{ $labels.table }}',
+    description: 'A Learner, or every EnvRunner, of RLlib {{ $labels.table }} on the Ray cluster {{ $labels.target }} is dead or restarting: training has stopped. The actors, their death causes and restarts: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+  },
+  {
+    kind: 'env_runner_stalled',
+    summary: 'RLlib EnvRunner hung: {{ $labels.target }} {{ $labels.table }}',
+    description: "An EnvRunner of RLlib {{ $labels.table }} on the Ray cluster {{ $labels.target }} has been inside one call for longer than its window, or samples nothing while the others do: its env hangs. Its pid, the call's age and the counters: GET /api/v1/findings on the sidecar {{ $labels.instance }}.",
+  },
+  {
+    kind: 'driver_stalled',
+    summary: 'RLlib driver stalled: {{ $labels.target }} {{ $labels.table }}',
+    description: "Nothing of RLlib {{ $labels.table }} on the Ray cluster {{ $labels.target }} moves and no actor call runs: the driver waits, in its own learner or in the loop around train(). The driver's pid and the counters: GET /api/v1/findings on the sidecar {{ $labels.instance }}.",
+  },
 ]

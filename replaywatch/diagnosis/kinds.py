@@ -86,8 +86,9 @@ LEARNER_STALLED = Kind(
     Name.LEARNER_STALLED, Severity.CRITICAL, needs_probe=True,
     meaning="The iterator has data (ready, or the table can sample a batch) but the learner took "
             "no batch or step for the stall window: hung compute, e.g. a pmap deadlock. Needs "
-            "the probe.",
-    fix="Look at the stored stacks.",
+            "the probe. RLlib (no probe): the learner's trained counter rests past its window "
+            "while its Learner call runs on, or while env steps are still sampled.",
+    fix="Look at the stored stacks (RLlib: `py-spy dump --pid` of the learner named).",
     alert=('Learner update step hung: {{ $labels.target }} table {{ $labels.table }}',
            'The learner takes no batch and no step although its iterator on table {{ '
            '$labels.table }} of {{ $labels.target }} has data: its update step hangs. The '
@@ -206,7 +207,8 @@ DEADLOCK_RISK = Kind(
 SPI_DRIFT = Kind(
     Name.SPI_DRIFT, Severity.WARNING, needs_probe=False,
     meaning="Observed samples per insert stays off the configured ratio by more than the "
-            "limiter's tolerance.",
+            "limiter's tolerance. RLlib: env steps trained per env step sampled (the counters) "
+            "off `training_intensity` by more than 10 % after warm-up.",
     fix="Check actor/learner speeds and the limiter.")
 STALE_DATA = Kind(
     Name.STALE_DATA, Severity.WARNING, needs_probe=False,
@@ -361,18 +363,77 @@ PIPELINE_DRAINING = Kind(
             "stall rules wait, and say until when.",
     fix="Nothing while the learner trains. Past the window the usual stall is named; a "
         "trainer probe judges by the learner's own batches, much sooner than Reverb alone.")
+RLLIB_ACTOR_DOWN = Kind(
+    # Declared critical for its page: a Learner down, or every EnvRunner, stops training. A
+    # finding where only some EnvRunners (or an aggregator) are down is said as a warning
+    # (rules_rllib.py): RLlib samples on with the others, slower.
+    Name.RLLIB_ACTOR_DOWN, Severity.CRITICAL, needs_probe=False,
+    meaning="An RLlib job's EnvRunner, Learner or aggregator actor is DEAD or RESTARTING, or "
+            "restarted within the look-back (Ray's state API; a job whose actors all ended "
+            "as `algo.stop()` ends them is not down). Critical when a Learner or every "
+            "EnvRunner is down (nothing trains), a warning when some EnvRunners are (how many "
+            "of how many in evidence).",
+    fix="Read the death cause given (the actor's log under the Ray session's logs names the "
+        "exception); RLlib restarts failed EnvRunners only with `restart_failed_env_runners`.",
+    alert=("RLlib actor down: {{ $labels.target }} {{ $labels.table }}",
+           "A Learner, or every EnvRunner, of RLlib {{ $labels.table }} on the Ray cluster {{ "
+           "$labels.target }} is dead or restarting: training has stopped. The actors, their "
+           "death causes and restarts: GET /api/v1/findings on the sidecar {{ "
+           "$labels.instance }}."),
+    # Actors that died explain why nothing moves.
+    supersedes=(Name.DRIVER_STALLED, Name.ENV_RUNNER_STALLED))
+ENV_RUNNER_STALLED = Kind(
+    Name.ENV_RUNNER_STALLED, Severity.CRITICAL, needs_probe=False,
+    meaning="An RLlib EnvRunner's call (`SingleAgentEnvRunner.apply`) runs past the window "
+            "learned from its earlier calls and the sampled counter's rhythm, or (asynchronous "
+            "sampling, APPO) its sampled counter rests past its window while the other "
+            "runners' move: its env hangs. In DQN sampling is synchronous, so it stops the "
+            "whole job (RLlib's `sample_timeout_s` lets the other runners' steps through once "
+            "a minute).",
+    fix="`py-spy dump --pid` of the runner named: its stack shows the env call that hangs.",
+    alert=("RLlib EnvRunner hung: {{ $labels.target }} {{ $labels.table }}",
+           "An EnvRunner of RLlib {{ $labels.table }} on the Ray cluster {{ $labels.target "
+           "}} has been inside one call for longer than its window, or samples nothing while "
+           "the others do: its env hangs. Its pid, the call's age and the counters: GET "
+           "/api/v1/findings on the sidecar {{ $labels.instance }}."))
+DRIVER_STALLED = Kind(
+    Name.DRIVER_STALLED, Severity.CRITICAL, needs_probe=False,
+    meaning="An RLlib job where no progress series moves (env steps sampled and trained, "
+            "iterations, training steps, result rows), each past its own window, and no actor "
+            "call runs: the wait is in the driver, either its learner (`num_learners=0`, "
+            "RLlib's default, trains in the driver) or the user's loop around `algo.train()`. "
+            "Only the driver's stack tells which.",
+    fix="`py-spy dump --pid` of the driver named: a learner's `update` on its stack is the "
+        "learner, anything else the loop around `train()`.",
+    alert=("RLlib driver stalled: {{ $labels.target }} {{ $labels.table }}",
+           "Nothing of RLlib {{ $labels.table }} on the Ray cluster {{ $labels.target }} "
+           "moves and no actor call runs: the driver waits, in its own learner or in the "
+           "loop around train(). The driver's pid and the counters: GET /api/v1/findings on "
+           "the sidecar {{ $labels.instance }}."))
+ENV_STEPS_DROPPED = Kind(
+    Name.ENV_STEPS_DROPPED, Severity.WARNING, needs_probe=False,
+    meaning="An RLlib job dropped sampled env steps within the look-back: its circular "
+            "buffer's or its training step's drop counters, or the result rows' "
+            "`learner_group_ts_dropped_lifetime` or aggregators' dropped steps, rose (how "
+            "many, per second, and their share of the steps sampled). The learner takes less "
+            "than is sampled.",
+    fix="If the learner is stalled, that is the cause. Otherwise fewer EnvRunners or more "
+        "learners (`num_learners`) bring sampling into line with learning.")
 WARMUP = Kind(
     Name.WARMUP, Severity.INFO, needs_probe=False,
-    meaning="Below `min_size_to_sample` while inserts progress. Not a stall.",
+    meaning="Below `min_size_to_sample` while inserts progress. Not a stall. RLlib: fewer env "
+            "steps sampled than `num_steps_sampled_before_learning_starts` (or no update yet) "
+            "while sampling moves.",
     fix="Wait.")
 
 # Precedence, worst first.
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
-    INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM, PRIORITY_UPDATES_REJECTED,
+    INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM, PRIORITY_UPDATES_REJECTED, RLLIB_ACTOR_DOWN,
+    ENV_RUNNER_STALLED, DRIVER_STALLED,
     TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITY_COLLAPSE,
-    PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE, SPI_DRIFT, STALE_DATA,
-    THROUGHPUT_DROP,
+    PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE, ENV_STEPS_DROPPED, SPI_DRIFT,
+    STALE_DATA, THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
     DECLARED_PIPELINE_DIFFERS, IN_SECTION, PIPELINE_DRAINING,

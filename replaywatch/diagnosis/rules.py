@@ -17,6 +17,8 @@ shape):
     rules_windows    what the learned stall windows hold back
     rules_memory     the replay process's memory against its limit
     rules_health     what the learner's replay does: its priorities
+    rules_rllib      RLlib jobs on a Ray cluster (Shape.RAY_JOB: judge_rllib runs them, the
+                     engine never does)
 
 Which kinds each produces is its `RULES`, nowhere else.
 
@@ -37,6 +39,7 @@ from replaywatch.diagnosis import (
     rules_liveness,
     rules_memory,
     rules_queue,
+    rules_rllib,
     rules_stalls,
     rules_startup,
     rules_throughput,
@@ -48,7 +51,7 @@ from replaywatch.diagnosis.registry import Rule, Shape
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
                          *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES,
-                         *rules_memory.RULES, *rules_health.RULES)
+                         *rules_memory.RULES, *rules_health.RULES, *rules_rllib.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

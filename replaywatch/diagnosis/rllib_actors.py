@@ -1,0 +1,82 @@
+"""rllib_actor_down: an RLlib job's actors that sample, learn or aggregate, dead, restarting
+or restarted, from Ray's state API.
+
+A job that ends as `algo.stop()` ends it (recorded on Ray 2.60: EnvRunners killed by
+`ray.kill`, the Learner exiting with INTENDED_USER_EXIT) is not down: the sidecar keeps
+watching a job whose actors all died until a newer one starts, so its end is seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from replaywatch.diagnosis import kinds
+from replaywatch.diagnosis import rllib_progress as rp
+from replaywatch.diagnosis.rllib_job import RllibJob
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, Severity
+from replaywatch.ray_model import ActorRole, RayActor
+
+WORKERS = (ActorRole.ENV_RUNNER, ActorRole.LEARNER, ActorRole.AGGREGATOR)
+DOWN_STATES = frozenset({"DEAD", "RESTARTING"})
+
+
+# -- rllib_actor_down --------------------------------------------------------------------------
+
+def ended_on_purpose(a: RayActor) -> bool:
+    """How `algo.stop()` ends its actors (recorded): EnvRunners by `ray.kill`, the Learner
+    by exiting."""
+    cause = a.death_cause or ""
+    return a.state == "DEAD" and (cause.startswith("RAY_KILL") or "INTENDED_USER_EXIT" in cause)
+
+
+def is_rllib_actor_down(job: RllibJob, th: Thresholds) -> Finding | None:
+    """An actor that samples, learns or aggregates is dead, restarting, or restarted."""
+    latest = job.latest
+    if not rp.actors_known(latest):
+        return None
+    mine = [a for a in latest.actors if a.role in WORKERS]
+    if not mine or all(ended_on_purpose(a) for a in mine):
+        return None  # an ended job (algo.stop()), or none to judge
+    first: dict[str, tuple[int, float]] = {}
+    for s in job.history:
+        if rp.actors_known(s):
+            for a in s.actors:
+                first.setdefault(a.actor_id, (a.num_restarts, s.observed_at))
+    down = [a for a in mine if a.state in DOWN_STATES]
+    restarted = [a for a in mine if a.actor_id in first and a.num_restarts > first[a.actor_id][0]]
+    if not down and not restarted:
+        return None
+    runners = [a for a in mine if a.role is ActorRole.ENV_RUNNER]
+    runners_down = [a for a in down if a.role is ActorRole.ENV_RUNNER]
+    learner_down = [a for a in down if a.role is ActorRole.LEARNER]
+    critical = bool(learner_down) or bool(runners) and len(runners_down) == len(runners)
+    evidence = {"down": [_actor(a) for a in down], "restarted": [
+        {**_actor(a), "restarts_before": first[a.actor_id][0]} for a in restarted],
+        "env_runners_down": f"{len(runners_down)} of {len(runners)}",
+        "learners_down": len(learner_down), "actors_known": len(mine)}
+    what = "; ".join(f"{a.role} {a.actor_id[:8]} (pid {a.pid}) {a.state}"
+                     + (f": {a.death_cause}" if a.death_cause else "") for a in down)
+    summary = (f"RLlib job {job.job_id}: {len(runners_down)} of {len(runners)} EnvRunners "
+               f"down, {len(learner_down)} Learner(s) down, {len(restarted)} restarted. {what}")
+    fix = ("Read the death cause given, then the dead actor's log (the Ray session's logs/ "
+           "files named with its pid) for the exception.")
+    since = min((at for a in down + restarted
+                 if (at := _first_seen_down(job, a)) is not None), default=latest.observed_at)
+    f = job.finding(kinds.RLLIB_ACTOR_DOWN, summary, evidence, fix, since)
+    return f if critical else dataclasses.replace(f, severity=Severity.WARNING)
+
+
+def _actor(a: RayActor) -> dict[str, Any]:
+    return {"role": str(a.role), "actor_id": a.actor_id, "pid": a.pid, "state": a.state,
+            "num_restarts": a.num_restarts, "death_cause": a.death_cause}
+
+
+def _first_seen_down(job: RllibJob, a: RayActor) -> float | None:
+    for s in job.history:
+        for b in s.actors:
+            if b.actor_id == a.actor_id and (b.state in DOWN_STATES
+                                             or b.num_restarts >= a.num_restarts > 0):
+                return s.observed_at
+    return None

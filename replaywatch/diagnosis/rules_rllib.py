@@ -1,0 +1,243 @@
+"""RLlib jobs on a Ray cluster, read from outside: hung calls, a stalled learner or driver,
+actors down, dropped env steps, and the replay ratio against the one asked.
+
+    rllib_actor_down    an EnvRunner, Learner or aggregator is DEAD or RESTARTING, or restarted
+    env_runner_stalled  an EnvRunner's call runs past its window, or (APPO) it alone samples nothing
+    driver_stalled      nothing moves and no actor call runs: the driver's learner or loop
+    learner_stalled     the trained counter rests while a Learner call runs on or samples flow
+    env_steps_dropped   drop counters rose (circular buffer, training step, learner group)
+    spi_drift           env steps trained per sampled off `training_intensity` (rllib_rates)
+    warmup              learning has not started yet
+
+`judge_rllib(target, history, th, now)` judges one target's snapshots; the rules are
+registered with `Shape.RAY_JOB`, which the engine never runs. learner_stalled, spi_drift and
+warmup mean here what they mean on Reverb, so their Reverb rules stay their registrations
+and the RLlib ones are listed in `SHARED`. A part a poll could not read is unknown, never
+empty: no stall is named from it (rllib_progress.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from replaywatch.diagnosis import kinds, rllib_actors, rllib_rates
+from replaywatch.diagnosis import rllib_job as rj
+from replaywatch.diagnosis import rllib_progress as rp
+from replaywatch.diagnosis.registry import Rule, Shape
+from replaywatch.diagnosis.rllib_job import RllibJob
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, Name
+from replaywatch.ray_model import ActorRole, RaySnapshot, RayTask
+
+WORKERS = rllib_actors.WORKERS
+
+
+def judge_rllib(target: str, history: Sequence[RaySnapshot], th: Thresholds,
+                now: float) -> tuple[Finding, ...]:
+    """history: this target's snapshots, oldest first, over the look-back the keeper gives
+    (several stall windows). One finding per kind for the newest snapshot's job, worst
+    first, the kinds another explains left out (`Kind.supersedes`)."""
+    job = rj.read_job(target, history, th, now)
+    if job is None:
+        return ()
+    found = [f for rule in (*RULES, *SHARED) if (f := rule.judge(job, th)) is not None]
+    names = {f.kind for f in found}
+    if Name.LEARNER_STALLED in names:  # a learner hung at its first update is no warm-up
+        found = [f for f in found if f.kind != Name.WARMUP]
+    return kinds.worst_first(f for f in found
+                             if not any(w in names for w in kinds.superseded_by(f.kind)))
+
+
+# -- learner_stalled ---------------------------------------------------------------------------
+
+def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
+    """The learner takes no batch: its trained counter rests past its window while its call
+    runs on (DQN: the whole job waits on it) or while env steps are still sampled (APPO: the
+    samples go nowhere)."""
+    if rj.rows_warm_up(job) and rj.warming_up(job):
+        return None
+    hung = _hung_calls(job, ActorRole.LEARNER, job.trained, "Learner")
+    trained = job.trained
+    if trained is not None and not trained.stalled(job.now):
+        return None
+    flowing = job.sampled is not None and job.sampled.moving(job.now) and trained is not None
+    if not hung and not flowing:
+        return None
+    learners = [a for a in job.latest.actors if a.role is ActorRole.LEARNER and a.alive]
+    pids = [t.worker_pid for t, _ in hung] or [a.pid for a in learners]
+    evidence: dict[str, Any] = {
+        "trained": None if trained is None else trained.evidence(job.now),
+        "sampled": None if job.sampled is None else job.sampled.evidence(job.now),
+        "calls": [_call(t, w) for t, w in hung], "learner_pids": pids,
+        "learner_actors": [a.actor_id for a in learners]}
+    how = ("its call has run for " + ", ".join(f"{t.running_for_s:.0f} s" for t, _ in hung)
+           if hung else "env steps are still sampled and none is trained")
+    rest = ("" if trained is None
+            else f", its trained counter resting {trained.rested_s(job.now):.0f} s")
+    summary = f"The learner of RLlib job {job.job_id} trains nothing: {how}{rest}."
+    fix = (f"`py-spy dump --pid {_one(pids)}` (the Learner actor): the stack shows where its "
+           "update waits; RLlib times none of it out.")
+    since = min([job.now - (t.running_for_s or 0.0) for t, _ in hung]
+                + ([trained.since] if trained is not None else []))
+    learned = trained is not None and trained.learned
+    return rj.held(job.finding(kinds.LEARNER_STALLED, summary, evidence, fix, since),
+                   rj.grace(job, learned), th, job.now)
+
+
+def _hung_calls(job: RllibJob, role: ActorRole, counter: rp.Progress | None, what: str
+                ) -> list[tuple[RayTask, rp.Window]]:
+    """The newest poll's calls of `role` running past their window (the counter's learned up
+    to the call's start)."""
+    if not rp.known(job.latest, rp.Part.STATE):
+        return []
+    out = []
+    for t in rp.tasks_of(job.latest, (role,)):
+        age = t.running_for_s or 0.0
+        before = None if counter is None else _counter_until(job, counter, job.now - age)
+        window = rp.call_window(job.history, role, job.th, before, what)
+        if age > window.seconds:
+            out.append((t, window))
+    return out
+
+
+def _counter_until(job: RllibJob, p: rp.Progress, until: float) -> rp.Progress | None:
+    """The same series, its window learned from the polls before `until`."""
+    readers = {"env steps sampled": rp.counter_reader("env_steps_sampled", ActorRole.ENV_RUNNER),
+               "env steps trained": rp.counter_reader("env_steps_trained")}
+    read = readers.get(p.what)
+    if read is None:
+        return p
+    return rp.progress(job.history, read, p.what, job.th, rp.counter_floor(job.th), until)
+
+
+def _call(t: RayTask, w: rp.Window) -> dict[str, Any]:
+    return {"call": t.name, "pid": t.worker_pid, "actor_id": t.actor_id,
+            "running_s": None if t.running_for_s is None else round(t.running_for_s, 1),
+            "window_s": round(w.seconds, 1), "window_why": w.why}
+
+
+def _one(pids: Sequence[int | None]) -> str:
+    known = [str(p) for p in pids if p]
+    return known[0] if len(known) == 1 else ("<" + " or ".join(known) + ">" if known
+                                             else "<its pid>")
+
+
+# -- env_runner_stalled ------------------------------------------------------------------------
+
+def is_env_runner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
+    """An EnvRunner's env hangs: its call runs past its window, or its own sampled counter
+    rests past its window while the other runners' move (asynchronous sampling)."""
+    hung = _hung_calls(job, ActorRole.ENV_RUNNER, job.sampled, "EnvRunner")
+    flat = _flat_runners(job)
+    named = {t.worker_pid for t, _ in hung}
+    flat = [r for r in flat if r["pid"] is None or r["pid"] not in named]
+    if not hung and not flat:
+        return None
+    algo = job.algorithm()
+    pids = [t.worker_pid for t, _ in hung] + [r["pid"] for r in flat]
+    evidence = {"calls": [_call(t, w) for t, w in hung], "flat_runners": flat,
+                "runner_pids": pids, "algorithm": algo,
+                "sampled": None if job.sampled is None else job.sampled.evidence(job.now)}
+    summary = (f"{len(pids)} EnvRunner(s) of RLlib job {job.job_id} hang (pid "
+               f"{', '.join(str(p) for p in pids)}): {_sync_words(algo)}")
+    fix = (f"`py-spy dump --pid {_one(pids)}`: the stack shows the env call that hangs (a hang "
+           "raises nothing, so RLlib restarts no runner for it).")
+    since = min([job.now - (t.running_for_s or 0.0) for t, _ in hung]
+                + [r["resting_since"] for r in flat])
+    learned = all(w.basis in (rp.Basis.LEARNED, rp.Basis.PAUSE) for _, w in hung) and all(
+        r["window_learned"] for r in flat)
+    return rj.held(job.finding(kinds.ENV_RUNNER_STALLED, summary, evidence, fix, since),
+                   rj.grace(job, learned), th, job.now)
+
+
+def _sync_words(algo: str | None) -> str:
+    if algo in rj.SYNCHRONOUS:
+        return (f"{algo} samples synchronously, so the whole job waits on it; RLlib's "
+                "sample_timeout_s (60 s by default) lets the other runners' steps through "
+                "once a minute, so every counter moves about once a minute.")
+    if algo in rj.ASYNCHRONOUS:
+        return f"{algo} samples asynchronously: the other runners go on without it."
+    return ("the algorithm is not known here: a synchronous one (DQN) waits on it, an "
+            "asynchronous one (APPO) goes on without it.")
+
+
+def _flat_runners(job: RllibJob) -> list[dict[str, Any]]:
+    """Live EnvRunners whose own sampled counter rests past its window while another's moves."""
+    if not rp.actors_known(job.latest):
+        return []
+    runners = {a.worker_id: a for a in job.latest.actors
+               if a.role is ActorRole.ENV_RUNNER and a.alive and a.worker_id}
+    floor = rp.counter_floor(job.th)
+    own = {w: p for w in runners if (p := rp.progress(
+        job.history, rp.counter_reader("env_steps_sampled", ActorRole.ENV_RUNNER, w),
+        "this runner's env steps", job.th, floor)) is not None}
+    moving = [w for w, p in own.items() if p.moving(job.now)]
+    return [{"pid": runners[w].pid, "actor_id": runners[w].actor_id, "worker_id": w,
+             **p.evidence(job.now), "window_learned": p.learned,
+             "others_moving": len(moving)}
+            for w, p in own.items() if p.stalled(job.now) and moving]
+
+
+# -- driver_stalled ----------------------------------------------------------------------------
+
+def is_driver_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
+    """Nothing moves and no actor call runs: the driver waits, in its own learner (with
+    `num_learners=0` it trains in the driver) or in the user's loop around `train()`."""
+    latest = job.latest
+    series = job.series()
+    if (not series or not rp.known(latest, rp.Part.STATE)
+            or not rp.known(latest, rp.Part.METRICS)
+            or not any(p.current for p in series)
+            or any(not p.stalled(job.now) for p in series if p.current)
+            or rp.tasks_of(latest, WORKERS)
+            or not any(a.alive for a in latest.actors if a.role in WORKERS)):
+        return None
+    row = job.row()
+    pid = latest.driver_pid or (row.pid if row else None)
+    learners = None if row is None else row.num_learners
+    readings = ["its learner (num_learners=0, RLlib's default, trains inside the driver)",
+                "the user's loop around algo.train()"]
+    if learners:
+        readings = readings[::-1]
+    evidence = {"driver_pid": pid, "num_learners": learners, "readings": readings,
+                "running_calls": 0, **{p.what.replace(" ", "_"): p.evidence(job.now)
+                                       for p in series if p.current}}
+    summary = (f"Nothing of RLlib job {job.job_id} moves and no actor call runs: the driver "
+               f"(pid {pid or 'unknown'}) waits, in {readings[0]} or in {readings[1]}.")
+    fix = (f"`py-spy dump --pid {pid or '<the driver: the process calling algo.train()>'}`: "
+           "a Learner's update on its stack is the learner, anything else the loop.")
+    since = max(p.since for p in series if p.current)
+    learned = all(p.learned for p in series if p.current)
+    return rj.held(job.finding(kinds.DRIVER_STALLED, summary, evidence, fix, since),
+                   rj.grace(job, learned), th, job.now)
+
+
+# -- warmup ------------------------------------------------------------------------------------
+
+def is_warmup(job: RllibJob, th: Thresholds) -> Finding | None:
+    """Learning has not started: DQN samples its warm-up before the first update."""
+    said = rj.warming_up(job)
+    if said is None or job.sampled is None or not job.sampled.moving(job.now):
+        return None
+    summary = (f"RLlib job {job.job_id} is sampling its warm-up: learning has not started "
+               f"({said['told_by']}); not a stall.")
+    since = job.sampled.first_moved_at or job.history[0].observed_at
+    return job.finding(kinds.WARMUP, summary, {**said, "sampled": job.sampled.evidence(job.now)},
+                       "Nothing to fix: wait.", since)
+
+
+# The kinds whose meaning on Ray is their meaning on Reverb: registered with their Reverb
+# rules, run here by judge_rllib.
+SHARED = (
+    Rule(kinds.LEARNER_STALLED, is_learner_stalled, Shape.RAY_JOB),
+    Rule(kinds.SPI_DRIFT, rllib_rates.is_ratio_off, Shape.RAY_JOB),
+    Rule(kinds.WARMUP, is_warmup, Shape.RAY_JOB),
+)
+
+RULES = (
+    Rule(kinds.RLLIB_ACTOR_DOWN, rllib_actors.is_rllib_actor_down, Shape.RAY_JOB),
+    Rule(kinds.ENV_RUNNER_STALLED, is_env_runner_stalled, Shape.RAY_JOB),
+    Rule(kinds.DRIVER_STALLED, is_driver_stalled, Shape.RAY_JOB),
+    Rule(kinds.ENV_STEPS_DROPPED, rllib_rates.is_env_steps_dropped, Shape.RAY_JOB),
+)

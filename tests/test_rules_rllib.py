@@ -1,0 +1,578 @@
+"""The RLlib rules (diagnosis/rules_rllib.py and its helpers) on histories of RaySnapshot:
+built from ray_model's records in the shapes real Ray 2.60 jobs showed
+(docs/research/rllib-observables.md §6), and replayed from the documents recorded off real
+jobs (tests/fixtures/ray/, parsed by the source's own parsers).
+
+Counters move in steps of Ray's 10 s report interval and are polled every 5 s, as measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from replaywatch.diagnosis import kinds, rllib_progress, rules, rules_rllib
+from replaywatch.diagnosis.registry import Rule, Shape
+from replaywatch.diagnosis.rules_rllib import judge_rllib
+from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Finding, Name, Severity
+from replaywatch.ray_model import (
+    ActorRole,
+    RayActor,
+    RaySnapshot,
+    RayTask,
+    ResultRow,
+    RllibCounters,
+)
+from replaywatch.sources.ray_cluster import (
+    driver_worker_id,
+    join_counters,
+    parse_actors,
+    parse_metrics,
+    parse_tasks,
+)
+from replaywatch.sources.ray_results import parse_result_row
+from tests.support.ray_dashboard import FIXTURES
+
+TARGET, JOB = "127.0.0.1:8265", "02000000"
+DRIVER_PID = 4500
+TH = Thresholds()
+T0 = 1_000_000.0
+POLL_S = 5.0
+
+
+def reported(t: float) -> float:
+    """The time a counter was last reported at (every 10 s)."""
+    return math.floor(t / 10.0) * 10.0
+
+
+# -- the job's records -------------------------------------------------------------------------
+
+def actor(role: ActorRole, n: int, state: str = "ALIVE", restarts: int = 0,
+          cause: str | None = None) -> RayActor:
+    cls = {ActorRole.ENV_RUNNER: "SingleAgentEnvRunner",
+           ActorRole.LEARNER: "create_executable_class.<locals>._WrappedExecutable",
+           ActorRole.AGGREGATOR: "AggregatorActor"}[role]
+    return RayActor(f"{role}{n}".ljust(32, "0"), cls, role, state, restarts, cause,
+                    pid=pid_of(role, n), node_id="node", job_id=JOB, worker_id=f"w-{role}{n}")
+
+
+def pid_of(role: ActorRole, n: int) -> int:
+    return {ActorRole.ENV_RUNNER: 4800, ActorRole.LEARNER: 6700,
+            ActorRole.AGGREGATOR: 8700}[role] + n
+
+
+def call(role: ActorRole, n: int, age: float, started: float) -> RayTask:
+    name = ("SingleAgentEnvRunner.apply" if role is ActorRole.ENV_RUNNER
+            else "_WrappedExecutable.apply")
+    return RayTask(name, role, pid_of(role, n), f"w-{role}{n}", JOB, age,
+                   actor_id=f"{role}{n}".ljust(32, "0"), task_id=f"{role}{n}-{started:.0f}")
+
+
+def runner_counters(n: int, sampled: float | None) -> RllibCounters:
+    return RllibCounters(f"w-{ActorRole.ENV_RUNNER}{n}", "SingleAgentEnvRunner",
+                         ActorRole.ENV_RUNNER, True, env_steps_sampled=sampled)
+
+
+def learner_counters(trained: float | None, dropped: float | None = None) -> RllibCounters:
+    return RllibCounters(f"w-{ActorRole.LEARNER}0", "_WrappedExecutable", ActorRole.LEARNER,
+                         True, env_steps_trained=trained, circular_buffer_dropped=dropped)
+
+
+def algo_counters(algo: str, iterations: float, steps: float) -> RllibCounters:
+    return RllibCounters(driver_worker_id(JOB), algo, ActorRole.OTHER, True,
+                         iterations=iterations, training_steps=steps)
+
+
+def row(iteration: int, at: float, **kw: Any) -> ResultRow:
+    return ResultRow(iteration, at, 30.0, time_total_s=at - T0 + 20.0, pid=DRIVER_PID, **kw)
+
+
+@dataclasses.dataclass
+class Job:
+    """A job's behaviour as functions of the time; each poll reads them at its time."""
+
+    algo: str = "DQN"
+    runners: int = 2
+    sampled: Callable[[int, float], float | None] = lambda n, t: 17.0 * reported(t - T0)
+    trained: Callable[[float], float | None] = lambda t: 500.0 + 528.0 * reported(t - T0)
+    iterations: Callable[[float], float] = lambda t: 5 + math.floor(reported(t - T0) / 30)
+    steps: Callable[[float], float] = lambda t: 2500 + 16.0 * reported(t - T0)
+    iteration_s: float = 30.0
+    rows_until: float = math.inf
+    calls: Callable[[float], list[RayTask]] = lambda t: healthy_calls(t)
+    actors: Callable[[float], list[RayActor]] | None = None
+    dropped: Callable[[float], float | None] = lambda t: None
+    row_extra: Callable[[float], dict[str, Any]] = lambda t: {}
+    errors: Callable[[float], tuple[str, ...]] = lambda t: ()
+
+    def snapshot(self, t: float) -> RaySnapshot:
+        counters = [runner_counters(n, self.sampled(n, t)) for n in range(self.runners)]
+        counters += [learner_counters(self.trained(t), self.dropped(t)),
+                     algo_counters(self.algo, self.iterations(t), self.steps(t))]
+        last = min(t, self.rows_until)
+        rows = tuple(row(i, T0 + i * self.iteration_s, **self.row_extra(T0 + i * self.iteration_s))
+                     for i in range(1, int((last - T0) // self.iteration_s) + 1))[-3:]
+        actors = (self.actors(t) if self.actors else
+                  [actor(ActorRole.ENV_RUNNER, n) for n in range(self.runners)]
+                  + [actor(ActorRole.LEARNER, 0)])
+        return RaySnapshot(TARGET, t, JOB, DRIVER_PID if rows else None, tuple(actors),
+                           tuple(self.calls(t)), tuple(counters), results=rows,
+                           errors=self.errors(t))
+
+    def history(self, until_s: float, from_s: float = 0.0) -> list[RaySnapshot]:
+        n = int((until_s - from_s) / POLL_S)
+        return [self.snapshot(T0 + from_s + i * POLL_S) for i in range(n + 1)]
+
+
+def healthy_calls(t: float) -> list[RayTask]:
+    """A short EnvRunner call caught at every poll, a new one each time."""
+    return [call(ActorRole.ENV_RUNNER, int(t) % 2, 0.4, t)]
+
+
+def judged(job: Job, until_s: float, th: Thresholds = TH, from_s: float = 0.0
+           ) -> dict[Name, Finding]:
+    history = job.history(until_s, from_s)
+    found = judge_rllib(TARGET, history, th, history[-1].observed_at)
+    assert len({f.kind for f in found}) == len(found)  # one per kind
+    assert all(f.target == TARGET and f.table == f"job:{JOB}" for f in found)
+    return {f.kind: f for f in found}
+
+
+def hung_at(h: float) -> Callable[[float], float]:
+    return lambda t: T0 + h if t > T0 + h else t
+
+
+# -- healthy jobs are never flagged -----------------------------------------------------------
+
+@pytest.mark.parametrize("until_s", [60.0, 180.0, 600.0])
+def test_a_healthy_dqn_job_of_30_s_iterations_is_never_flagged(until_s: float) -> None:
+    assert judged(Job(), until_s, from_s=max(0.0, until_s - 300.0)) == {}
+
+
+@pytest.mark.parametrize("until_s", [60.0, 300.0])
+def test_a_healthy_appo_job_of_10_s_iterations_is_never_flagged(until_s: float) -> None:
+    appo = Job(algo="APPO", iteration_s=10.0,
+               iterations=lambda t: 3 + math.floor(reported(t - T0) / 10),
+               steps=lambda t: 18_000.0 * reported(t - T0) / 10,
+               sampled=lambda n, t: 140.0 * reported(t - T0),
+               trained=lambda t: 280.0 * reported(t - T0) + 1000.0)
+    assert judged(appo, until_s) == {}
+
+
+def test_a_healthy_job_whose_counters_rest_a_report_interval_is_not_stalled_unlearned() -> None:
+    # One move seen: nothing learned, each counter rests 10 s between reports, and the
+    # floor (3 x Ray's report interval) is what holds the verdict back, not luck.
+    history = Job().history(14.0, 0.0)
+    p = rllib_progress.progress(history, rllib_progress.counter_reader(
+        "env_steps_sampled", ActorRole.ENV_RUNNER), "env steps sampled", TH,
+        rllib_progress.counter_floor(TH))
+    assert p is not None and not p.learned and p.window.seconds == 30.0
+    assert "Ray reports a counter every 10 s" in p.window.why
+
+
+# -- learner_stalled ---------------------------------------------------------------------------
+
+def dqn_learner_hung(h: float = 200.0) -> Job:
+    """DQN's learner hangs at `h`: every counter stops (sampling waits on training) and the
+    Learner's call ages, both EnvRunners idle."""
+    stop = hung_at(h)
+    return Job(sampled=lambda n, t: 17.0 * reported(stop(t) - T0),
+               trained=lambda t: 500.0 + 528.0 * reported(stop(t) - T0),
+               iterations=lambda t: 5 + math.floor(reported(stop(t) - T0) / 30),
+               steps=lambda t: 2500 + 16.0 * reported(stop(t) - T0),
+               rows_until=T0 + h,
+               calls=lambda t: ([call(ActorRole.LEARNER, 0, t - T0 - h, T0 + h)]
+                                if t > T0 + h else healthy_calls(t)))
+
+
+def test_a_hung_dqn_learner_call_is_learner_stalled_naming_its_pid_and_age() -> None:
+    found = judged(dqn_learner_hung(), 300.0)
+    f = found[Name.LEARNER_STALLED]
+    assert f.severity is Severity.CRITICAL
+    assert f.evidence["learner_pids"] == [6700]
+    assert f.evidence["calls"][0]["call"] == "_WrappedExecutable.apply"
+    assert f.evidence["calls"][0]["running_s"] == 100.0
+    assert "py-spy dump --pid 6700" in f.fix
+    assert f.since <= T0 + 200.0
+    # A call is running, so the wait is not the driver's.
+    assert Name.DRIVER_STALLED not in found and Name.ENV_RUNNER_STALLED not in found
+
+
+def test_a_learner_call_within_its_window_is_not_yet_stalled() -> None:
+    assert Name.LEARNER_STALLED not in judged(dqn_learner_hung(), 215.0)
+
+
+def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalled() -> None:
+    # The APPO learner actor hangs: iterations and rows go on, EnvRunners sample, the
+    # learner's counter stops and the learner group drops what it cannot send.
+    h = 200.0
+    appo = Job(algo="APPO", iteration_s=10.0,
+               iterations=lambda t: math.floor(reported(t - T0) / 10),
+               steps=lambda t: 1800.0 * reported(t - T0),
+               sampled=lambda n, t: 140.0 * reported(t - T0),
+               trained=lambda t: 280.0 * reported(min(t, T0 + h) - T0) + 1000,
+               calls=lambda t: [],
+               row_extra=lambda at: {"learner_group_ts_dropped_lifetime":
+                                     max(0.0, at - T0 - h) * 30.0})
+    found = judged(appo, 320.0)
+    f = found[Name.LEARNER_STALLED]
+    assert f.severity is Severity.CRITICAL and f.evidence["calls"] == []
+    assert "env steps are still sampled" in f.summary
+    assert f.evidence["trained"]["last_moved_at"] == T0 + 200.0
+    drop = found[Name.ENV_STEPS_DROPPED]
+    assert drop.severity is Severity.WARNING
+    assert drop.evidence["by_series"]["learner_group/learner_group_ts_dropped_lifetime"] > 0
+    assert drop.evidence["share_of_sampled"] is not None
+    assert Name.DRIVER_STALLED not in found
+
+
+# -- env_runner_stalled ------------------------------------------------------------------------
+
+def dqn_env_hung(h: float = 200.0) -> Job:
+    """Runner 1's env hangs at `h`: its call ages; sample_timeout_s lets runner 0's step
+    through once a minute, with one update each time."""
+    def trickle(t: float) -> float:
+        return reported(min(t, T0 + h) - T0) + (max(0.0, t - T0 - h) // 60)
+
+    return Job(sampled=lambda n, t: 17.0 * reported(min(t, T0 + h) - T0)
+               + (max(0.0, t - T0 - h) // 60 if n == 0 else 0),
+               trained=lambda t: 500.0 + 528.0 * reported(min(t, T0 + h) - T0)
+               + 32 * (max(0.0, t - T0 - h) // 60),
+               iterations=lambda t: 5 + math.floor(reported(min(t, T0 + h) - T0) / 30),
+               steps=lambda t: 2500 + 16.0 * trickle(t),
+               rows_until=T0 + h,
+               calls=lambda t: ([call(ActorRole.ENV_RUNNER, 1, t - T0 - h, T0 + h)]
+                                if t > T0 + h else healthy_calls(t)))
+
+
+def test_a_hung_dqn_env_is_env_runner_stalled_saying_it_stops_the_whole_job() -> None:
+    found = judged(dqn_env_hung(), 400.0)
+    f = found[Name.ENV_RUNNER_STALLED]
+    assert f.severity is Severity.CRITICAL
+    assert f.evidence["runner_pids"] == [4801]
+    assert f.evidence["calls"][0]["running_s"] == 200.0
+    assert "DQN samples synchronously" in f.summary and "once a minute" in f.summary
+    assert "py-spy dump --pid 4801" in f.fix
+    assert f.since == T0 + 200.0
+    assert set(found) == {Name.ENV_RUNNER_STALLED}  # not the learner, not the driver
+
+
+def test_one_appo_runner_flat_while_the_other_samples_is_env_runner_stalled() -> None:
+    h = 200.0
+    appo = Job(algo="APPO", iteration_s=10.0,
+               iterations=lambda t: math.floor(reported(t - T0) / 10),
+               steps=lambda t: 1800.0 * reported(t - T0),
+               sampled=lambda n, t: 140.0 * reported(min(t, T0 + h) - T0 if n == 1 else t - T0),
+               trained=lambda t: 280.0 * reported(t - T0) + 1000, calls=lambda t: [])
+    f = judged(appo, 320.0)[Name.ENV_RUNNER_STALLED]
+    assert [r["pid"] for r in f.evidence["flat_runners"]] == [4801]
+    assert f.evidence["flat_runners"][0]["others_moving"] == 1
+    assert "APPO samples asynchronously" in f.summary
+
+
+# -- driver_stalled ----------------------------------------------------------------------------
+
+def driver_hung(h: float = 200.0, num_learners: int = 0) -> Job:
+    """The learner inside the driver hangs: every counter flat, no row, no call."""
+    stop = hung_at(h)
+    return Job(algo="APPO", iteration_s=10.0, rows_until=T0 + h,
+               iterations=lambda t: math.floor(reported(stop(t) - T0) / 10),
+               steps=lambda t: 1800.0 * reported(stop(t) - T0),
+               sampled=lambda n, t: 140.0 * reported(stop(t) - T0),
+               trained=lambda t: 280.0 * reported(stop(t) - T0) + 1000,
+               calls=lambda t: [] if t > T0 + h else healthy_calls(t),
+               row_extra=lambda at: {"num_learners": num_learners})
+
+
+def test_nothing_moving_and_no_call_running_is_driver_stalled_naming_the_driver() -> None:
+    found = judged(driver_hung(), 320.0)
+    f = found[Name.DRIVER_STALLED]
+    assert f.severity is Severity.CRITICAL and f.evidence["driver_pid"] == DRIVER_PID
+    assert "py-spy dump --pid 4500" in f.fix
+    assert f.evidence["readings"][0].startswith("its learner (num_learners=0")
+    assert "the user's loop" in f.summary
+    assert set(f.evidence) >= {"env_steps_sampled", "env_steps_trained", "iterations",
+                               "result_rows"}
+    assert set(found) == {Name.DRIVER_STALLED}
+
+
+def test_with_a_learner_actor_the_loop_is_named_first() -> None:
+    f = judged(driver_hung(num_learners=1), 320.0)[Name.DRIVER_STALLED]
+    assert f.evidence["readings"][0] == "the user's loop around algo.train()"
+
+
+def test_a_driver_stall_shorter_than_the_windows_is_not_named() -> None:
+    assert judged(driver_hung(), 225.0) == {}
+
+
+# -- pinned windows, start-up ------------------------------------------------------------------
+
+def test_a_pinned_window_judges_the_call_by_stall_window_s_alone() -> None:
+    pinned = Thresholds(stall_window_s=120.0, learned_windows=False)
+    assert Name.LEARNER_STALLED not in judged(dqn_learner_hung(), 310.0, pinned)
+    f = judged(dqn_learner_hung(), 330.0, pinned)[Name.LEARNER_STALLED]
+    assert f.evidence["calls"][0]["window_s"] == 120.0
+    assert f.evidence["calls"][0]["window_why"].startswith("pinned")
+
+
+def first_update_hung() -> Job:
+    """The learner's first update, after a warm-up of 200 steps, never returns: the trained
+    counter is never exported, the call runs from 40 s in."""
+    return Job(trained=lambda t: None, rows_until=T0 + 35, iteration_s=5.0,
+               row_extra=lambda at: {"env_steps_sampled_lifetime": 34.0 * (at - T0),
+                                     "num_steps_sampled_before_learning_starts": 100},
+               calls=lambda t: ([call(ActorRole.LEARNER, 0, t - T0 - 40, T0 + 40)]
+                                if t > T0 + 40 else []))
+
+
+def test_a_first_update_that_hangs_is_start_up_until_the_grace_ends() -> None:
+    f = judged(first_update_hung(), 120.0)[Name.LEARNER_STALLED]
+    assert f.severity is Severity.INFO and f.evidence["would_be"] == "critical"
+    assert f.summary.startswith("Start-up")
+    assert f.evidence["grace_basis"] == "result rows (timestamp - time_total_s)"
+    late = judged(first_update_hung(), 120.0, Thresholds(startup_grace_s=60.0))
+    assert late[Name.LEARNER_STALLED].severity is Severity.CRITICAL
+
+
+def test_a_stall_past_the_first_update_keeps_paging_once_it_outlasts_the_look_back() -> None:
+    # Three minutes of look-back, the learner hung for ten: no rhythm is left in view, the
+    # job is young, and still it pages: it trained before, so this is no first compile.
+    f = judged(dqn_learner_hung(), 800.0, from_s=620.0)[Name.LEARNER_STALLED]
+    assert f.severity is Severity.CRITICAL and f.evidence["calls"][0]["running_s"] == 600.0
+
+
+# -- warm-up -----------------------------------------------------------------------------------
+
+def test_sampling_below_learning_starts_is_warmup_not_a_stalled_learner() -> None:
+    warm = Job(trained=lambda t: None, calls=lambda t: [],
+               row_extra=lambda at: {"env_steps_sampled_lifetime": 34.0 * (at - T0),
+                                     "num_steps_sampled_before_learning_starts": 50_000})
+    found = judged(warm, 300.0)
+    assert set(found) == {Name.WARMUP}
+    f = found[Name.WARMUP]
+    assert f.severity is Severity.INFO and f.evidence["told_by"] == "result row"
+    assert f.evidence["env_steps_to_go"] == 50_000 - 34.0 * 300.0
+
+
+def test_without_rows_a_learner_that_never_trained_while_sampling_is_warmup() -> None:
+    found = judged(Job(trained=lambda t: None, calls=lambda t: [], rows_until=T0), 200.0)
+    assert set(found) == {Name.WARMUP}
+    assert "never rose" in found[Name.WARMUP].evidence["told_by"]
+
+
+# -- rllib_actor_down --------------------------------------------------------------------------
+
+def with_actors(*down: RayActor) -> Job:
+    def actors(t: float) -> list[RayActor]:
+        live = {a.actor_id: a for a in [actor(ActorRole.ENV_RUNNER, 0),
+                                        actor(ActorRole.ENV_RUNNER, 1),
+                                        actor(ActorRole.LEARNER, 0)]}
+        if t > T0 + 100:
+            live.update({a.actor_id: a for a in down})
+        return list(live.values())
+    return Job(actors=actors)
+
+
+def test_one_env_runner_of_two_dead_is_a_warning_saying_how_many() -> None:
+    dead = actor(ActorRole.ENV_RUNNER, 1, "DEAD", cause="WORKER_DIED: exit code 1")
+    f = judged(with_actors(dead), 200.0)[Name.RLLIB_ACTOR_DOWN]
+    assert f.severity is Severity.WARNING and f.evidence["env_runners_down"] == "1 of 2"
+    assert "WORKER_DIED: exit code 1" in f.summary and f.since == T0 + 105.0
+
+
+def test_a_dead_learner_is_critical() -> None:
+    dead = actor(ActorRole.LEARNER, 0, "DEAD", cause="WORKER_DIED: OOM")
+    f = judged(with_actors(dead), 200.0)[Name.RLLIB_ACTOR_DOWN]
+    assert f.severity is Severity.CRITICAL and f.evidence["learners_down"] == 1
+
+
+def test_a_restart_within_the_look_back_is_named() -> None:
+    f = judged(with_actors(actor(ActorRole.ENV_RUNNER, 0, restarts=1)), 200.0)[
+        Name.RLLIB_ACTOR_DOWN]
+    assert f.evidence["restarted"][0]["restarts_before"] == 0
+    assert f.severity is Severity.WARNING
+
+
+def test_a_job_stopped_by_algo_stop_is_not_down() -> None:
+    # Recorded: the ended DQN job's EnvRunners killed by ray.kill, its Learner exited.
+    ended = [a for a in parse_actors(load("actors.json"), 0.0) if a.job_id == "01000000"]
+    snaps = [RaySnapshot(TARGET, T0 + i * 5, "01000000", None, tuple(ended)) for i in range(6)]
+    assert judge_rllib(TARGET, snaps, TH, T0 + 25) == ()
+
+
+# -- env_steps_dropped -------------------------------------------------------------------------
+
+def test_a_circular_buffer_drop_counter_first_exported_is_a_drop() -> None:
+    # RLlib exports the counter only once something was dropped (recorded: 100 at once).
+    job = Job(dropped=lambda t: 100.0 if t > T0 + 100 else None)
+    f = judged(job, 200.0)[Name.ENV_STEPS_DROPPED]
+    assert f.evidence["dropped"] == 100.0 and f.evidence["look_back_s"] == 200.0
+    assert f.evidence["dropped_per_s"] == 0.5 and f.since == T0 + 105.0
+
+
+# -- spi_drift: the replay ratio ---------------------------------------------------------------
+
+def ratio_job(trained_per_sampled: float, **config: Any) -> Job:
+    conf = {"training_intensity": 4.0, "train_batch_size_per_learner": 32, "num_learners": 0,
+            "num_env_runners": 1, "num_envs_per_env_runner": 1,
+            "rollout_fragment_length": 1, **config}
+    return Job(runners=1, sampled=lambda n, t: 20.0 * reported(t - T0),
+               trained=lambda t: 100.0 + trained_per_sampled * 20.0 * reported(t - T0),
+               row_extra=lambda at: conf)
+
+
+def test_a_job_training_at_twice_its_intensity_is_spi_drift_with_the_fix_that_works() -> None:
+    # Recorded in bench/RESULTS.md: 1 EnvRunner, batch 32, training_intensity 4 trains at 8,
+    # and training_intensity 2 trains at 4.
+    f = judged(ratio_job(8.0), 300.0)[Name.SPI_DRIFT]
+    assert f.severity is Severity.WARNING
+    assert f.evidence["observed_trained_per_sampled"] == 8.0
+    assert f.evidence["predicted"]["trained_per_sampled"] == 8.0
+    assert "Set training_intensity to 2:" in f.fix
+
+
+def test_a_job_training_as_asked_is_not_drift() -> None:
+    assert Name.SPI_DRIFT not in judged(ratio_job(4.0), 300.0)
+
+
+def test_an_auto_fragment_gives_the_measurement_without_a_guessed_prediction() -> None:
+    f = judged(ratio_job(8.0, rollout_fragment_length=None), 300.0)[Name.SPI_DRIFT]
+    assert f.evidence["predicted"] is None and "replaywatch predict --rllib" in f.fix
+
+
+def test_no_training_intensity_says_nothing_of_the_ratio() -> None:
+    assert Name.SPI_DRIFT not in judged(ratio_job(8.0, training_intensity=None), 300.0)
+
+
+# -- unknown is never zero ---------------------------------------------------------------------
+
+def test_a_metrics_part_not_read_this_poll_names_no_stall() -> None:
+    failing = driver_hung()
+    failing.errors = lambda t: (("metrics: 10.0.0.1:48903/metrics: timed out",)
+                                if t > T0 + 300 else ())
+    assert Name.DRIVER_STALLED not in judged(failing, 320.0)
+    assert Name.DRIVER_STALLED in judged(driver_hung(), 320.0)
+
+
+def test_a_state_api_not_read_this_poll_names_no_hung_call() -> None:
+    # The source reads no actor and no call when the state API fails.
+    history = dqn_env_hung().history(400.0)
+    assert judge_rllib(TARGET, history, TH, T0 + 400.0)[0].kind == Name.ENV_RUNNER_STALLED
+    failed = ("state API: x/api/v0/actors: HTTP 401 Unauthorized",)
+    history[-2:] = [dataclasses.replace(s, actors=(), tasks=(), errors=failed)
+                    for s in history[-2:]]
+    assert judge_rllib(TARGET, history, TH, T0 + 400.0) == ()
+
+
+def test_metrics_not_exported_are_unknown_not_zero() -> None:
+    # No counter exported at all: nothing is read as a flat zero, so no stall is named.
+    silent = Job(sampled=lambda n, t: None, trained=lambda t: None, calls=lambda t: [],
+                 rows_until=T0)
+    silent.iterations = lambda t: math.nan
+    history = [dataclasses.replace(s, counters=()) for s in silent.history(300.0)]
+    assert judge_rllib(TARGET, history, TH, history[-1].observed_at) == ()
+
+
+def test_no_job_found_says_nothing() -> None:
+    snap = RaySnapshot(TARGET, T0, None, None, errors=("state API: no job with a live RLlib "
+                                                       "actor (name one to watch it)",))
+    assert judge_rllib(TARGET, [snap], TH, T0) == ()
+
+
+# -- the recorded documents --------------------------------------------------------------------
+
+def load(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def recorded(at: float, offset: float) -> RaySnapshot:
+    """The APPO job's recorded documents as a poll `offset` s after they were recorded: the
+    same answers, so its two EnvRunner calls age and its counters stand still."""
+    actors = tuple(a for a in parse_actors(load("actors.json"), at + offset)
+                   if a.job_id == JOB)
+    tasks = parse_tasks(load("tasks.json"), at + offset)
+    page = parse_metrics((FIXTURES / "metrics_appo.txt").read_text())
+    live = {driver_worker_id(JOB)} | {t.worker_id for t in tasks if t.worker_id}
+    counters, dropped = join_counters(page.counters, live, complete=False)
+    rows = tuple(parse_result_row(json.loads(line))
+                 for line in (FIXTURES / "result_appo.jsonl").read_text().splitlines())
+    return RaySnapshot(TARGET, at + offset, JOB, rows[-1].pid, actors, tasks, counters,
+                       page.actor_counts, rows, series_dropped=dropped,
+                       errors=("metrics: 5 RLlib series kept unjoined: the state API named "
+                               "the WorkerId of 2 of 4 live actors of job 02000000",))
+
+
+RECORDED_AT = max(r["start_time_ms"] for r in load("tasks.json")["data"]["result"]["result"]
+                  ) / 1e3 + 10
+
+
+def test_the_recorded_appo_job_replayed_unchanged_names_its_runners_calls_as_hung() -> None:
+    history = [recorded(RECORDED_AT, s) for s in range(0, 125, 5)]
+    found = judge_rllib(TARGET, history, Thresholds(startup_grace_s=60.0),
+                        history[-1].observed_at)
+    f = {x.kind: x for x in found}[Name.ENV_RUNNER_STALLED]
+    assert sorted(f.evidence["runner_pids"]) == [4824, 4834]
+    assert f.severity is Severity.CRITICAL and "APPO samples asynchronously" in f.summary
+    # The unjoined series (the ended DQN job's workers among them) stand still and say
+    # nothing of their own; the learner is not in a call, and calls run: not the driver.
+    assert {x.kind for x in found} == {Name.ENV_RUNNER_STALLED}
+
+
+def test_the_recorded_appo_job_early_is_held_as_start_up() -> None:
+    history = [recorded(RECORDED_AT, s) for s in range(0, 125, 5)]
+    f = judge_rllib(TARGET, history, TH, history[-1].observed_at)[0]
+    assert f.kind == Name.ENV_RUNNER_STALLED and f.severity is Severity.INFO
+
+
+def test_one_recorded_poll_names_nothing() -> None:
+    assert judge_rllib(TARGET, [recorded(RECORDED_AT, 0)], TH, RECORDED_AT) == ()
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+def test_the_rllib_rules_are_registered_as_ray_job_rules_the_engine_never_runs() -> None:
+    registered = {r.kind for r in rules.ALL if r.shape is Shape.RAY_JOB}
+    assert registered == {kinds.RLLIB_ACTOR_DOWN, kinds.ENV_RUNNER_STALLED,
+                          kinds.DRIVER_STALLED, kinds.ENV_STEPS_DROPPED}
+    assert all(r.shape is Shape.RAY_JOB for r in rules_rllib.SHARED)
+    # The shared kinds keep their Reverb rule as their registration.
+    assert all(rules.BY_KIND[r.kind] is not r.judge for r in rules_rllib.SHARED)
+    # A RAY_JOB rule may produce a kind that needs a probe on Reverb.
+    Rule(kinds.LEARNER_STALLED, lambda *a: None, Shape.RAY_JOB)
+
+
+# -- one case per kind the RLlib rules produce (tests/test_kinds.py reads the last column) -----
+
+RLLIB_CASES: list[tuple[str, Job, float, str | None]] = [
+    ("a healthy DQN job", Job(), 300.0, None),
+    ("DQN's Learner call hangs", dqn_learner_hung(), 300.0, "learner_stalled"),
+    ("DQN's env hangs in one runner", dqn_env_hung(), 400.0, "env_runner_stalled"),
+    ("the learner in the driver hangs", driver_hung(), 320.0, "driver_stalled"),
+    ("the Learner died", with_actors(actor(ActorRole.LEARNER, 0, "DEAD", cause="OOM")), 200.0,
+     "rllib_actor_down"),
+    ("the circular buffer dropped", Job(dropped=lambda t: 100.0 if t > T0 + 100 else None),
+     200.0, "env_steps_dropped"),
+    ("training_intensity 4 trains at 8", ratio_job(8.0), 300.0, "spi_drift"),
+    ("sampling the warm-up", Job(trained=lambda t: None, calls=lambda t: [], rows_until=T0),
+     200.0, "warmup"),
+]
+
+
+@pytest.mark.parametrize(("job", "until_s", "kind"), [c[1:] for c in RLLIB_CASES],
+                         ids=[c[0] for c in RLLIB_CASES])
+def test_each_rllib_case_produces_its_kind_at_its_declared_severity(
+        job: Job, until_s: float, kind: str | None) -> None:
+    found = judged(job, until_s)
+    if kind is None:
+        assert found == {}
+        return
+    f = found[Name(kind)]
+    declared = kinds.BY_NAME[f.kind]
+    assert f.severity is declared.severity
+    assert [r.judge for r in (*rules_rllib.RULES, *rules_rllib.SHARED) if r.kind is declared]
