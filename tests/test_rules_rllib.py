@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,8 +38,8 @@ from replaywatch.sources.ray_cluster import (
     parse_tasks,
 )
 from replaywatch.sources.ray_results import parse_result_row
-from tests.support.ray_dashboard import FIXTURES
 
+FIXTURES = Path(__file__).parent / "fixtures" / "ray"
 TARGET, JOB = "127.0.0.1:8265", "02000000"
 DRIVER_PID = 4500
 TH = Thresholds()
