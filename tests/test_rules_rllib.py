@@ -308,6 +308,25 @@ def test_with_a_learner_actor_the_loop_is_named_first() -> None:
     assert f.evidence["readings"][0] == "the user's loop around algo.train()"
 
 
+def test_without_rows_or_a_learner_actor_the_learner_in_the_driver_is_named_first() -> None:
+    job = dataclasses.replace(driver_hung(), rows_until=T0,
+                              actors=lambda t: [actor(ActorRole.ENV_RUNNER, n) for n in (0, 1)])
+    f = judged(job, 320.0)[Name.DRIVER_STALLED]
+    assert f.evidence["num_learners"] == 0 and f.evidence["learner_actors"] == 0
+    assert f.evidence["readings"][0].startswith("its learner")
+    assert f.evidence["driver_pid"] is None and "process calling algo.train()" in f.fix
+
+
+def test_samples_flowing_to_a_learner_in_the_driver_name_the_driver_to_py_spy() -> None:
+    job = dataclasses.replace(
+        driver_hung(), steps=lambda t: 1800.0 * reported(t - T0),
+        sampled=lambda n, t: 140.0 * reported(t - T0), rows_until=math.inf,
+        actors=lambda t: [actor(ActorRole.ENV_RUNNER, n) for n in (0, 1)])
+    f = judged(job, 320.0)[Name.LEARNER_STALLED]
+    assert f.evidence["learner_pids"] == [DRIVER_PID]
+    assert "py-spy dump --pid 4500` (the driver, where the learner runs)" in f.fix
+
+
 def test_a_driver_stall_shorter_than_the_windows_is_not_named() -> None:
     assert judged(driver_hung(), 225.0) == {}
 
@@ -577,3 +596,16 @@ def test_each_rllib_case_produces_its_kind_at_its_declared_severity(
     declared = kinds.BY_NAME[f.kind]
     assert f.severity is declared.severity
     assert [r.judge for r in (*rules_rllib.RULES, *rules_rllib.SHARED) if r.kind is declared]
+
+
+def test_the_engine_never_runs_a_ray_job_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from replaywatch.diagnosis.engine import diagnose
+    from tests.builders import seconds, table_history, target_view
+
+    def broken(*args: Any) -> None:
+        raise AssertionError("the engine ran a RAY_JOB rule")
+
+    monkeypatch.setattr(rules, "ALL", (*rules.ALL, Rule(kinds.DRIVER_STALLED, broken,
+                                                         Shape.RAY_JOB)))
+    view = target_view([table_history(seconds(20), 100, 50)])
+    assert diagnose(view, TH, 1019.0).rule_errors == ()

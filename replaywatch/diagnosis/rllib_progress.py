@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 from replaywatch.diagnosis import rhythm
@@ -52,8 +53,14 @@ _READ_ANYWAY = ("RLlib series kept unjoined", "lines not a JSON object, skipped"
 
 def known(s: RaySnapshot, part: Part) -> bool:
     """Whether this poll read `part`; a part it could not read is unknown, never empty."""
+    return not s.errors or _read(s.errors, part)
+
+
+@functools.lru_cache(maxsize=256)
+def _read(errors: tuple[str, ...], part: Part) -> bool:
+    # Asked for every series of every poll each cycle; a job's errors repeat poll to poll.
     return not any(e.startswith(f"{part}: ") and not any(m in e for m in _READ_ANYWAY)
-                   for e in s.errors)
+                   for e in errors)
 
 
 def actors_known(s: RaySnapshot) -> bool:
@@ -77,6 +84,25 @@ def counter_reader(field: str, role: ActorRole | None = None,
         return [((c.worker_id, c.rllib), v, c.joined or trusted) for c in s.counters
                 if _picked(c, role, worker_id) and (v := getattr(c, field)) is not None]
     return read
+
+
+def worker_readers(history: Sequence[RaySnapshot], field: str, role: ActorRole
+                   ) -> dict[str, Reader]:
+    """`counter_reader(field, role, w)` for every worker w, read in one pass (a job of
+    many EnvRunners would read each poll's counters once per runner)."""
+    by_poll: dict[int, dict[str, Reading]] = {}
+    for s in history:
+        if not known(s, Part.METRICS):
+            continue
+        trusted, mine = s.series_dropped == 0, by_poll.setdefault(id(s), {})
+        for c in s.counters:
+            if c.role is role and (v := getattr(c, field)) is not None:
+                mine.setdefault(c.worker_id, []).append(
+                    ((c.worker_id, c.rllib), v, c.joined or trusted))
+
+    def reader(w: str) -> Reader:
+        return lambda s: None if id(s) not in by_poll else by_poll[id(s)].get(w, [])
+    return {w: reader(w) for w in {w for d in by_poll.values() for w in d}}
 
 
 def _picked(c: RllibCounters, role: ActorRole | None, worker_id: str | None) -> bool:
@@ -157,7 +183,9 @@ def progress(history: Sequence[RaySnapshot], read: Reader, what: str, th: Thresh
     if first_read is None or last_read is None:
         return None
     cut = [p for p in points if until is None or p[0] <= until]
-    r = rhythm.learn(None, cut)
+    # Only the polls that saw it move make gaps: the ones between are left out of learn()
+    # (which copies its record at every point), the first kept for first sight.
+    r = rhythm.learn(None, [p for i, p in enumerate(cut) if i == 0 or p[1] != cut[i - 1][1]])
     learned = r is not None and rhythm.longest_normal(r.gaps) is not None
     window = floored(rhythm.series_window(r, th, what), floor_s)
     return Progress(what, total, moves[-1] if moves else first_read,

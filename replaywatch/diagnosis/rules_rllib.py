@@ -65,7 +65,9 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     if not hung and not flowing:
         return None
     learners = [a for a in job.latest.actors if a.role is ActorRole.LEARNER and a.alive]
-    pids = [t.worker_pid for t, _ in hung] or [a.pid for a in learners]
+    # No Learner actor: it trains inside the driver (num_learners=0).
+    where = "the Learner actor" if hung or learners else "the driver, where the learner runs"
+    pids = [t.worker_pid for t, _ in hung] or [a.pid for a in learners] or [_driver_pid(job)]
     evidence: dict[str, Any] = {
         "trained": None if trained is None else trained.evidence(job.now),
         "sampled": None if job.sampled is None else job.sampled.evidence(job.now),
@@ -76,7 +78,7 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     rest = ("" if trained is None
             else f", its trained counter resting {trained.rested_s(job.now):.0f} s")
     summary = f"The learner of RLlib job {job.job_id} trains nothing: {how}{rest}."
-    fix = (f"`py-spy dump --pid {_one(pids)}` (the Learner actor): the stack shows where its "
+    fix = (f"`py-spy dump --pid {_one(pids)}` ({where}): the stack shows where its "
            "update waits; RLlib times none of it out.")
     since = min([job.now - (t.running_for_s or 0.0) for t, _ in hung]
                 + ([trained.since] if trained is not None else []))
@@ -115,6 +117,11 @@ def _call(t: RayTask, w: rp.Window) -> dict[str, Any]:
     return {"call": t.name, "pid": t.worker_pid, "actor_id": t.actor_id,
             "running_s": None if t.running_for_s is None else round(t.running_for_s, 1),
             "window_s": round(w.seconds, 1), "window_why": w.why}
+
+
+def _driver_pid(job: RllibJob) -> int | None:
+    row = job.row()
+    return job.latest.driver_pid or (row.pid if row is not None else None)
 
 
 def _one(pids: Sequence[int | None]) -> str:
@@ -169,9 +176,9 @@ def _flat_runners(job: RllibJob) -> list[dict[str, Any]]:
     runners = {a.worker_id: a for a in job.latest.actors
                if a.role is ActorRole.ENV_RUNNER and a.alive and a.worker_id}
     floor = rp.counter_floor(job.th)
-    own = {w: p for w in runners if (p := rp.progress(
-        job.history, rp.counter_reader("env_steps_sampled", ActorRole.ENV_RUNNER, w),
-        "this runner's env steps", job.th, floor)) is not None}
+    readers = rp.worker_readers(job.history, "env_steps_sampled", ActorRole.ENV_RUNNER)
+    own = {w: p for w in runners if w in readers and (p := rp.progress(
+        job.history, readers[w], "this runner's env steps", job.th, floor)) is not None}
     moving = [w for w, p in own.items() if p.moving(job.now)]
     return [{"pid": runners[w].pid, "actor_id": runners[w].actor_id, "worker_id": w,
              **p.evidence(job.now), "window_learned": p.learned,
@@ -194,13 +201,16 @@ def is_driver_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
             or not any(a.alive for a in latest.actors if a.role in WORKERS)):
         return None
     row = job.row()
-    pid = latest.driver_pid or (row.pid if row else None)
-    learners = None if row is None else row.num_learners
+    pid = _driver_pid(job)
+    learner_actors = sum(1 for a in latest.actors if a.role is ActorRole.LEARNER)
+    learners = row.num_learners if row is not None and row.num_learners is not None else (
+        learner_actors if rp.actors_known(latest) else None)
     readings = ["its learner (num_learners=0, RLlib's default, trains inside the driver)",
                 "the user's loop around algo.train()"]
     if learners:
         readings = readings[::-1]
-    evidence = {"driver_pid": pid, "num_learners": learners, "readings": readings,
+    evidence = {"driver_pid": pid, "num_learners": learners,
+                "learner_actors": learner_actors, "readings": readings,
                 "running_calls": 0, **{p.what.replace(" ", "_"): p.evidence(job.now)
                                        for p in series if p.current}}
     summary = (f"Nothing of RLlib job {job.job_id} moves and no actor call runs: the driver "
