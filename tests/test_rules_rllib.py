@@ -461,6 +461,18 @@ def test_a_job_training_as_asked_is_not_drift() -> None:
     assert Name.SPI_DRIFT not in judged(ratio_job(4.0), 300.0)
 
 
+def test_steps_sampled_in_a_warm_up_that_ends_in_view_do_not_count_in_the_ratio() -> None:
+    # Learning starts 150 s in at 4 trained per sampled, as asked: counted from the first
+    # poll the warm-up's 3000 steps would make it 2.5.
+    job = dataclasses.replace(ratio_job(4.0), trained=lambda t: None if t < T0 + 150 else
+                              4.0 * 20.0 * (reported(t - T0) - 150.0) + 64.0)
+    assert judged(job, 400.0) == {}
+    drifting = dataclasses.replace(job, trained=lambda t: None if t < T0 + 150 else
+                                   8.0 * 20.0 * (reported(t - T0) - 150.0) + 64.0)
+    assert judged(drifting, 400.0)[Name.SPI_DRIFT].evidence[
+        "observed_trained_per_sampled"] == 8.0
+
+
 def test_an_auto_fragment_gives_the_measurement_without_a_guessed_prediction() -> None:
     f = judged(ratio_job(8.0, rollout_fragment_length=None), 300.0)[Name.SPI_DRIFT]
     assert f.evidence["predicted"] is None and "replaywatch predict --rllib" in f.fix

@@ -117,12 +117,13 @@ def is_ratio_off(job: RllibJob, th: Thresholds) -> Finding | None:
 
 def _measured(job: RllibJob, th: Thresholds) -> tuple[float, float, float] | None:
     """(trained, sampled, seconds) over the look-back past warm-up: from the first rise of
-    the trained counter seen, or all of it where it had trained before."""
+    the trained counter in view, so that no step sampled before learning began counts (the
+    first rise costs a report interval of a job that trained before the look-back; a total
+    that stood above 0 may be a dead worker's series, which says nothing of warm-up)."""
     tr, sa = job.trained, job.sampled
     if tr is None or sa is None or not tr.current or not sa.current:
         return None
-    trained_before = tr.value - tr.gained > 0
-    start = tr.points[0][0] if trained_before else tr.first_moved_at
+    start = tr.first_moved_at
     if start is None:
         return None
     tp, sp = dict(tr.points), dict(sa.points)
