@@ -373,8 +373,9 @@ RLLIB_ACTOR_DOWN = Kind(
             "as `algo.stop()` ends them is not down). Critical when a Learner or every "
             "EnvRunner is down (nothing trains), a warning when some EnvRunners are (how many "
             "of how many in evidence).",
-    fix="Read the death cause given (the actor's log under the Ray session's logs names the "
-        "exception); RLlib restarts failed EnvRunners only with `restart_failed_env_runners`.",
+    fix="Read the death cause given, then the dead actor's log (the Ray session's logs/ "
+        "files named with its pid) for the exception; RLlib recreates failed EnvRunners under "
+        "`fault_tolerance(restart_failed_env_runners=True)`.",
     alert=("RLlib actor down: {{ $labels.target }} {{ $labels.table }}",
            "A Learner, or every EnvRunner, of RLlib {{ $labels.table }} on the Ray cluster {{ "
            "$labels.target }} is dead or restarting: training has stopped. The actors, their "

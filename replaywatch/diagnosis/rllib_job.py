@@ -177,7 +177,7 @@ def warming_up(job: RllibJob) -> dict[str, Any] | None:
         return {"env_steps_sampled_lifetime": sampled,
                 "num_steps_sampled_before_learning_starts": needed,
                 "env_steps_to_go": needed - sampled, "told_by": "result row"}
-    if job.trained is not None and job.trained.value > 0:
+    if has_trained(job):
         return None
     learners = [a for a in job.latest.actors if a.role is ActorRole.LEARNER and a.alive]
     if not learners or job.sampled is None or not job.sampled.moving(job.now):
