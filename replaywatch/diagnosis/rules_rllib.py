@@ -57,7 +57,7 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     samples go nowhere)."""
     if rj.rows_warm_up(job) and rj.warming_up(job):
         return None
-    hung = _hung_calls(job, ActorRole.LEARNER, job.trained, "Learner")
+    hung = _hung_calls(job, ActorRole.LEARNER, TRAINED, "Learner")
     trained = job.trained
     if trained is not None and not trained.stalled(job.now):
         return None
@@ -87,30 +87,27 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
                    rj.grace(job, learned), th, job.now)
 
 
-def _hung_calls(job: RllibJob, role: ActorRole, counter: rp.Progress | None, what: str
+# The counter whose rhythm, before a call began, bounds how long the call may run.
+SAMPLED = (rp.counter_reader("env_steps_sampled", ActorRole.ENV_RUNNER), "env steps sampled")
+TRAINED = (rp.counter_reader("env_steps_trained"), "env steps trained")
+
+
+def _hung_calls(job: RllibJob, role: ActorRole, counter: tuple[rp.Reader, str], what: str
                 ) -> list[tuple[RayTask, rp.Window]]:
-    """The newest poll's calls of `role` running past their window (the counter's learned up
-    to the call's start)."""
+    """The newest poll's calls of `role` running past their window (its earlier calls', or
+    the counter's learned from the polls before the call began)."""
     if not rp.known(job.latest, rp.Part.STATE):
         return []
     out = []
+    read, said = counter
     for t in rp.tasks_of(job.latest, (role,)):
         age = t.running_for_s or 0.0
-        before = None if counter is None else _counter_until(job, counter, job.now - age)
+        before = rp.progress(job.history, read, said, job.th, rp.counter_floor(job.th),
+                             until=job.now - age)
         window = rp.call_window(job.history, role, job.th, before, what)
         if age > window.seconds:
             out.append((t, window))
     return out
-
-
-def _counter_until(job: RllibJob, p: rp.Progress, until: float) -> rp.Progress | None:
-    """The same series, its window learned from the polls before `until`."""
-    readers = {"env steps sampled": rp.counter_reader("env_steps_sampled", ActorRole.ENV_RUNNER),
-               "env steps trained": rp.counter_reader("env_steps_trained")}
-    read = readers.get(p.what)
-    if read is None:
-        return p
-    return rp.progress(job.history, read, p.what, job.th, rp.counter_floor(job.th), until)
 
 
 def _call(t: RayTask, w: rp.Window) -> dict[str, Any]:
@@ -135,7 +132,7 @@ def _one(pids: Sequence[int | None]) -> str:
 def is_env_runner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     """An EnvRunner's env hangs: its call runs past its window, or its own sampled counter
     rests past its window while the other runners' move (asynchronous sampling)."""
-    hung = _hung_calls(job, ActorRole.ENV_RUNNER, job.sampled, "EnvRunner")
+    hung = _hung_calls(job, ActorRole.ENV_RUNNER, SAMPLED, "EnvRunner")
     flat = _flat_runners(job)
     named = {t.worker_pid for t, _ in hung}
     flat = [r for r in flat if r["pid"] is None or r["pid"] not in named]
