@@ -511,6 +511,32 @@ def test_metrics_not_exported_are_unknown_not_zero() -> None:
     assert judge_rllib(TARGET, history, TH, history[-1].observed_at) == ()
 
 
+def test_a_series_missing_from_a_poll_moves_by_its_rise_when_it_comes_back() -> None:
+    # A scrape that missed one runner's series: not a drop to zero and back to its whole
+    # value, or the ratio and the drops would count it again.
+    job = Job(sampled=lambda n, t: None if n == 1 and T0 + 50 < t < T0 + 70
+              else 17.0 * reported(t - T0))
+    p = rllib_progress.progress(job.history(100.0), rllib_progress.counter_reader(
+        "env_steps_sampled", ActorRole.ENV_RUNNER), "env steps sampled", TH)
+    assert p is not None and p.gained == 2 * 17.0 * 100.0
+
+
+def test_the_recorded_dqn_page_sums_both_runners_and_reads_the_learner() -> None:
+    page = parse_metrics((FIXTURES / "metrics_dqn.txt").read_text())
+    snaps = [RaySnapshot(TARGET, T0 + i * 5, "01000000", None, counters=page.counters)
+             for i in range(3)]
+    sampled = rllib_progress.progress(snaps, rllib_progress.counter_reader(
+        "env_steps_sampled", ActorRole.ENV_RUNNER), "env steps sampled", TH)
+    trained = rllib_progress.progress(snaps, rllib_progress.counter_reader(
+        "env_steps_trained"), "env steps trained", TH)
+    runners = [c.env_steps_sampled for c in page.counters
+               if c.rllib == "SingleAgentEnvRunner"]
+    assert sampled is not None and sampled.value == sum(r or 0.0 for r in runners) > 0
+    assert trained is not None and trained.value > 0
+    # The same page three times: nothing moved, and nothing is learned from it.
+    assert sampled.gained == 0 and sampled.moved_at is None and not sampled.learned
+
+
 def test_no_job_found_says_nothing() -> None:
     snap = RaySnapshot(TARGET, T0, None, None, errors=("state API: no job with a live RLlib "
                                                        "actor (name one to watch it)",))

@@ -159,22 +159,25 @@ def progress(history: Sequence[RaySnapshot], read: Reader, what: str, th: Thresh
     window is learned from the polls up to `until` (default: all)."""
     points: list[tuple[float, float]] = []
     moves: list[float] = []
-    prev: dict[tuple[str, ...], float] | None = None
+    # Each process' last value read, kept across a poll that missed its series: one that
+    # comes back has moved by its rise since, not by its whole value.
+    last: dict[tuple[str, ...], float] = {}
     total, gained, first_read, last_read = 0.0, 0.0, None, None
-    current = False
+    current, seen_before = False, False
     for s in history:
         reading = read(s)
         current = reading is not None
         if reading is None:
             continue
         now_vals = {key: v for key, v, _ in reading}
-        if prev is not None:
-            step = sum(max(0.0, v - prev[k]) for k, v in now_vals.items() if k in prev)
-            step += sum(v for k, v, trusted in reading if k not in prev and trusted and v > 0)
+        if seen_before:
+            step = sum(max(0.0, v - last[k]) for k, v in now_vals.items() if k in last)
+            step += sum(v for k, v, trusted in reading if k not in last and trusted and v > 0)
             if step > 0:
                 gained += step
                 moves.append(s.observed_at)
-        prev = now_vals
+        seen_before = True
+        last.update(now_vals)
         if now_vals:
             total = sum(now_vals.values())
             first_read = s.observed_at if first_read is None else first_read
