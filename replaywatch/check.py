@@ -12,6 +12,7 @@ from replaywatch.config import WatchConfig
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.model import ActorSnapshot, Severity, SourceKind
+from replaywatch.ray_model import RaySnapshot
 from replaywatch.state import Published
 from replaywatch.wiring import build_sidecar
 
@@ -50,7 +51,9 @@ def to_document(state: Published) -> dict[str, Any]:
         "insufficient_data": list(state.insufficient),
         "actors": {url: dataclasses.asdict(a) for url, a in sorted(state.actors.items())},
         "rule_errors": list(state.rule_errors),
+        "ray": {t: snap.document() for t, snap in sorted(state.ray.items())},
     }
+
 
 
 def _derived(state: Published, key: tuple[str, str]) -> TableDerived | None:
@@ -89,6 +92,8 @@ def render_text(state: Published, out: TextIO) -> None:
               file=out)
     for url, a in sorted(state.actors.items()):
         print(f"\n{_actor_line(url, a)}", file=out)
+    for target, job in sorted(state.ray.items()):
+        print(f"\n{_ray_lines(target, job)}", file=out)
     print(file=out)
     if not state.findings:
         # Not "none" while a rule could not judge: what it would have found is unknown.
@@ -134,3 +139,21 @@ def run_check(config: WatchConfig, duration_s: float, as_json: bool,
     else:
         render_text(state, out)
     return 1 if any(f.severity == Severity.CRITICAL for f in state.findings) else 0
+
+
+def _ray_lines(target: str, snap: RaySnapshot) -> str:
+    row = snap.results[-1] if snap.results else None
+    head = (f"ray {target}: job {snap.job_id or 'none found'}"
+            + (f", iteration {row.iteration}" if row is not None else "")
+            + (f", driver pid {snap.driver_pid}" if snap.driver_pid else ""))
+    calls = {t.worker_pid: t for t in snap.tasks}
+    lines = [head]
+    for a in snap.actors:
+        call = calls.get(a.pid)
+        in_call = f", in {call.name} for {call.running_for_s:.1f}s" \
+            if call is not None and call.running_for_s is not None else ""
+        lines.append(f"  {a.role} {a.class_name.rsplit('.', 1)[-1]} pid {a.pid}: {a.state}, "
+                     f"{a.num_restarts} restarts{in_call}"
+                     + (f" ({a.death_cause})" if a.death_cause else ""))
+    lines += [f"  unread: {e}" for e in snap.errors]
+    return "\n".join(lines)

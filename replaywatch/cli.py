@@ -74,6 +74,19 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", action="append", default=[], metavar="[TARGET=]URL",
                    help="a TrainerProbe or ActorProbe URL (its documents say which); TARGET= "
                         "names its Reverb server (repeatable)")
+    p.add_argument("--ray", action="append", default=[], metavar="HOST:PORT",
+                   help="an RLlib job's Ray cluster: its dashboard's address, as `ray job "
+                        "submit` takes it (repeatable); nothing changes in the job")
+    p.add_argument("--ray-token-file", metavar="FILE",
+                   help="the cluster's auth token (default: RAY_AUTH_TOKEN, "
+                        "RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token, as Ray reads it)")
+    p.add_argument("--ray-temp-dir", default="/tmp/ray", metavar="DIR",
+                   help="Ray's temp dir on this host, where the head lists its metrics "
+                        "endpoints (default /tmp/ray)")
+    p.add_argument("--ray-job", metavar="JOB_ID",
+                   help="the job to watch (default: the newest with a live RLlib actor)")
+    p.add_argument("--ray-results", metavar="PATH",
+                   help="the job's result.json, or a directory holding one (Tune's)")
     p.add_argument("--reverb-pid", action="append", default=[], metavar="[TARGET=]PID",
                    help="the Reverb server's process, for its memory and limit (default: the "
                         "process listening on a local target's port)")
@@ -191,7 +204,23 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
         bundle_dir=getattr(args, "bundle_dir", None),
         bundle_keep=getattr(args, "bundle_keep", 20),
         reverb_pids=cfg.reverb_pids(getattr(args, "reverb_pid", []), targets),
+        ray=ray_targets(args),
     )
+
+
+def ray_targets(args: argparse.Namespace) -> tuple[cfg.RayTarget, ...]:
+    """--ray and its options: one RayTarget per cluster (the options apply to each)."""
+    token = None
+    if args.ray_token_file:
+        try:
+            with open(args.ray_token_file, encoding="utf-8") as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            raise ConfigError(f"--ray-token-file {args.ray_token_file}: {e.strerror}") from None
+        if token is None:
+            raise ConfigError(f"--ray-token-file {args.ray_token_file} is empty")
+    return tuple(cfg.RayTarget(cfg.parse_ray(a), token, args.ray_temp_dir, args.ray_job,
+                               args.ray_results) for a in args.ray)
 
 
 def declared_layout(args: argparse.Namespace) -> str | None:

@@ -131,6 +131,43 @@ class ServeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RayTarget:
+    """An RLlib job's Ray cluster, read from outside (sources/ray_cluster.py): the dashboard's
+    address (what `ray job submit --address` takes, `http://HOST:8265`), its token (else found
+    as Ray finds it), Ray's temp dir on this host (the metrics' service-discovery file), the
+    job (else the newest with a live RLlib actor) and a result.json (or its directory)."""
+
+    dashboard: str
+    token: str | None = None
+    temp_dir: str = "/tmp/ray"
+    job_id: str | None = None
+    results: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The target's name everywhere (findings, /metrics, the page): the dashboard's URL."""
+        return self.dashboard if "://" in self.dashboard else f"http://{self.dashboard}"
+
+
+def parse_ray(spec: str) -> str:
+    """`--ray HOST:PORT` or `http://HOST:PORT`: the dashboard's address, as a URL."""
+    text = spec.strip()
+    if not text or any(c.isspace() or ord(c) < 32 for c in text):
+        raise ConfigError(f"--ray ({spec!r}) must be the dashboard's address, e.g. "
+                          "127.0.0.1:8265")
+    url = text if "://" in text else f"http://{text}"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(f"--ray ({spec!r}) must be the dashboard's HOST:PORT, e.g. "
+                          "127.0.0.1:8265 (the address `ray job submit` takes)")
+    return url.rstrip("/")
+
+
+@dataclasses.dataclass(frozen=True)
 class WatchConfig:
     targets: tuple[str, ...]
     probes: tuple[ProbeTarget, ...] = ()
@@ -148,6 +185,7 @@ class WatchConfig:
     # (target, pid) of Reverb servers whose process is named (--reverb-pid); a local
     # target's is found by its port (sources/memory.py)
     reverb_pids: tuple[tuple[str, int], ...] = ()
+    ray: tuple[RayTarget, ...] = ()  # RLlib jobs' clusters (--ray)
 
     def __post_init__(self) -> None:
         if self.bundle_keep < 0:
@@ -156,8 +194,12 @@ class WatchConfig:
             DeclaredLayout.parse(self.layout)
         except ValueError as e:
             raise ConfigError(f"--layout {self.layout!r}: {e}") from None
-        if not self.targets and not self.targets_file:
-            raise ConfigError("give at least one --reverb HOST:PORT (or --targets-file)")
+        if not self.targets and not self.targets_file and not self.ray:
+            raise ConfigError("give at least one --reverb HOST:PORT, --ray HOST:PORT (or "
+                              "--targets-file)")
+        rays = [r.name for r in self.ray]
+        if len(set(rays)) != len(rays):
+            raise ConfigError(f"--ray {next(r for r in rays if rays.count(r) > 1)} given twice")
         if len(set(self.targets)) != len(self.targets):
             dup = next(t for t in self.targets if self.targets.count(t) > 1)
             raise ConfigError(f"--reverb {dup} is given twice")

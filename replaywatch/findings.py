@@ -61,9 +61,8 @@ class FindingsKeeper:
         # Rules that raised, each logged once: a bug in one rule costs its finding, not the
         # cycle, and must not fill the log at every poll.
         self._rule_errors_logged: set[str] = set()
-        # A restarted sidecar knows nothing for a while: a target_down needs several failed
-        # polls, a stall a whole window. Until then an incident resumed from the log is held
-        # open, not resolved and then re-opened.
+        # A restarted sidecar knows nothing for a while (a target_down needs several failed
+        # polls, a stall a whole window): until then a resumed incident is held open.
         self._held: set[Key] = set()
         self._hold_until = 0.0
         self._hold_s = thresholds.stall_window_s + (thresholds.down_polls + 2) * interval_s
@@ -96,8 +95,9 @@ class FindingsKeeper:
         view = history.view(target, probes, start=now - reach,
                             coarse_start=now - self._th.throughput_lookback_s)
         view = dataclasses.replace(view, rhythms=self.rhythms.learn(target, view))
-        held = tuple(f for f in open_here if f.key in self._held) if now < self._hold_until \
-            else ()
+        held = tuple(f for f in open_here if f.key in self._held and now < self._hold_until)
+        if ray := history.ray(target, now - reach):  # an RLlib job: its rules, no tables
+            return Inputs(view, now, self._th, active_before=open_here, held=held, ray=ray)
         return Inputs(view, now, self._th, self._layout, self._evidence.stacks.verdicts(target),
                       open_here, held, history.rate_windows(target, now - RATE_WINDOW_S))
 

@@ -16,6 +16,7 @@ from replaywatch.model import (
     SourceKind,
     TableSnapshot,
 )
+from replaywatch.ray_model import RaySnapshot
 
 _SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
 COARSE_EVERY_S = 10.0  # the throughput baselines' bucket
@@ -67,6 +68,7 @@ class History:
         self._probes: dict[str, collections.deque[ProbeSnapshot]] = {}
         self._actors: dict[str, collections.deque[ActorSnapshot]] = {}
         self._memory: dict[str, collections.deque[MemorySnapshot]] = {}
+        self._ray: dict[str, collections.deque[RaySnapshot]] = {}  # by Ray target
         # Targets whose replay probe serves their memory: the probe's URL and its newest
         # reading's time. Read from inside the process, it is kept over what the sidecar reads
         # of a local one while it answers; once it stops (a server the kernel killed takes its
@@ -100,6 +102,9 @@ class History:
                 self._actors.pop(outcome.source, None)
                 points = self._deque(self._probes, outcome.source)
                 _append(points, outcome.probe, oldest, _observed_at)
+            if outcome.ray is not None:
+                _append(self._deque(self._ray, outcome.source), outcome.ray, oldest,
+                        _observed_at)
             if outcome.actor is not None:
                 self._probes.pop(outcome.source, None)
                 points = self._deque(self._actors, outcome.source)
@@ -135,7 +140,7 @@ class History:
     def _sweep(self, oldest: float) -> None:
         """Drops sources and tables that stopped reporting (removed, renamed)."""
         stores: list[dict[Any, Any]] = [self._polls, self._tables, self._probes, self._actors,
-                                        self._memory]
+                                        self._memory, self._ray]
         coarse_oldest = oldest + self._max_age_s - self._coarse_age_s
         for store, cut in [*((st, oldest) for st in stores),
                            (self._coarse_tables, coarse_oldest),
@@ -177,6 +182,16 @@ class History:
     def actor(self, source: str, start: float = float("-inf")) -> list[ActorSnapshot]:
         with self._lock:
             return [s for s in self._actors.get(source, ()) if s.observed_at >= start]
+
+    def ray(self, target: str, start: float = float("-inf")) -> tuple[RaySnapshot, ...]:
+        """A Ray target's snapshots since `start`, oldest first."""
+        with self._lock:
+            return tuple(s for s in self._ray.get(target, ()) if s.observed_at >= start)
+
+    def latest_ray(self) -> dict[str, RaySnapshot]:
+        """Each Ray target's newest snapshot."""
+        with self._lock:
+            return {t: points[-1] for t, points in self._ray.items() if points}
 
     def latest_memory(self) -> dict[str, MemorySnapshot]:
         """Each Reverb target's newest memory reading, where its process could be read."""

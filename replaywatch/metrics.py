@@ -6,8 +6,9 @@ disappears stops being reported and a target that is down still answers with
 `replaywatch_target_up 0`. Names follow
 Prometheus conventions: `replaywatch_` prefix, base units (`_seconds`), `_total`
 for counters, and only the bounded labels `target`, `table`, `probe`, `source`, `state`,
-`kind`, `severity`, `role` (trainer, actor, replay, unknown) and `call` (the fixed set of
-writer calls). What an actor waits on is the user's free text: it goes to the
+`kind`, `severity`, `role` (trainer, actor, replay, unknown; an RLlib actor's env_runner,
+learner, aggregator, other), and `call` (the fixed set of writer calls); an RLlib job is a
+`table` (`job:<id>`, metrics_ray.py). What an actor waits on is the user's free text: it goes to the
 API, never into a label.
 """
 
@@ -25,13 +26,16 @@ from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import TableDerived
 from replaywatch.metric_families import Family, Group, Row, counter, gauge
 from replaywatch.metrics_probes import actor_rows, owners, replay_health_rows, role_of, trainer_rows
+from replaywatch.metrics_ray import ray_rows
 from replaywatch.model import SourceKind, TableSnapshot, TableWorkerTime
 from replaywatch.state import Published
 
 TABLE = ("target", "table")
 SOURCE = ("target", "source")
 
-UP = gauge("target_up", "1 if the last ServerInfo poll of the target succeeded.", ("target",))
+UP = gauge("target_up", "1 if the last poll of the target succeeded: a Reverb server's "
+           "ServerInfo, or a Ray cluster's RLlib job (anything of it could be read).",
+           ("target",))
 PROBE_UP = gauge("probe_up", "1 if the last poll of the probe (trainer, actor or replay) "
                  "succeeded; role unknown until it first answered.", ("target", "probe", "role"))
 DURATION = gauge("poll_duration_seconds", "Duration of the source's last poll.", SOURCE)
@@ -154,6 +158,7 @@ def families(state: Published) -> Group:
     yield from trainer_rows(state, owner)
     yield from replay_health_rows(state, owner)
     yield from actor_rows(state, owner)
+    yield from ray_rows(state)
     active: list[Row] = []
     since: list[Row] = []
     for f in state.findings:
@@ -189,7 +194,7 @@ def _source_rows(state: Published) -> Group:
     rows: list[list[Row]] = [[] for _ in range(7)]
     up, probe_up, duration, last, polls, failures, late = rows
     for status in state.sources.values():
-        if status.kind == SourceKind.REVERB:
+        if status.kind in (SourceKind.REVERB, SourceKind.RAY):
             up.append(((status.name,), 1.0 if status.up else 0.0))
         else:
             probe_up.append(((status.target, status.name, role_of(state, status.name)),

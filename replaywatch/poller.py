@@ -60,9 +60,9 @@ class SourceBinding:
 
 
 def targets_of(bindings: Sequence[SourceBinding]) -> dict[str, list[str]]:
-    """Each Reverb target and the probe URLs that belong to it."""
+    """Each Reverb target and the probe URLs that belong to it; each Ray target (no probes)."""
     out: dict[str, list[str]] = {b.source.name: [] for b in bindings
-                                 if b.source.kind == SourceKind.REVERB}
+                                 if b.source.kind in (SourceKind.REVERB, SourceKind.RAY)}
     for b in bindings:
         if b.source.kind == SourceKind.PROBE and b.target in out:
             out[b.target].append(b.source.name)
@@ -238,6 +238,7 @@ class Poller:
             probes=probes,
             actors=self._history.latest_actors([b.source.name for b in self.bindings]),
             memory=self._history.latest_memory(),
+            ray=self._history.latest_ray(),
             findings=found.findings,
             insufficient=found.insufficient,
             incident_ids=found.incident_ids,

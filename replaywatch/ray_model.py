@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 
 class ActorRole(enum.StrEnum):
@@ -208,3 +209,13 @@ class RaySnapshot:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def document(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready data for people (the API, `check --json`): each
+        process' counters without their raw samples and without what it did not say, and
+        the newest result row only."""
+        doc = dataclasses.asdict(self)
+        doc["counters"] = [{k: v for k, v in c.items() if k != "samples" and v is not None}
+                           for c in doc["counters"]]
+        doc["results"] = doc["results"][-1:]
+        return doc

@@ -19,6 +19,7 @@ from replaywatch.model import (
     SourceKind,
     TableSnapshot,
 )
+from replaywatch.ray_model import RaySnapshot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Published:
     memory: dict[str, MemorySnapshot] = dataclasses.field(default_factory=dict)
     # (target, table) -> everything worked out about the table (diagnosis/figures.py)
     figures: dict[tuple[str, str], TableFigures] = dataclasses.field(default_factory=dict)
+    # each Ray target's newest snapshot of its RLlib job
+    ray: dict[str, RaySnapshot] = dataclasses.field(default_factory=dict)
 
 
 EMPTY = Published(at=0.0, cycle=0, sources={}, tables={}, probes={})

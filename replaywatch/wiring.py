@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from replaywatch.bundle_store import BundleMaker, BundleStore, default_directory
-from replaywatch.config import WatchConfig, default_db_path
+from replaywatch.config import RayTarget, WatchConfig, default_db_path
 from replaywatch.errors import ConfigError
 from replaywatch.findings import FindingsKeeper
 from replaywatch.history import COARSE_EVERY_S, History
@@ -29,6 +29,7 @@ from replaywatch.incidents import IncidentLog
 from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.sources.memory import MemoryWatch, is_local, port_of
 from replaywatch.sources.probe_http import HttpProbeSource
+from replaywatch.sources.ray_cluster import RayClusterSource, RaySource
 from replaywatch.sources.reverb import ReverbSource
 from replaywatch.stack_taker import StackTaker
 from replaywatch.state import Published, StateStore
@@ -49,7 +50,20 @@ def make_bindings(config: WatchConfig) -> list[SourceBinding]:
         assert probe.target is not None  # resolved by WatchConfig
         bindings.append(SourceBinding(HttpProbeSource(probe.url, timeout, target=probe.target),
                                       probe.target))
+    for ray in config.ray:
+        bindings.append(SourceBinding(ray_source(ray, timeout), ray.name))
     return bindings
+
+
+def ray_source(ray: RayTarget, timeout: float) -> RaySource:
+    """One RLlib job's cluster. Each read of a poll (the state API's two calls, each metrics
+    endpoint) has its own deadline within the poll's; a poll still running at the next
+    cycle is skipped and counted late, never stacked."""
+    each = max(0.5, timeout / 2)
+    cluster = RayClusterSource(ray.name, token=ray.token, temp_dir=ray.temp_dir,
+                               job_id=ray.job_id, results=ray.results, timeout_s=each,
+                               scrape_timeout_s=each)
+    return RaySource(cluster, ray.name, timeout)
 
 
 def memory_watch(target: str, pid: int | None) -> MemoryWatch | None:
@@ -211,4 +225,6 @@ def bundle_config(config: WatchConfig) -> dict[str, Any]:
             "trainer_pid": config.trainer_pid, "targets": list(config.targets),
             "targets_file": config.targets_file,
             "probes": [{"url": p.url, "target": p.target} for p in config.probes],
+            "ray": [{"dashboard": r.name, "job_id": r.job_id, "results": r.results}
+                    for r in config.ray],
             "python": platform.python_version()}

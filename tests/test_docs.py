@@ -23,6 +23,7 @@ from replaywatch.diagnosis.memory import TableMemory
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import BatchStats, Finding, MemorySnapshot, PriorityUpdates, Severity
+from replaywatch.ray_model import ActorRole, RayActor, RaySnapshot, RayTask, RllibCounters
 from replaywatch.state import Published, SourceStatus
 from tests.builders import ACTOR, actor_snapshot, probe_snapshot, table_history
 
@@ -73,7 +74,20 @@ def full_picture() -> Published:
         memory=TableMemory(74_787.0, "measured over 3000 items", True, 300 << 20,
                            2.0 * (1 << 30), 1 << 30, 9_000),
         consumption=Consumption(4.0, 4.1, 4.0, 48.0, 0.5, 60.0))
-    return Published(at=2.0, cycle=3, sources=sources, tables={key: table},
+    dashboard = "http://127.0.0.1:8265"
+    sources[dashboard] = SourceStatus(dashboard, "ray", dashboard, True, 2.0, 2.0, None, 0.01, 0,
+                                      3, 0, 0)
+    ray = RaySnapshot(
+        dashboard, 2.0, "02000000", 77,
+        actors=(RayActor("a1", "SingleAgentEnvRunner", ActorRole.ENV_RUNNER, "ALIVE", 1, None,
+                         78, "n", "02000000"),),
+        tasks=(RayTask("SingleAgentEnvRunner.apply", ActorRole.ENV_RUNNER, 78, "w", "02000000",
+                       1.5),),
+        counters=(RllibCounters("w", "SingleAgentEnvRunner", ActorRole.ENV_RUNNER, True,
+                                env_steps_sampled=100.0),
+                  RllibCounters("x", "_WrappedExecutable", ActorRole.LEARNER, True,
+                                env_steps_trained=64.0, circular_buffer_dropped=3.0)))
+    return Published(at=2.0, cycle=3, sources=sources, tables={key: table}, ray={dashboard: ray},
                      figures={key: figures}, probes={url: probe},
                      actors={ACTOR: actor_snapshot(2.0, 30, in_call="flush", blocked_for=1.0)},
                      findings=(finding,), late_cycles=1, incident_log_dropped=1,

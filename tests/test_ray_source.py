@@ -12,12 +12,10 @@ families the source keeps and the result rows' config to the keys it reads.
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,11 +36,10 @@ from replaywatch.sources.ray_cluster import (
     parse_tasks,
 )
 from replaywatch.sources.ray_results import ResultTail, parse_result_row
+from tests.support.ray_dashboard import FIXTURES, TOKEN, Cluster
 
 pytestmark = pytest.mark.timeout(60)
 
-FIXTURES = Path(__file__).parent / "fixtures" / "ray"
-TOKEN = "a-cluster-token"
 DQN_JOB, APPO_JOB = "01000000", "02000000"
 
 
@@ -312,74 +309,6 @@ def test_the_token_is_found_in_rays_order(tmp_path: Path) -> None:
 
 
 # --- the source, over real HTTP --------------------------------------------------------------
-
-class _Dashboard(http.server.BaseHTTPRequestHandler):
-    """Ray's dashboard and a node's metrics endpoint, answering with recorded documents; the
-    state API wants the token as Ray's does (its recorded 401 and 403 bodies)."""
-
-    token: str = TOKEN
-    metrics: bytes = b""
-    delay_s: float = 0.0
-    seen: list[tuple[str, str | None]]
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self.seen.append((self.path, self.headers.get("Authorization")))
-        if self.delay_s:
-            threading.Event().wait(self.delay_s)
-        if self.path == "/metrics":
-            return self._answer(200, self.metrics, "text/plain; version=0.0.4")
-        said = self.headers.get("Authorization")
-        if said != f"Bearer {self.token}":
-            status, body = (FIXTURES / ("unauthorized.txt" if said is None else
-                                        "forbidden.txt")).read_text().split("\n", 1)
-            return self._answer(int(status), body.encode(), "text/plain")
-        if self.path.startswith("/api/v0/actors?"):
-            name = "actors.json"
-        elif "ACTOR_CREATION_TASK" in self.path:
-            name = "creation_tasks.json"
-        elif "filter_values=RUNNING" in self.path:
-            name = "tasks.json"
-        else:
-            return self._answer(404, b"not found", "text/plain")
-        self._answer(200, (FIXTURES / name).read_bytes(), "application/json")
-
-    def _answer(self, status: int, body: bytes, kind: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-        except BrokenPipeError:
-            pass  # the slow target's reader gave up, as it should
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class Cluster:
-    """One served dashboard (its metrics endpoint on the same server), a refused port, and a
-    temp dir whose service-discovery file lists both, as Ray's head lists a dead target."""
-
-    def __init__(self, temp_dir: Path, metrics: str, delay_s: float = 0.0):
-        self.seen: list[tuple[str, str | None]] = []
-        handler = type("H", (_Dashboard,), {"metrics": (FIXTURES / metrics).read_bytes(),
-                                            "seen": self.seen, "delay_s": delay_s})
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        self.dashboard = f"http://{self.address}"
-        with socket.socket() as s:  # a port nothing listens on
-            s.bind(("127.0.0.1", 0))
-            self.refused = f"127.0.0.1:{s.getsockname()[1]}"
-        self.temp_dir = temp_dir
-        (temp_dir / SD_FILE).write_text(json.dumps(
-            [{"labels": {"job": "ray"}, "targets": [self.address, self.refused]}]))
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:

@@ -14,7 +14,13 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from replaywatch.api import routes_bundles, routes_findings, routes_health, routes_tables
+from replaywatch.api import (
+    routes_bundles,
+    routes_findings,
+    routes_health,
+    routes_ray,
+    routes_tables,
+)
 from replaywatch.api.cache import RenderCache
 from replaywatch.api.deps import ApiError, IncidentReader
 from replaywatch.api.schemas import ErrorOut
@@ -121,6 +127,7 @@ def create_app(
 
     app.include_router(routes_health.router)
     app.include_router(routes_tables.router)
+    app.include_router(routes_ray.router)
     app.include_router(routes_findings.router)
     app.include_router(routes_bundles.router)
     for router in extra_routers:

@@ -35,6 +35,7 @@ def targets(state: PublishedDep) -> TargetsOut:
     return TargetsOut(
         targets=[TargetOut.of(s) for s in statuses if s.kind == SourceKind.REVERB],
         probes=[TargetOut.of(s) for s in statuses if s.kind == SourceKind.PROBE],
+        ray=[TargetOut.of(s) for s in statuses if s.kind == SourceKind.RAY],
         config_errors=list(state.config_errors),
     )
 

@@ -48,6 +48,7 @@ class MemoryOut(BaseModel):
 class TargetsOut(BaseModel):
     targets: list[TargetOut]
     probes: list[TargetOut]
+    ray: list[TargetOut] = []  # RLlib jobs' clusters (--ray)
     config_errors: list[str] = []
 
 
@@ -187,3 +188,29 @@ class EventOut(BaseModel):
 class IncidentDetailOut(IncidentOut):
     stacks: dict[str, Any] | None
     events: list[EventOut]
+
+
+class RayJobOut(BaseModel):
+    """One Ray target's newest read of its RLlib job (`ray_model.RaySnapshot.document()`):
+    its actors, running calls aged, each process' counters (no raw samples), the newest
+    result row, and one line per part that could not be read."""
+
+    target: str
+    observed_at: float
+    job_id: str | None
+    driver_pid: int | None
+    actors: list[dict[str, Any]]
+    tasks: list[dict[str, Any]]
+    counters: list[dict[str, Any]]
+    actor_counts: list[dict[str, Any]]
+    results: list[dict[str, Any]]  # the newest row only
+    result_file: str | None
+    ray_version: str | None
+    metrics_targets: int
+    metrics_targets_refused: int
+    series_dropped: int
+    errors: list[str]
+
+
+class RayJobsOut(BaseModel):
+    jobs: list[RayJobOut]

@@ -22,11 +22,13 @@ from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Transition, reconcile
+from replaywatch.diagnosis.rules_rllib import judge_rllib
 from replaywatch.diagnosis.rules_throughput import held_baselines
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.model import Finding, Name, TableSnapshot
+from replaywatch.ray_model import RaySnapshot
 
 Key = tuple[str, str, str]
 
@@ -45,6 +47,9 @@ class Inputs:
     # By table: its snapshots over the rate window, for its limiter's figures (not in bundles:
     # no rule reads them)
     rates: dict[str, tuple[TableSnapshot, ...]] = dataclasses.field(default_factory=dict)
+    # A Ray target's snapshots over the look-back, oldest first: judged by RLlib's rules,
+    # and by the view's liveness (its polls) alone; None for a Reverb target
+    ray: tuple[RaySnapshot, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +86,14 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
     figures: dict[tuple[str, str], TableFigures] = {}
     diagnosed: set[Key] = set()
     for target, i in sorted(inputs.items()):
-        d = diagnose(with_held_baselines(i), thresholds or i.thresholds, now,
-                     stacks=i.stacks or None, layout=i.layout, rates=i.rates)
+        th = thresholds or i.thresholds
+        if i.ray is not None:
+            d = diagnose(i.view, th, now)  # its polls' liveness: no table is in the view
+            d = dataclasses.replace(d, findings=(*d.findings, *_rllib(target, i.ray, th, now,
+                                                                       errors)))
+        else:
+            d = diagnose(with_held_baselines(i), th, now, stacks=i.stacks or None,
+                         layout=i.layout, rates=i.rates)
         seen = {f.key for f in d.findings}
         diagnosed |= seen
         # A held incident the diagnosis names again is an ordinary finding from now on.
@@ -99,3 +110,13 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
     kept = {k: f for k, f in result.active.items() if f.target in inputs}
     return Verdict(kept, transitions, worst_first(kept.values()), tuple(errors),
                    tuple(insufficient), frozenset(diagnosed), figures)
+
+
+def _rllib(target: str, history: tuple[RaySnapshot, ...], th: Thresholds, now: float,
+           errors: list[str]) -> tuple[Finding, ...]:
+    """RLlib's rules on a Ray target; raising costs their findings, not the cycle."""
+    try:
+        return judge_rllib(target, history, th, now)
+    except Exception as e:  # a bug in a rule: the other targets must still be judged
+        errors.append(f"{target}: judge_rllib: {type(e).__name__}: {e}")
+        return ()

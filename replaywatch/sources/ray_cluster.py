@@ -29,16 +29,17 @@ import json
 import math
 import os
 import socket
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from replaywatch.errors import SourceError, SourceProtocolError, SourceTimeout, SourceUnreachable
-from replaywatch.model import NO_ANSWER
+from replaywatch.model import NO_ANSWER, PollOutcome, SourceKind
 from replaywatch.ray_model import (
     ActorRole,
     RayActor,
@@ -49,6 +50,7 @@ from replaywatch.ray_model import (
     RllibCounters,
     role_of_class,
 )
+from replaywatch.sources import PolledSource
 from replaywatch.sources.ray_results import ResultTail
 
 SD_FILE = "prom_metrics_service_discovery.json"
@@ -495,3 +497,29 @@ class RayClusterSource:
         if targets and refused == len(targets):
             errors.append(f"metrics: every target of {self._sd_file} refused ({refused})")
         return len(targets), refused, pages
+
+
+class RaySource(PolledSource):
+    """A Ray cluster as one of the poller's sources: each poll's `RaySnapshot` in a
+    `PollOutcome` of kind RAY. The poll is down (`error`) only when nothing of the job could
+    be read; a part that failed while others answered is a line of the snapshot's `errors`,
+    which the rules read as that part unknown this poll."""
+
+    kind = SourceKind.RAY
+
+    def __init__(self, cluster: RayClusterSource, name: str, timeout_s: float,
+                 clock: Callable[[], float] = time.time,
+                 perf: Callable[[], float] = time.perf_counter):
+        super().__init__(name, timeout_s, clock, perf)
+        self.cluster = cluster
+
+    def poll(self) -> PollOutcome:
+        started, t0 = self._clock(), self._perf()
+        snap = self.cluster.poll(started)
+        read_nothing = snap.job_id is None and snap.errors and not snap.counters
+        error = "; ".join(snap.errors[:2]) if read_nothing else None
+        return PollOutcome(self.name, SourceKind.RAY, started, self._perf() - t0, error=error,
+                           ray=snap)
+
+    def close(self) -> None:
+        self.cluster.close()

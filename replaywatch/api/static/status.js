@@ -363,9 +363,9 @@
   // -- sections -------------------------------------------------------------------------------
 
   function renderTargets(doc) {
-    const rows = doc.targets.map((t) =>
+    const rows = doc.targets.concat(doc.ray || []).map((t) =>
       el("tr", { "data-target": t.name },
-        el("td", { class: "name" }, t.name),
+        el("td", { class: "name" }, t.name, t.kind === "ray" ? " (Ray)" : ""),
         el("td", {}, pill(t.up, "up", "down")),
         el("td", {}, ago(t.last_ok_at)),
         el("td", { class: "num" }, num(t.last_duration_s === null ? null : t.last_duration_s * 1000)),
@@ -438,6 +438,37 @@
   // Actor probes: is each actor stepping, stuck inside a writer call, or waiting on
   // something outside Reverb (the learner, parameters)? The three tell dead actors from
   // blocked ones and from actors that wait for the learner.
+  // An RLlib job read from outside: its actors (restarts, deaths) and the calls running in
+  // them, aged: a call far older than the others is where a job waits.
+  function renderRay(doc) {
+    const blocks = doc.jobs.map((j) => {
+      const calls = new Map(j.tasks.map((t) => [t.worker_pid, t]));
+      const rows = j.actors.map((a) => {
+        const call = calls.get(a.pid);
+        return el("tr", { "data-ray-actor": a.actor_id },
+          el("td", { class: "name" }, a.class_name.split(".").pop()),
+          el("td", {}, a.role),
+          el("td", {}, pill(a.state === "ALIVE", a.state, a.state)),
+          el("td", { class: "num" }, num(a.num_restarts)),
+          el("td", { class: "num" }, a.pid ? String(a.pid) : ""),
+          el("td", {}, call ? call.name + " " + duration(call.running_for_s || 0) : ""),
+          el("td", { class: "error" }, a.death_cause || ""));
+      });
+      const row = j.results[j.results.length - 1] || {};
+      return el("div", { class: "ray-job", "data-ray-target": j.target },
+        el("p", {}, j.target + " · job " + (j.job_id || "none found") +
+          (j.ray_version ? " · Ray " + j.ray_version : "") +
+          (row.iteration != null ? " · iteration " + row.iteration + " (" +
+            duration(row.time_this_iter_s || 0) + ")" : "") +
+          (j.driver_pid ? " · driver pid " + j.driver_pid : "")),
+        rows.length ? table(["actor", "role", "state", "restarts", "pid", "running call",
+          "death cause"], rows) : el("p", { class: "empty" }, "no actor of the job"),
+        j.errors.length ? el("p", { class: "error" }, j.errors.join("; ")) : "");
+    });
+    fill("ray", blocks.length ? el("div", {}, ...blocks)
+      : el("p", { class: "empty" }, "no RLlib job watched (add --ray HOST:PORT of its dashboard)"));
+  }
+
   function renderActors(doc) {
     const rows = doc.probes.filter((p) => p.role === "actor").map((p) => {
       const s = p.snapshot;
@@ -713,13 +744,14 @@
   }
 
   async function refresh() {
-    const [targets, tables, probes, findings, incidents, memory] = await Promise.all([
+    const [targets, tables, probes, findings, incidents, memory, ray] = await Promise.all([
       api("/api/v1/targets"),
       api("/api/v1/tables"),
       api("/api/v1/probes"),
       api("/api/v1/findings"),
       api("/api/v1/incidents?limit=20"),
       api("/api/v1/memory"),
+      api("/api/v1/ray"),
     ]);
     const [hist] = await Promise.all([histories(tables.tables), loadStacks(findings.findings)]);
     const now = Date.now() / 1000;
@@ -728,6 +760,7 @@
     renderTargets(targets);
     renderProbes(probes);
     renderActors(probes);
+    renderRay(ray);
     renderIncidents(incidents);
     lastOk = now;
     document.getElementById("banner").hidden = true;
