@@ -32,7 +32,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -131,6 +131,14 @@ test:
 test-memory: $(STAMP)
 	REPLAYWATCH_MEMORY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -n 2 -rP $(PYTEST_ARGS) \
 		tests/test_memory_cgroup.py tests/test_memory_leak.py
+
+# The Ray tier, apart from make test's budget (a Ray head takes about a minute to start
+# here): real RLlib jobs watched from outside with --ray (tests/test_rllib_tier.py, a local
+# cluster per case, .venv-rllib) and the distributed agent joining a `ray start --head`.
+test-ray: $(STAMP) rllib-venv
+	REPLAYWATCH_RAY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -rP $(PYTEST_ARGS) \
+		tests/test_rllib_tier.py \
+		tests/test_ray_cluster.py::test_a_ray_start_head_on_this_machine_is_joined_with_no_auth_variable
 
 # Two xdist workers: 840 tests in 37 s against 59 s in one process on this 2-core machine.
 test-fast: $(STAMP)

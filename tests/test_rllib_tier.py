@@ -1,0 +1,134 @@
+"""The RLlib tier: real RLlib jobs (Ray 2.60, torch on the CPU, .venv-rllib) watched from
+outside with `--ray` and no code change in the job, in `make test-ray`.
+
+Each case is harness/rllib_job.py on its own local cluster (a DQN with its replay buffer, one
+EnvRunner, one Learner actor), a fault switched on by flag, and a sidecar in this process
+polling the cluster's dashboard, its metrics endpoints (the service-discovery file in the
+job's temp dir) and the result rows every second. A healthy job is never paged; a learner
+that hangs in its update and an environment that hangs in `step()` are named with their
+kind within the window the rules state plus two polls, counted from the job's last progress
+as the history shows it. A cluster takes about a minute to start here, so the tier runs
+apart from make test's budget (`make test-ray` sets up .venv-rllib; without it, one skip
+line).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.procs import ROOT, Proc
+from replaywatch.config import PollConfig, RayTarget, WatchConfig
+from replaywatch.model import Finding, Name, Severity
+from replaywatch.wiring import build_sidecar
+
+RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(os.environ.get("REPLAYWATCH_RAY_TESTS") != "1",
+                       reason="the RLlib tier runs in make test-ray"),
+    pytest.mark.skipif(not RLLIB_PY.exists(), reason="no .venv-rllib: run make rllib-venv"),
+]
+INTERVAL_S = 1.0
+SLACK_S = 3.0  # a poll of the state API and every metrics endpoint lags on 2 loaded cores
+DQN = ["--algo", "dqn", "--num-learners", "1", "--num-env-runners", "1",
+       "--min-steps-per-iteration", "200", "--learning-starts", "200", "--num-cpus", "4"]
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """Ray's temp dir: short, since its socket paths must fit AF_UNIX's 107 bytes."""
+    temp = Path(tempfile.mkdtemp(prefix="rwrl-"))
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: str
+              ) -> tuple[dict, Path]:
+    job = spawn([str(RLLIB_PY), "harness/rllib_job.py", *DQN, "--seconds", "400",
+                 "--temp-dir", str(temp), "--logdir", str(tmp_path / "log"), *flags],
+                name="rllib-job")
+    return job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job"), temp
+
+
+def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
+          until: Callable[[Finding], bool] = lambda f: False
+          ) -> tuple[list[tuple[float, Finding]], list[float], float]:
+    """(findings seen at warning or worse with the time, the times the job's trained counter
+    was seen to move, the time watching began)."""
+    target = RayTarget(announced["dashboard_url"], temp_dir=str(temp),
+                       results=announced["logdir"])
+    config = WatchConfig(targets=(), ray=(target,),
+                         poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
+    paged: list[tuple[float, Finding]] = []
+    moved: list[float] = []
+    last: float | None = None
+    began = time.time()
+    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
+        while time.time() - began < seconds:
+            state = car.poller.tick()
+            snap = state.ray.get(target.name)
+            trained = sum(c.env_steps_trained or 0.0 for c in snap.counters) if snap else None
+            if trained is not None and trained != last:
+                moved.append(time.time())
+                last = trained
+            for f in state.findings:
+                if f.severity >= Severity.WARNING:
+                    paged.append((time.time(), f))
+            if any(until(f) for _, f in paged):
+                break
+            time.sleep(max(0.0, INTERVAL_S - (time.time() - began) % INTERVAL_S))
+    return paged, moved, began
+
+
+def test_a_healthy_dqn_job_is_never_paged(spawn: Callable[..., Proc], tmp_path: Path,
+                                          short_temp: Path) -> None:
+    announced, temp = start_job(spawn, tmp_path, short_temp)
+    paged, moved, _ = watch(tmp_path, announced, temp, 150.0)
+    print(f"\nhealthy DQN: trained counter seen moving {len(moved)} times in 150 s, "
+          f"{len(paged)} warning or critical findings")
+    assert len(moved) >= 3, "the job never trained: the case proves nothing"
+    assert paged == [], [(round(t), f.kind, f.summary) for t, f in paged[:3]]
+
+
+@pytest.mark.parametrize("fault,kind", [
+    (("--hang-learner-after", "300"), Name.LEARNER_STALLED),
+    (("--hang-env-after", "700", "--hang-env-runner", "1"), Name("env_runner_stalled")),
+])
+def test_a_hang_is_named_within_its_window(spawn: Callable[..., Proc], tmp_path: Path,
+                                           short_temp: Path, fault: tuple[str, ...],
+                                           kind: Name) -> None:
+    announced, temp = start_job(spawn, tmp_path, short_temp, *fault)
+    paged, moved, began = watch(tmp_path, announced, temp, 360.0,
+                                until=lambda f: f.kind == kind)
+    named = [(t, f) for t, f in paged if f.kind == kind]
+    assert named, [(round(t - began), f.kind) for t, f in paged[:5]]
+    at, finding = named[0]
+    assert [f.kind for t, f in paged if t < at] == [], "something else was paged first"
+    # The finding holds once its series rested and its call ran past their windows: the
+    # longest window its evidence states bounds it (a call's counts from the call's start).
+    window = max(windows_in(finding.evidence))
+    last_progress = max((t for t in moved if t < at), default=began)
+    print(f"\n{kind}: named {at - last_progress:.1f} s after the job's last trained step "
+          f"(window {window:.1f} s + 2 polls), {at - began:.0f} s into watching")
+    assert at - last_progress <= window + 2 * INTERVAL_S + SLACK_S, (
+        at - last_progress, window, finding.evidence)
+    assert finding.fix
+
+
+def windows_in(doc: object) -> list[float]:
+    """Every `window_s` an evidence document states, however nested."""
+    if isinstance(doc, dict):
+        own = [float(doc["window_s"])] if "window_s" in doc else []
+        return own + [w for v in doc.values() for w in windows_in(v)]
+    if isinstance(doc, list):
+        return [w for v in doc for w in windows_in(v)]
+    return []
