@@ -21,6 +21,7 @@ import pytest
 
 from harness.procs import PYTHON, ROOT, Proc, get_json, get_text, wait_until
 from replaywatch.probe import ActorProbe, TrainerProbe
+from tests.support.ray_dashboard import FIXTURES, TOKEN, Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
@@ -413,3 +414,38 @@ def test_page_shows_the_learners_priority_updates_and_refusals(
     finally:
         probe.stop()
         server.stop()
+
+
+def test_page_shows_an_rllib_job_beside_the_reverb_targets(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path, browser_page: Any,
+) -> None:
+    """A Ray cluster (its dashboard served from recorded documents) watched with --ray: its
+    actors, their running calls and the job's latest iteration in "RLlib jobs", the cluster
+    in the targets list beside a Reverb target."""
+    cluster = Cluster(tmp_path, "metrics_appo.txt")
+    try:
+        token, results = tmp_path / "token", tmp_path / "appo" / "result.json"
+        token.write_text(TOKEN)
+        results.parent.mkdir()
+        results.write_bytes((FIXTURES / "result_appo.jsonl").read_bytes())
+        _, base = sidecar("--reverb", "127.0.0.1:9", "--ray", cluster.address,
+                          "--ray-token-file", str(token), "--ray-temp-dir",
+                          str(cluster.temp_dir), "--ray-results", str(results),
+                          "--interval", "0.5", "--db", str(tmp_path / "r.db"))
+        wait_until(lambda: get_json(f"{base}/api/v1/ray")[1]["jobs"], timeout_s=15)
+        page = browser_page
+        page.goto(base + "/")
+        job = page.locator(f'#ray [data-ray-target="{cluster.dashboard}"]')
+        job.wait_for()
+        assert "job 02000000" in job.inner_text() and "iteration 3" in job.inner_text()
+        roles = job.locator("tr[data-ray-actor] td:nth-child(2)").all_inner_texts()
+        assert {"env_runner", "learner"} <= set(roles)
+        calls = job.locator("tr[data-ray-actor] td:nth-child(6)").all_inner_texts()
+        assert any(c.startswith("SingleAgentEnvRunner.apply ") for c in calls), calls
+        targets = page.locator("#targets tr[data-target]").all_inner_texts()
+        assert any(cluster.dashboard in t and "(Ray)" in t for t in targets), targets
+        assert any("127.0.0.1:9" in t for t in targets)
+        _screenshot(page, "status-page-rllib.png")
+        assert page.errors == []
+    finally:
+        cluster.close()
