@@ -28,7 +28,8 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def to_document(state: Published) -> dict[str, Any]:
-    """The `--json` document: targets, probes, tables (with derived), findings, actors.
+    """The `--json` document: targets, probes, tables (with derived), findings, actors, and
+    each RLlib job watched (`ray`, by its cluster's dashboard).
 
     `probes` keeps its shape (a trainer's snapshot, else null) and lists actor
     probes too; `actors` holds each actor probe's latest snapshot by URL.
@@ -51,7 +52,9 @@ def to_document(state: Published) -> dict[str, Any]:
         "insufficient_data": list(state.insufficient),
         "actors": {url: dataclasses.asdict(a) for url, a in sorted(state.actors.items())},
         "rule_errors": list(state.rule_errors),
-        "ray": {t: snap.document() for t, snap in sorted(state.ray.items())},
+        # Each Ray target's newest read, with whether its last poll read anything.
+        "ray": {t: {**snap.document(), "up": state.sources[t].up if t in state.sources else None}
+                for t, snap in sorted(state.ray.items())},
     }
 
 

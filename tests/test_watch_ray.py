@@ -97,7 +97,9 @@ def test_check_lists_the_ray_job(tmp_path: Path, cluster: Cluster) -> None:
     out = io.StringIO()
     run_check(watch_config(tmp_path, cluster), 0.6, as_json=True, out=out)
     doc = json.loads(out.getvalue())
-    assert doc["ray"][cluster.dashboard]["job_id"] == APPO_JOB
+    job = doc["ray"][cluster.dashboard]
+    assert job["job_id"] == APPO_JOB and job["up"] is True
+    assert job["results"] and len(job["results"]) == 1
 
 
 @pytest.mark.parametrize("flags,said", [

@@ -87,7 +87,8 @@ def test_check_json_keeps_its_shape(tmp_path: Path) -> None:
     assert run_check(config(tmp_path), 0.7, as_json=True, out=out) == 0  # down is a warning
     doc = json.loads(out.getvalue())
     assert list(doc) == ["at", "targets", "probes", "tables", "findings", "insufficient_data",
-                         "actors", "rule_errors"]
+                         "actors", "rule_errors", "ray"]
+    assert doc["ray"] == {}  # no --ray
     (target,) = doc["targets"]
     assert list(target) == ["name", "kind", "target", "up", "last_poll_at", "last_ok_at",
                             "last_error", "last_duration_s", "consecutive_failures",
