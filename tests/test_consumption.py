@@ -44,7 +44,9 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
     stop, learning = threading.Event(), threading.Event()
     learning.set()
     counts = {"inserts": 0, "consumed": 0}
-    marks: list[tuple[float, int, int]] = []  # (time, inserts, consumed) the test saw
+    # (time, inserts, consumed) after every insert and every batch: the test's own count at
+    # any instant, read at the instants the sidecar polled
+    events: list[tuple[float, int, int]] = [(time.time(), 0, 0)]
 
     def insert() -> None:
         with client.trajectory_writer(num_keep_alive_refs=1) as writer:
@@ -53,6 +55,7 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
                 writer.create_item("replay", 1.0, {"x": writer.history["x"][-1]})
                 writer.flush()
                 counts["inserts"] += 1
+                events.append((time.time(), counts["inserts"], counts["consumed"]))
                 time.sleep(0.005)
 
     dataset = reverb.TrajectoryDataset.from_table_signature(
@@ -69,6 +72,7 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
                 continue
             next(batches)
             counts["consumed"] += BATCH
+            events.append((time.time(), counts["inserts"], counts["consumed"]))
             probe.step()
             time.sleep(0.02)
 
@@ -83,16 +87,15 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
             state = None
             for _ in range(int(WINDOW_S) + 6):
                 t0 = time.monotonic()
-                marks.append((time.time(), counts["inserts"], counts["consumed"]))
                 state = sidecar.poller.tick()
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
             assert state is not None
             c = state.figures[(address, "replay")].consumption
             assert c is not None
-            # The test's own count over the window the sidecar judged.
-            start = time.time() - c.window_s
-            first = max((m for m in marks if m[0] <= start + 0.5), key=lambda m: m[0])
-            last = marks[-1]
+            # The test's own count over the window the sidecar judged, between the instants
+            # of its first and last snapshot in it.
+            end = sidecar.history.table(address, "replay")[-1].observed_at
+            first, last = at(events, end - c.window_s), at(events, end)
             own = (last[2] - first[2]) / (last[1] - first[1])
             assert c.consumed_per_insert is not None
             assert abs(c.consumed_per_insert - own) <= 0.02 * own, (c, own)
@@ -127,3 +130,8 @@ def test_the_consumed_ratio_matches_the_loops_count_and_the_unconsumed_is_exact(
         stop.set()
         probe.stop()
         server.stop()
+
+
+def at(events: list[tuple[float, int, int]], t: float) -> tuple[float, int, int]:
+    """The count as it stood at `t`: the last event at or before it."""
+    return max((e for e in events if e[0] <= t), key=lambda e: e[0])
