@@ -114,6 +114,7 @@ system-deps:
 	fi
 
 # The venv and the Debian packages are installed side by side (-j2): neither needs the other.
+# The fifteen slowest tests are printed at the end: where the next minute of make test is.
 test:
 	@$(MAKE) --no-print-directory -j3 venv system-deps launchpad-venv
 	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
@@ -123,7 +124,7 @@ test:
 	$(PY) -m compileall -q -j 0 replaywatch agents harness tests bench tools examples >/dev/null
 	REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
 	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # The replay's memory on real servers, apart from make test for their time (about 7 minutes):
 # a server in a real cgroup (as root, cgroup v1) filled until the kernel kills it, and a writer
