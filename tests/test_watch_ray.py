@@ -102,6 +102,7 @@ def test_check_lists_the_ray_job(tmp_path: Path, cluster: Cluster) -> None:
     assert job["results"] and len(job["results"]) == 1
 
 
+@pytest.mark.slow  # a process each
 @pytest.mark.parametrize("flags,said", [
     (["--ray", "not an address"], "--ray ('not an address') must be the dashboard's address"),
     (["--ray", "127.0.0.1"], "must be the dashboard's HOST:PORT"),
