@@ -440,6 +440,10 @@ def test_a_frozen_server_s_clients_go_on_at_once_and_a_stall_after_it_waits_one_
     assert went_on_s < 1.0  # a reconnect takes about 12 s
     held = [f for s in seen for f in s.findings if f.kind == "reconnecting"]
     assert all(f.evidence["came_back_how"] == "outage" for f in held)
-    assert all(f.evidence["grace_s"] == WINDOW_S for f in held)
+    # One stall window, the one the table was judged by (learned, so at least the configured
+    # one, longer where a loaded machine stretched its polls), never the restart's 30 s.
+    assert all(abs(f.evidence["grace_s"] - f.evidence["window_s"]) <= 0.05
+               and WINDOW_S <= f.evidence["grace_s"] < 30.0 for f in held), [
+        (f.evidence["grace_s"], f.evidence.get("window_s")) for f in held]
     assert took is not None, [sorted(kinds(s)) for s in seen[-3:]]
     assert time.monotonic() - stopped < 30.0 - 5.0  # never the restart's grace
