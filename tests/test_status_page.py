@@ -187,7 +187,11 @@ def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
     job = _starved_job(spawn)
     _, base = sidecar("--reverb", job["reverb"], "--probe", f"{job['reverb']}={job['probe']}",
                       *FAST_RULES, "--db", str(tmp_path / "i.db"))
-    finding = wait_until(lambda: _active(base, "worker_starvation"), timeout_s=60, interval_s=0.5)
+    # The stranded count grows while the workers draw the limiter's credit: 40 once they all
+    # have (a loaded machine's first reading was 24).
+    finding = wait_until(lambda: (f := _active(base, "worker_starvation"))
+                         and f["evidence"]["stranded_samples"] == 40 and f,
+                         timeout_s=60, interval_s=0.5)
     assert finding["evidence"]["stranded_samples"] == 40
 
     page = browser_page
