@@ -94,10 +94,10 @@ class FindingsKeeper:
                     + 3 * self._interval_s)
         view = history.view(target, probes, start=now - reach,
                             coarse_start=now - self._th.throughput_lookback_s)
-        view = dataclasses.replace(view, rhythms=self.rhythms.learn(target, view))
         held = tuple(f for f in open_here if f.key in self._held and now < self._hold_until)
-        if ray := history.ray(target, now - reach):  # an RLlib job: its rules, no tables
+        if ray := history.ray(target, now - reach):  # an RLlib job: its rules learn its rhythm
             return Inputs(view, now, self._th, active_before=open_here, held=held, ray=ray)
+        view = dataclasses.replace(view, rhythms=self.rhythms.learn(target, view))
         return Inputs(view, now, self._th, self._layout, self._evidence.stacks.verdicts(target),
                       open_here, held, history.rate_windows(target, now - RATE_WINDOW_S))
 

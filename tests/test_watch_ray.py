@@ -78,8 +78,11 @@ def test_a_ray_cluster_from_the_flag_reaches_the_history_api_and_metrics(
     assert all("samples" not in c for c in job["counters"])
     assert findings.status_code == 200
     assert not state.rule_errors, state.rule_errors
-    assert f'replaywatch_target_up{{target="{cluster.dashboard}"}} 1.0' in metrics \
-        or f'target="{cluster.dashboard}"' in metrics
+    assert f'replaywatch_target_up{{target="{cluster.dashboard}"}} 1.0' in metrics
+    job_labels = f'table="job:{APPO_JOB}",target="{cluster.dashboard}"'
+    assert (f'replaywatch_rllib_actors{{role="env_runner",state="ALIVE",{job_labels}}} 2.0'
+            in metrics)
+    assert f'replaywatch_probe_up{{probe="{cluster.dashboard}"' not in metrics
 
 
 def test_a_dashboard_that_is_down_is_a_down_target_with_its_reason(tmp_path: Path,
