@@ -16,6 +16,7 @@ import functools
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -151,7 +152,8 @@ MARKERS = {
             "-m 'not slow' (make test-fast)",
     "agents": "starts the JAX agent: runs in make test's agent lane, one after another",
     "frameworks": "runs Acme's, TF-Agents' or Launchpad's own loop: make test's second lane",
-    "long": "has tests of 15 s or more: handed out first",
+    "long": "has tests of 15 s or more: handed out first, the longest first "
+            "(long(seconds=N) where more than 15)",
     "launchpad": "the Launchpad tier: required to pass where REPLAYWATCH_REQUIRE_LAUNCHPAD=1",
 }
 
@@ -173,10 +175,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _niced.append(True)
 
 
-def _handed_out(item: pytest.Item) -> int:
-    """The two lanes first (a group each, one worker each), then the long modules, then the
-    rest."""
-    return (0 if _lane(item) else 1 if item.get_closest_marker("long") else 2)
+def _handed_out(item: pytest.Item) -> tuple[int, float]:
+    """The two lanes first (a group each, one worker each), then the long tests, the longest
+    first (`long(seconds=N)`, else 15), then the rest. A long test handed out late lands on
+    whichever lane frees first, the agent lane included, and becomes the critical path."""
+    if _lane(item):
+        return (0, 0.0)
+    long = item.get_closest_marker("long")
+    return (1, -float(long.kwargs.get("seconds", 15.0))) if long else (2, 0.0)
 
 
 def _lane(item: pytest.Item) -> str | None:
@@ -224,3 +230,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stderr.write("\nREPLAYWATCH_REQUIRE_LAUNCHPAD=1: no test marked launchpad ran "
                          "and passed (the Launchpad tier was skipped)\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# REPLAYWATCH_LANE_LOG=FILE: each test's worker, start and end (seconds since the epoch),
+# one line each, so that make test's critical path can be read lane by lane
+# (tools/lanes.py prints it).
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    began = time.time()
+    yield
+    if (log := os.environ.get("REPLAYWATCH_LANE_LOG")):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(log, "a") as out:
+            out.write(f"{worker}\t{began:.2f}\t{time.time():.2f}\t{item.nodeid}\n")

@@ -29,6 +29,7 @@ def _findings(base: str) -> list[dict]:
     return get_json(f"{base}/api/v1/findings")[1]["findings"]
 
 
+@pytest.mark.long(seconds=23)
 def test_a_frozen_server_times_out_while_others_keep_their_cadence(
     reverb_workload: Callable[..., tuple[Proc, str]], sidecar: Callable[..., tuple[Proc, str]],
     tmp_path: Path,

@@ -91,3 +91,32 @@ def test_transitions_are_ordered_by_key() -> None:
 def test_update_every_s_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"update_every_s \(0\)"):
         reconcile({}, [], evaluated={T}, now=1.0, update_every_s=0)
+
+
+def _cycle_after(error: str | None):
+    """judge_cycle on a target whose worker_starvation was open (named from stack dumps the
+    cycle no longer has), its last poll failed with `error` (or answered, for None)."""
+    from replaywatch.diagnosis.cycle import Inputs, judge_cycle
+    from tests.builders import DEFAULT, TARGET, polls, seconds, seed_hung_table, target_view
+
+    times = seconds(20)
+    ok = [True] * 19 + [error is None]
+    view = target_view([seed_hung_table()[:19]] if error else [seed_hung_table()],
+                       target_polls=polls(times, ok=ok, error=error or ""))
+    open_before = dataclasses.replace(finding("worker_starvation", since=1005.0, now=1018.0),
+                                      target=TARGET)
+    inputs = Inputs(view, 1019.0, DEFAULT, active_before=(open_before,))
+    return open_before, judge_cycle({TARGET: inputs}, {open_before.key: open_before}, 1019.0)
+
+
+def test_a_table_finding_is_carried_over_a_poll_the_server_did_not_answer_in_time() -> None:
+    before, verdict = _cycle_after("127.0.0.1:1: ServerInfo did not answer within 0.16s")
+    assert before.key in verdict.active, verdict.transitions
+    assert [t for t in verdict.transitions if t.kind == "resolved"] == []
+
+
+@pytest.mark.parametrize("error", ["127.0.0.1:1: connection refused", None])
+def test_an_answered_or_refused_poll_carries_nothing(error: str | None) -> None:
+    before, verdict = _cycle_after(error)
+    assert before.key not in verdict.active
+    assert [t.finding.key for t in verdict.transitions if t.kind == "resolved"] == [before.key]

@@ -15,6 +15,7 @@ from harness.procs import Proc, get_json
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # starts processes (see tests/conftest.py)
 
 
+@pytest.mark.long(seconds=25)
 def test_five_targets_and_twenty_clients_get_no_errors_and_polls_stay_on_time() -> None:
     result = run(targets=5, tables=5, clients=20, duration=8.0, history=5.0)
     assert result["errors"] == 0, result["error_samples"]

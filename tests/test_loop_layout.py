@@ -167,6 +167,7 @@ def test_one_worker_below_a_batch_is_named_before_the_first_next(tmp_path: Path)
         "error_buffer": 256, "batch_size": 100}
 
 
+@pytest.mark.long(seconds=27)
 def test_a_scheduled_loop_that_declares_nothing_is_a_risk_then_proven_when_it_asks(
         tmp_path: Path) -> None:
     # The same loop with only its iterator and writer wrapped (no gate said): before its first
@@ -210,6 +211,7 @@ def test_the_item_size_comes_from_the_table_signature_when_the_probe_does_not_sa
         ("num_parallel_calls", 1)]
 
 
+@pytest.mark.long(seconds=25)
 def test_the_seeds_cell_read_from_its_graph_is_judged_as_its_full_declaration(
         tmp_path: Path) -> None:
     # The seed's own numbers on its commit's repeat-interleave with frames, the probe told

@@ -201,6 +201,7 @@ def watch(targets: list[str], probes: list[TrainerProbe], tmp_path: Path) -> Any
         incidents_path=str(tmp_path / "i.db"))
 
 
+@pytest.mark.long(seconds=30)
 def test_one_key_at_1e9_collapses_a_prioritized_table_and_capping_it_resolves(
         tmp_path: Path) -> None:
     server, client = filled(100_000, reverb.selectors.Prioritized(0.8))

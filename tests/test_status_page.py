@@ -180,6 +180,7 @@ def _active(base: str, kind: str) -> dict[str, Any] | None:
     return next((f for f in findings if f["kind"] == kind), None)
 
 
+@pytest.mark.long(seconds=30)
 def test_page_shows_worker_starvation_with_evidence_fix_and_stacks(
     spawn: Callable[..., Proc], sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path,
     browser_page: Any,

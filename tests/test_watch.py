@@ -74,6 +74,7 @@ def test_metrics_pass_promtool_check_metrics(
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.long(seconds=35)
 def test_a_stopped_server_goes_down_within_two_intervals_and_comes_back(
     reverb_workload: Callable[..., tuple[Proc, str]], sidecar: Callable[..., tuple[Proc, str]],
     tmp_path: Path,

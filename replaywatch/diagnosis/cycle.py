@@ -27,7 +27,7 @@ from replaywatch.diagnosis.rules_throughput import held_baselines
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding, Name, TableSnapshot
+from replaywatch.model import NO_ANSWER, Finding, Name, TableSnapshot
 from replaywatch.ray_model import RaySnapshot
 
 Key = tuple[str, str, str]
@@ -69,6 +69,19 @@ class Verdict:
         return tuple(f for f in self.findings if f.target == target)
 
 
+def unanswered_carry(inputs: Inputs, found: tuple[Finding, ...]) -> tuple[Finding, ...]:
+    """A table's open findings, carried over a poll that timed out on a server that refused
+    nothing: an unanswered ServerInfo (a table lock held by a checkpoint, a host too loaded
+    to answer in time) says nothing about the tables, so what was open neither resolves nor
+    changes until the server answers again or target_down takes over."""
+    polls = inputs.view.polls
+    if not polls or polls[-1].ok or NO_ANSWER not in (polls[-1].error or ""):
+        return ()
+    if any(f.kind == Name.TARGET_DOWN for f in found):
+        return ()
+    return tuple(f for f in inputs.active_before if f.table)
+
+
 def with_held_baselines(inputs: Inputs) -> TargetView:
     """The view, with the baselines its open throughput drops were judged against: a drop
     that outlasts half the look-back would otherwise become its own baseline."""
@@ -98,6 +111,7 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
         diagnosed |= seen
         # A held incident the diagnosis names again is an ordinary finding from now on.
         found += [*d.findings, *(f for f in i.held if f.key not in seen)]
+        found += [f for f in unanswered_carry(i, d.findings) if f.key not in seen]
         errors += [f"{target}: {e}" for e in dict.fromkeys(d.rule_errors)]
         insufficient += [f"{target} {name}" for name in d.insufficient]
         figures.update({f.key: f for f in d.figures.values()})
