@@ -5,7 +5,7 @@ plain `algo.train()` loop. Faults are switched on by flags, nothing else in the 
 `--hang-env-after N` sleeps forever in the N+1-th `step()` of one EnvRunner's environment
 (`--hang-env-runner`, 0 for every runner), `--hang-learner-after N` sleeps forever in the
 Learner's N+1-th `compute_losses` (in the Learner actor with `--num-learners 1`; in APPO that
-is its `_LearnerThread`).
+is its `_LearnerThread`), `--learner-step-s S` makes every update S seconds longer.
 
 Ray 2.60 writes no result.json in a plain `algo.train()` loop: `Trainable.log_result` does
 nothing and `algo.logdir` is an empty directory under ~/ray_results (only Tune's
@@ -69,6 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the EnvRunner index whose env hangs (0: every one)")
     p.add_argument("--hang-learner-after", type=int, default=0,
                    help="compute_losses calls; 0: never")
+    p.add_argument("--learner-step-s", type=float, default=0.0,
+                   help="seconds added to every compute_losses: a learner slower than its "
+                        "EnvRunners (a big network on a small host)")
     p.add_argument("--logdir", default=None, help="default: the algorithm's own logdir")
     args = p.parse_args(argv)
     if not args.iterations and not args.seconds:
@@ -100,20 +103,24 @@ def env_creator(env_config: Any) -> gym.Env:
     return HangAfterSteps(env, after if chosen in (0, runner) else 0)
 
 
-def hanging_learner(base: type, after: int) -> type:
-    """`base` whose `compute_losses` never returns after `after` calls: a hung learner."""
+def hanging_learner(base: type, after: int, step_s: float = 0.0) -> type:
+    """`base` whose `compute_losses` never returns after `after` calls (0: always returns), a
+    hung learner, and takes `step_s` longer each call, a slow one."""
 
     class HangingLearner(base):  # type: ignore[misc, valid-type]
         _calls = 0
 
         def compute_losses(self, *args: Any, **kwargs: Any) -> Any:
             self._calls += 1
-            if self._calls > after:
+            if after and self._calls > after:
                 while True:
                     time.sleep(3600)
+            if step_s:
+                time.sleep(step_s)
             return super().compute_losses(*args, **kwargs)
 
-    HangingLearner.__name__ = HangingLearner.__qualname__ = "Hanging" + base.__name__
+    HangingLearner.__name__ = HangingLearner.__qualname__ = (
+        ("Hanging" if after else "Slow") + base.__name__)
     return HangingLearner
 
 
@@ -163,9 +170,10 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.min_time_per_iteration is not None:
         reporting["min_time_s_per_iteration"] = args.min_time_per_iteration
     config.reporting(**reporting)
-    if args.hang_learner_after:
+    if args.hang_learner_after or args.learner_step_s:
         config.training(learner_class=hanging_learner(config.get_default_learner_class(),
-                                                      args.hang_learner_after))
+                                                      args.hang_learner_after,
+                                                      args.learner_step_s))
     return config
 
 

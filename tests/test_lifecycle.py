@@ -120,3 +120,32 @@ def test_an_answered_or_refused_poll_carries_nothing(error: str | None) -> None:
     before, verdict = _cycle_after(error)
     assert before.key not in verdict.active
     assert [t.finding.key for t in verdict.transitions if t.kind == "resolved"] == [before.key]
+
+
+def test_a_stall_open_before_an_outage_is_carried_while_reconnecting_holds_it_back() -> None:
+    from replaywatch.diagnosis.cycle import Inputs, judge_cycle
+    from tests.builders import (
+        DEFAULT,
+        SEED_LIMITER,
+        TARGET,
+        polls,
+        seconds,
+        seed_counters,
+        table_history,
+        target_view,
+    )
+
+    times = seconds(40)
+    ok = [i < 20 or i >= 36 for i in range(40)]  # 16 polls unanswered, then 4 answered
+    inserts, samples = seed_counters([12_000] * 40)
+    table = tuple(s for s, good in zip(table_history(
+        times, inserts, samples, waiting_for_inserts_ms=[980 * i for i in range(40)],
+        **SEED_LIMITER), ok) if good)
+    view = target_view([table], target_polls=polls(
+        times, ok=ok, error="127.0.0.1:1: ServerInfo did not answer within 0.8s"))
+    before = dataclasses.replace(finding(since=1005.0, now=1018.0), target=TARGET)
+    inputs = Inputs(view, 1039.5, DEFAULT, active_before=(before,))
+    verdict = judge_cycle({TARGET: inputs}, {before.key: before}, 1039.5)
+    assert before.key in verdict.active
+    assert [t.kind for t in verdict.transitions if t.finding.key == before.key] != ["resolved"]
+    assert all(f.kind != "reconnecting" for f in verdict.findings), verdict.findings

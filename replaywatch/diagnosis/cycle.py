@@ -70,16 +70,30 @@ class Verdict:
 
 
 def unanswered_carry(inputs: Inputs, found: tuple[Finding, ...]) -> tuple[Finding, ...]:
-    """A table's open findings, carried over a poll that timed out on a server that refused
-    nothing: an unanswered ServerInfo (a table lock held by a checkpoint, a host too loaded
-    to answer in time) says nothing about the tables, so what was open neither resolves nor
-    changes until the server answers again or target_down takes over."""
-    polls = inputs.view.polls
-    if not polls or polls[-1].ok or NO_ANSWER not in (polls[-1].error or ""):
-        return ()
+    """A table's open findings, carried where the cycle cannot judge its tables.
+
+    Over a poll that timed out on a server that refused nothing: an unanswered ServerInfo
+    (a table lock held by a checkpoint, a host too loaded to answer in time) says nothing
+    about the tables. And for the window after such an outage, while `reconnecting` holds
+    back the stalls it would raise: a stall that was open before the outage and would be
+    raised again is the same stall. What was open neither resolves nor changes until the
+    tables can be judged again or target_down takes over."""
     if any(f.kind == Name.TARGET_DOWN for f in found):
         return ()
-    return tuple(f for f in inputs.active_before if f.table)
+    polls = inputs.view.polls
+    if polls and not polls[-1].ok and NO_ANSWER in (polls[-1].error or ""):
+        return tuple(f for f in inputs.active_before if f.table)
+    held_back = {(r.table, kind) for r in found if r.kind == Name.RECONNECTING
+                 and r.evidence.get("came_back_how") == "outage"
+                 for kind in r.evidence.get("would_be", ())}
+    return tuple(f for f in inputs.active_before if (f.table, f.kind) in held_back)
+
+
+def _without_explained(found: list[Finding], carried: tuple[Finding, ...]) -> list[Finding]:
+    """`reconnecting` drops out where every stall it holds back is carried open."""
+    open_kinds = {(f.table, f.kind) for f in carried}
+    return [f for f in found if f.kind != Name.RECONNECTING or not all(
+        (f.table, k) in open_kinds for k in f.evidence.get("would_be", ()))]
 
 
 def with_held_baselines(inputs: Inputs) -> TargetView:
@@ -110,8 +124,9 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
         seen = {f.key for f in d.findings}
         diagnosed |= seen
         # A held incident the diagnosis names again is an ordinary finding from now on.
-        found += [*d.findings, *(f for f in i.held if f.key not in seen)]
-        found += [f for f in unanswered_carry(i, d.findings) if f.key not in seen]
+        carried = tuple(f for f in unanswered_carry(i, d.findings) if f.key not in seen)
+        found += [*_without_explained(list(d.findings), carried), *carried,
+                  *(f for f in i.held if f.key not in seen | {c.key for c in carried})]
         errors += [f"{target}: {e}" for e in dict.fromkeys(d.rule_errors)]
         insufficient += [f"{target} {name}" for name in d.insufficient]
         figures.update({f.key: f for f in d.figures.values()})
