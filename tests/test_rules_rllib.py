@@ -211,7 +211,7 @@ def test_a_learner_call_within_its_window_is_not_yet_stalled() -> None:
 
 def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalled() -> None:
     # The APPO learner actor hangs: iterations and rows go on, EnvRunners sample, the
-    # learner's counter stops and the learner group drops what it cannot send.
+    # learner's counter stops and the learner group drops what it cannot send: nearly all.
     h = 200.0
     appo = Job(algo="APPO", iteration_s=10.0,
                iterations=lambda t: math.floor(reported(t - T0) / 10),
@@ -220,7 +220,7 @@ def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalle
                trained=lambda t: 280.0 * reported(min(t, T0 + h) - T0) + 1000,
                calls=lambda t: [],
                row_extra=lambda at: {"learner_group_ts_dropped_lifetime":
-                                     max(0.0, at - T0 - h) * 30.0})
+                                     max(0.0, at - T0 - h) * 250.0})
     found = judged(appo, 320.0)
     f = found[Name.LEARNER_STALLED]
     assert f.severity is Severity.CRITICAL and f.evidence["calls"] == []
@@ -378,6 +378,33 @@ def test_sampling_below_learning_starts_is_warmup_not_a_stalled_learner() -> Non
     f = found[Name.WARMUP]
     assert f.severity is Severity.INFO and f.evidence["told_by"] == "result row"
     assert f.evidence["env_steps_to_go"] == 50_000 - 34.0 * 300.0
+    # The ETA is the steps to go over the rate the sampled counter rose at.
+    rate = 17.0 * Job().runners  # each EnvRunner's sampled counter
+    assert f.evidence["eta_s"] == pytest.approx(f.evidence["env_steps_to_go"] / rate, rel=0.1)
+    assert "to go at" in f.summary and f.fix == "Nothing to fix: wait."
+
+
+def test_a_few_steps_dropped_are_said_and_a_large_share_pages() -> None:
+    # 100 steps once beside 34 a second sampled: what an asynchronous buffer overwrites.
+    few = judged(Job(dropped=lambda t: 100.0 if t > T0 + 100 else None), 200.0)
+    f = few[Name.ENV_STEPS_DROPPED]
+    assert f.severity is Severity.INFO and f.evidence["share_of_sampled"] < 0.25
+    assert "below the 25% that pages" in f.summary
+    many = judged(Job(dropped=lambda t: 30.0 * (t - T0 - 100) if t > T0 + 100 else None),
+                  200.0)[Name.ENV_STEPS_DROPPED]
+    assert many.severity is Severity.WARNING and many.evidence["share_of_sampled"] > 0.25
+    tolerant = judged(Job(dropped=lambda t: 30.0 * (t - T0 - 100) if t > T0 + 100 else None),
+                      200.0, Thresholds(dropped_share=0.95))[Name.ENV_STEPS_DROPPED]
+    assert tolerant.severity is Severity.INFO
+
+
+def test_a_warm_up_of_days_at_the_sampled_rate_says_so_in_its_fix() -> None:
+    long = Job(trained=lambda t: None, calls=lambda t: [],
+               row_extra=lambda at: {"env_steps_sampled_lifetime": 34.0 * (at - T0),
+                                     "num_steps_sampled_before_learning_starts": 10**9})
+    f = judged(long, 300.0)[Name.WARMUP]
+    assert f.severity is Severity.INFO and f.evidence["eta_s"] > 86400
+    assert "days" in f.summary and "lower num_steps_sampled_before_learning_starts" in f.fix
 
 
 def test_without_rows_a_learner_that_never_trained_while_sampling_is_warmup() -> None:
@@ -614,8 +641,8 @@ RLLIB_CASES: list[tuple[str, Job, float, str | None]] = [
     ("the learner in the driver hangs", driver_hung(), 320.0, "driver_stalled"),
     ("the Learner died", with_actors(actor(ActorRole.LEARNER, 0, "DEAD", cause="OOM")), 200.0,
      "rllib_actor_down"),
-    ("the circular buffer dropped", Job(dropped=lambda t: 100.0 if t > T0 + 100 else None),
-     200.0, "env_steps_dropped"),
+    ("the circular buffer dropped", Job(dropped=lambda t: 30.0 * (t - T0 - 100)
+                                        if t > T0 + 100 else None), 200.0, "env_steps_dropped"),
     ("training_intensity 4 trains at 8", ratio_job(8.0), 300.0, "spi_drift"),
     ("sampling the warm-up", Job(trained=lambda t: None, calls=lambda t: [], rows_until=T0),
      200.0, "warmup"),

@@ -417,7 +417,9 @@ ENV_STEPS_DROPPED = Kind(
             "buffer's or its training step's drop counters, or the result rows' "
             "`learner_group_ts_dropped_lifetime` or aggregators' dropped steps, rose (how "
             "many, per second, and their share of the steps sampled). The learner takes less "
-            "than is sampled.",
+            "than is sampled. A warning from `dropped_share` (25 %) of the steps sampled; "
+            "below it, info: an asynchronous learner's circular buffer overwrites what its "
+            "learner did not take by design (a healthy APPO dropped 5 to 7 % here).",
     fix="If the learner is stalled, that is the cause. Otherwise fewer EnvRunners or more "
         "learners (`num_learners`) bring sampling into line with learning.")
 WARMUP = Kind(

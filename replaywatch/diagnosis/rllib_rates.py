@@ -10,6 +10,7 @@ a ratio of two is allowed that much error on top of the tolerance.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from replaywatch.diagnosis import kinds
@@ -18,7 +19,7 @@ from replaywatch.diagnosis import rllib_progress as rp
 from replaywatch.diagnosis import rllib_ratio as rr
 from replaywatch.diagnosis.rllib_job import RllibJob
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import Finding
+from replaywatch.model import Finding, Severity
 from replaywatch.ray_model import ResultRow
 
 # (RllibCounters field, the series it reads)
@@ -64,8 +65,16 @@ def is_env_steps_dropped(job: RllibJob, th: Thresholds) -> Finding | None:
                f"{span:.0f} s{share}: the learner takes less than is sampled.")
     fix = ("If learner_stalled is open for this job, that is the cause. Otherwise the learner "
            "is slower than the EnvRunners: fewer EnvRunners or more learners (num_learners).")
-    return job.finding(kinds.ENV_STEPS_DROPPED, summary, evidence, fix,
-                       since=min(at for _, _, at in rises))
+    evidence["page_share"] = th.dropped_share
+    f = job.finding(kinds.ENV_STEPS_DROPPED, summary, evidence, fix,
+                    since=min(at for _, _, at in rises))
+    if sampled and dropped / sampled < th.dropped_share:
+        # What an asynchronous learner's buffer overwrites by design: said, not paged.
+        return dataclasses.replace(
+            f, severity=Severity.INFO,
+            summary=f"{summary[:-1]}, below the {th.dropped_share:.0%} that pages.",
+            fix=f"Nothing, at this share. {fix}")
+    return f
 
 
 def _row_rise(job: RllibJob, field: str) -> tuple[float, float] | None:

@@ -227,11 +227,42 @@ def is_warmup(job: RllibJob, th: Thresholds) -> Finding | None:
     said = rj.warming_up(job)
     if said is None or job.sampled is None or not job.sampled.moving(job.now):
         return None
+    eta = _warm_up_eta(job, said)
     summary = (f"RLlib job {job.job_id} is sampling its warm-up: learning has not started "
-               f"({said['told_by']}); not a stall.")
+               f"({said['told_by']}){eta[1]}; not a stall.")
     since = job.sampled.first_moved_at or job.history[0].observed_at
-    return job.finding(kinds.WARMUP, summary, {**said, "sampled": job.sampled.evidence(job.now)},
-                       "Nothing to fix: wait.", since)
+    fix = "Nothing to fix: wait."
+    if eta[0] is not None and eta[0] > WARM_UP_SAID_LONG_S:
+        fix = ("Wait, or lower num_steps_sampled_before_learning_starts: at this sampling rate "
+               "(while sampling flows RLlib's warm-up always ends; it counts steps sampled, not "
+               "stored) it ends only after the time given.")
+    return job.finding(kinds.WARMUP, summary, {**said, "sampled": job.sampled.evidence(job.now),
+                                               "eta_s": eta[0]}, fix, since)
+
+
+# A warm-up this long is said in the fix: a value typed with a zero too many, or a rate far
+# below the one the value was chosen for.
+WARM_UP_SAID_LONG_S = 3600.0
+
+
+def _warm_up_eta(job: RllibJob, said: dict[str, Any]) -> tuple[float | None, str]:
+    """(seconds until learning starts at the rate sampled over the look-back, its words)."""
+    to_go = said.get("env_steps_to_go")
+    points = job.sampled.points if job.sampled is not None else ()
+    if to_go is None or len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None, ""
+    rate = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+    if rate <= 0:
+        return None, ""
+    eta = to_go / rate
+    return eta, f", {to_go:.0f} env steps to go at {rate:.0f}/s: about {_duration(eta)}"
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 # The kinds whose meaning on Ray is their meaning on Reverb: registered with their Reverb
