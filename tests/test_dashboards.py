@@ -7,18 +7,25 @@ structure and by sending every one of its PromQL expressions to a real Prometheu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from harness.procs import ROOT, Proc
+from harness.procs import ROOT, Proc, wait_until
+from replaywatch import metrics_ray
 from replaywatch.diagnosis import kinds
+from replaywatch.metric_families import Family
+from replaywatch.metrics import render_published
+from replaywatch.model import Finding, Name, Severity
 from tests.support.monitoring import (
     ALERTMANAGER_YML,
     ALERTS_YML,
@@ -29,8 +36,10 @@ from tests.support.monitoring import (
     load_dashboard,
     panel_targets,
     panels,
+    row_panels,
     substitute,
 )
+from tests.test_docs import full_picture
 
 pytestmark = pytest.mark.slow  # promtool, Prometheus, docker-compose: Debian packages
 
@@ -45,6 +54,10 @@ SIDECAR_RUNBOOKS = {"sidecar_down", "rule_errors"}
 # Where every alert's runbook_url points (_config.runbookBase in dashboards/mixin/).
 RUNBOOK_BASE = "https://github.com/replaywatch/replaywatch/blob/main/docs/runbooks/"
 GRID_COLUMNS = 24
+RLLIB_ROW = "RLlib jobs"
+# The kinds only an RLlib job raises; the row's findings panel is where they show.
+RLLIB_KINDS = (Name.ENV_RUNNER_STALLED, Name.DRIVER_STALLED, Name.RLLIB_ACTOR_DOWN,
+               Name.ENV_STEPS_DROPPED)
 
 
 def _run(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -262,6 +275,89 @@ def test_the_dashboard_shows_every_metric_the_brief_names() -> None:
     # float max (1.8e308) would flatten the band: max_diff is only drawn when finite.
     assert "replaywatch_table_rate_limiter_max_diff{" in exprs
     assert re.search(r"replaywatch_table_rate_limiter_max_diff\{[^}]*\} < 1e300", exprs)
+
+
+def _rllib_families() -> list[Family]:
+    return [f for f in vars(metrics_ray).values() if isinstance(f, Family)]
+
+
+def test_the_rllib_row_shows_every_family_metrics_ray_exports() -> None:
+    row = row_panels(load_dashboard(), RLLIB_ROW)
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in row}
+    shown = " ".join(exprs.values())
+    assert len(_rllib_families()) == 6  # actors, restarts, longest call, three counters
+    for family in _rllib_families():
+        if family.type == "counter":  # a counter is read as a rate, by its exposed name
+            assert re.search(rf"rate\({family.name}_total\{{[^}}]*\}}\[", shown), family.name
+        else:
+            assert re.search(rf"{family.name}\{{", shown), family.name
+    sampled_vs_trained = exprs["Env steps sampled vs trained per second"]
+    assert "env_steps_sampled_total" in sampled_vs_trained
+    assert "env_steps_trained_total" in sampled_vs_trained
+    findings = exprs["Findings on RLlib jobs"]
+    assert 'table=~"job:.*"' in findings and "replaywatch_finding_active" in findings
+    (panel,) = [p for p in row if p["title"] == "Findings on RLlib jobs"]
+    for kind in RLLIB_KINDS:
+        assert kind.value in panel["description"], kind
+    # Nothing outside the row reads an RLlib family: a Reverb job's panels stay full.
+    outside = [t["expr"] for p, t in panel_targets(load_dashboard())
+               if p not in row and "replaywatch_rllib_" in t["expr"]]
+    assert not outside, outside
+
+
+class _Exposition(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def rllib_exposition() -> Iterator[str]:
+    """The sidecar's own /metrics text for a picture with an RLlib job and one of its
+    findings, served on loopback; yields host:port."""
+    picture = full_picture()
+    (snap,) = picture.ray.values()
+    finding = Finding(Name.ENV_RUNNER_STALLED, Severity.CRITICAL, snap.target,
+                      f"job:{snap.job_id}", "s", {}, "f", 1.0, 2.0)
+    picture = dataclasses.replace(picture, findings=(*picture.findings, finding))
+    handler = type("Handler", (_Exposition,), {"body": render_published(picture)})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_every_rllib_panel_returns_data_from_the_sidecars_exposition(
+    spawn: Callable[..., Proc], tmp_path: Path, rllib_exposition: str,
+) -> None:
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
+        {"job_name": "replaywatch", "static_configs": [{"targets": [rllib_exposition]}]}]}
+    prometheus = Prometheus(spawn, config, tmp_path / "prometheus")
+    values = {"target": ".*", "table": ".*"}
+    exprs = [(p["title"], substitute(t["expr"], values))
+             for p in row_panels(load_dashboard(), RLLIB_ROW) for t in p["targets"]]
+    assert len(exprs) >= 6
+
+    def empty() -> list[str]:
+        return [f"{title}: {expr}" for title, expr in exprs if not prometheus.query(expr)]
+
+    # rate() needs two scrapes in its window: wait for them rather than fail on the first.
+    try:
+        wait_until(lambda: not empty(), timeout_s=30, interval_s=0.5)
+    except TimeoutError:
+        pytest.fail("RLlib panels without data:\n" + "\n".join(empty()))
 
 
 def test_every_dashboard_expression_parses_in_a_real_prometheus(

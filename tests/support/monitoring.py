@@ -46,6 +46,19 @@ def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])
 
 
+def row_panels(dashboard: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels under the row titled `title`: its own if collapsed, else those placed
+    between it and the next row, as Grafana draws them."""
+    rows = sorted((p["gridPos"]["y"], p) for p in dashboard["panels"] if p["type"] == "row")
+    ((y, row),) = [(y, r) for y, r in rows if r["title"] == title]
+    if row.get("collapsed"):
+        return list(row["panels"])
+    below = [y_ for y_, _ in rows if y_ > y]
+    end = min(below, default=float("inf"))
+    return [p for p in dashboard["panels"]
+            if p["type"] != "row" and y < p["gridPos"]["y"] < end]
+
+
 def grafana_regex_escape(value: str) -> str:
     """A value of a multi-value variable as Grafana writes it into `=~"..."`: regex-escaped,
     with the backslash itself doubled for the PromQL string."""
