@@ -68,7 +68,15 @@ def is_env_steps_dropped(job: RllibJob, th: Thresholds) -> Finding | None:
     evidence["page_share"] = th.dropped_share
     f = job.finding(kinds.ENV_STEPS_DROPPED, summary, evidence, fix,
                     since=min(at for _, _, at in rises))
-    if sampled and dropped / sampled < th.dropped_share:
+    if not sampled or span < th.spi_window_s:
+        # A share is judged over a ratio's window, like spi_drift: a start-up's first seconds
+        # (a few dozen steps, half of them dropped) prove nothing.
+        return dataclasses.replace(
+            f, severity=Severity.INFO,
+            summary=f"{summary[:-1]}; the share is judged over {th.spi_window_s:g} s of "
+                    "steps sampled, not yet seen.",
+            fix=f"Wait for the share. {fix}")
+    if dropped / sampled < th.dropped_share:
         # What an asynchronous learner's buffer overwrites by design: said, not paged.
         return dataclasses.replace(
             f, severity=Severity.INFO,
