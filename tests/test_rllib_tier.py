@@ -51,9 +51,13 @@ def short_temp() -> Iterator[Path]:
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: str
-              ) -> tuple[dict, Path]:
-    job = spawn([str(RLLIB_PY), "harness/rllib_job.py", *DQN, "--seconds", "400",
+APPO = ["--algo", "appo", "--num-learners", "1", "--num-env-runners", "2",
+        "--min-time-per-iteration", "2", "--num-cpus", "4"]
+
+
+def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: str,
+              algo: list[str] = DQN) -> tuple[dict, Path]:
+    job = spawn([str(RLLIB_PY), "harness/rllib_job.py", *algo, "--seconds", "400",
                  "--temp-dir", str(temp), "--logdir", str(tmp_path / "log"), *flags],
                 name="rllib-job")
     return job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job"), temp
@@ -89,11 +93,13 @@ def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
     return paged, moved, began
 
 
-def test_a_healthy_dqn_job_is_never_paged(spawn: Callable[..., Proc], tmp_path: Path,
-                                          short_temp: Path) -> None:
-    announced, temp = start_job(spawn, tmp_path, short_temp)
+@pytest.mark.parametrize("algo", ["dqn", "appo"])
+def test_a_healthy_job_is_never_paged(spawn: Callable[..., Proc], tmp_path: Path,
+                                      short_temp: Path, algo: str) -> None:
+    announced, temp = start_job(spawn, tmp_path, short_temp,
+                                algo=DQN if algo == "dqn" else APPO)
     paged, moved, _ = watch(tmp_path, announced, temp, 150.0)
-    print(f"\nhealthy DQN: trained counter seen moving {len(moved)} times in 150 s, "
+    print(f"\nhealthy {algo}: trained counter seen moving {len(moved)} times in 150 s, "
           f"{len(paged)} warning or critical findings")
     assert len(moved) >= 3, "the job never trained: the case proves nothing"
     assert paged == [], [(round(t), f.kind, f.summary) for t, f in paged[:3]]
@@ -132,3 +138,65 @@ def windows_in(doc: object) -> list[float]:
     if isinstance(doc, list):
         return [w for v in doc for w in windows_in(v)]
     return []
+
+
+def test_a_learner_slower_than_its_env_runners_is_env_steps_dropped(
+        spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path) -> None:
+    # Every update 1 s longer (a big network on a small host): APPO's EnvRunners go on
+    # sampling and its learner's circular buffer overwrites what the learner did not take.
+    announced, temp = start_job(spawn, tmp_path, short_temp, "--learner-step-s", "1.0",
+                                algo=APPO)
+    paged, moved, began = watch(tmp_path, announced, temp, 240.0,
+                                until=lambda f: f.kind == Name.ENV_STEPS_DROPPED)
+    named = [f for _, f in paged if f.kind == Name.ENV_STEPS_DROPPED]
+    assert named, [(round(t - began), f.kind) for t, f in paged[:5]]
+    f = named[0]
+    print(f"\nenv_steps_dropped: {f.evidence['share_of_sampled']:.0%} of the "
+          f"{f.evidence['env_steps_sampled']:.0f} sampled, by {sorted(f.evidence['by_series'])}")
+    assert f.evidence["share_of_sampled"] >= f.evidence["page_share"]
+    assert len(moved) >= 2, "the slow learner never trained: this would be a stall"
+    assert [g.kind for _, g in paged if g.kind != Name.ENV_STEPS_DROPPED] == []
+    assert "num_learners" in f.fix
+
+
+def test_a_training_intensity_the_job_cannot_reach_is_spi_drift(
+        spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path) -> None:
+    # training_intensity 4 on one EnvRunner with a batch of 32 trains at 8 (RLlib rounds its
+    # train rounds and counts the driver's sampler too: bench/RESULTS.md, RLlib replay ratio).
+    announced, temp = start_job(spawn, tmp_path, short_temp, "--train-batch-size", "32",
+                                "--training-intensity", "4")
+    paged, _, began = watch(tmp_path, announced, temp, 240.0,
+                            until=lambda f: f.kind == Name.SPI_DRIFT)
+    named = [f for _, f in paged if f.kind == Name.SPI_DRIFT]
+    assert named, [(round(t - began), f.kind) for t, f in paged[:5]]
+    f = named[0]
+    print(f"\nspi_drift: {f.evidence['observed_trained_per_sampled']} trained per sampled "
+          f"against training_intensity {f.evidence['training_intensity']}; fix: {f.fix}")
+    assert f.evidence["training_intensity"] == 4
+    assert f.evidence["observed_trained_per_sampled"] == pytest.approx(8.0, rel=0.15)
+    assert "Set training_intensity to 2:" in f.fix, f.fix
+    assert [g.kind for _, g in paged if g.kind != Name.SPI_DRIFT] == []
+
+
+def test_a_warm_up_of_days_is_warmup_with_its_eta_never_a_stall(
+        spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path) -> None:
+    # num_steps_sampled_before_learning_starts far past what the job will sample: RLlib 2.60
+    # counts steps sampled (not stored), so the warm-up ends only at the sampling rate.
+    announced, temp = start_job(spawn, tmp_path, short_temp, "--learning-starts", "500000000")
+    target = RayTarget(announced["dashboard_url"], temp_dir=str(temp),
+                       results=announced["logdir"])
+    config = WatchConfig(targets=(), ray=(target,),
+                         poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
+    warm: Finding | None = None
+    paged: list[Finding] = []
+    began = time.time()
+    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
+        while time.time() - began < 120.0:
+            findings = car.poller.tick().findings
+            paged += [f for f in findings if f.severity >= Severity.WARNING]
+            warm = next((f for f in findings if f.kind == Name.WARMUP), warm)
+            time.sleep(max(0.0, INTERVAL_S - (time.time() - began) % INTERVAL_S))
+    assert paged == [], [(f.kind, f.summary) for f in paged[:3]]
+    assert warm is not None and warm.evidence["told_by"] == "result row"
+    print(f"\nwarmup: {warm.summary}")
+    assert warm.evidence["eta_s"] > 86400 and "lower num_steps_sampled" in warm.fix

@@ -396,6 +396,12 @@ def test_a_few_steps_dropped_are_said_and_a_large_share_pages() -> None:
     tolerant = judged(Job(dropped=lambda t: 30.0 * (t - T0 - 100) if t > T0 + 100 else None),
                       200.0, Thresholds(dropped_share=0.95))[Name.ENV_STEPS_DROPPED]
     assert tolerant.severity is Severity.INFO
+    # Two stages' counters can count one step twice: the share is the larger's, not the sum.
+    both = judged(Job(dropped=lambda t: 30.0 * (t - T0 - 100) if t > T0 + 100 else None,
+                      row_extra=lambda at: {"learner_group_ts_dropped_lifetime":
+                                            20.0 * (at - T0)}), 200.0)[Name.ENV_STEPS_DROPPED]
+    assert len(both.evidence["by_series"]) == 2
+    assert both.evidence["dropped"] == max(both.evidence["by_series"].values())
     # The same share over a start-up's first 40 s: not yet a ratio's window.
     early = judged(Job(dropped=lambda t: 30.0 * (t - T0 - 10) if t > T0 + 10 else None),
                    40.0)[Name.ENV_STEPS_DROPPED]
