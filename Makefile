@@ -32,7 +32,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -210,6 +210,11 @@ bench-rhythms: $(STAMP)
 # Real RLlib DQN jobs (.venv-rllib) against `replaywatch predict --rllib`: about 8 minutes.
 bench-rllib-ratio: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_ratio --results bench/RESULTS.md
+
+# One real RLlib DQN job in windows unwatched and watched by `watch --ray`, paired inside the
+# job: what the sidecar costs it (about 6 minutes).
+bench-rllib-cost: $(STAMP) rllib-venv
+	$(PY) -m bench.rllib_cost --results bench/RESULTS.md
 
 # TF-Agents' DQN job that hangs, on the plain and the TF-Agents recipe, its server in-process
 # and over gRPC: every fix the sidecar prints applied and trained 300 steps under its watch

@@ -181,6 +181,7 @@ class ResultRow:
     rollout_fragment_length: int | None = None  # None where "auto" (see the next field)
     rollout_fragment_length_auto: bool | None = None  # the config said "auto"
     num_envs_per_env_runner: int | None = None
+    n_step: int | None = None  # DQN's "auto" fragment; None where a range (min, max)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -211,6 +211,10 @@ def test_a_dqn_row_reads_its_replay_counters_and_config() -> None:
     assert second.num_env_runners == 2 and second.num_learners == 1
     assert second.train_batch_size_per_learner == 64
     assert second.rollout_fragment_length is None and second.rollout_fragment_length_auto
+    # The recorded rows keep only the config keys read then; a real row's config has n_step,
+    # DQN's "auto" fragment (an int, or a range sampled per episode).
+    assert parse_result_row({"config": {"n_step": 3}}).n_step == 3
+    assert parse_result_row({"config": {"n_step": [1, 3]}}).n_step is None
     assert second.num_envs_per_env_runner == 1 and second.training_intensity is None
     assert second.num_healthy_workers == 2 and second.num_remote_worker_restarts == 0
     # APPO's learner thread keys are not DQN's: absent, so None.

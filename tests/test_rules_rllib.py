@@ -510,8 +510,18 @@ def test_steps_sampled_in_a_warm_up_that_ends_in_view_do_not_count_in_the_ratio(
         "observed_trained_per_sampled"] == 8.0
 
 
-def test_an_auto_fragment_gives_the_measurement_without_a_guessed_prediction() -> None:
-    f = judged(ratio_job(8.0, rollout_fragment_length=None), 300.0)[Name.SPI_DRIFT]
+def test_an_auto_fragment_is_dqns_n_step_from_the_rows_config() -> None:
+    # Seen on a real DQN (make test-ray): rollout_fragment_length "auto", n_step 1 in the row.
+    f = judged(ratio_job(8.0, rollout_fragment_length=None, rollout_fragment_length_auto=True,
+                         n_step=1), 300.0)[Name.SPI_DRIFT]
+    assert f.evidence["predicted"]["trained_per_sampled"] == 8.0
+    assert "Set training_intensity to 2:" in f.fix
+
+
+def test_an_auto_fragment_of_an_unknown_n_step_gives_the_measurement_without_a_guess() -> None:
+    # n_step a range (min, max): the fragment is not known, so no intensity is printed.
+    f = judged(ratio_job(8.0, rollout_fragment_length=None, rollout_fragment_length_auto=True),
+               300.0)[Name.SPI_DRIFT]
     assert f.evidence["predicted"] is None and "replaywatch predict --rllib" in f.fix
 
 

@@ -160,20 +160,22 @@ def _measured(job: RllibJob, th: Thresholds) -> tuple[float, float, float] | Non
 
 def replay_config(row: ResultRow) -> rr.RllibReplay | None:
     """The configuration rllib_ratio reads, where the row says all of it; None where it
-    does not (`rollout_fragment_length` "auto" is n_step, which the rows do not carry)."""
+    does not (`rollout_fragment_length` "auto" is DQN's n_step: a range of n_step leaves
+    the fragment unknown)."""
     if row.train_batch_size_per_learner is not None:
         if row.num_learners is None:
             return None
         batch: int | None = row.train_batch_size_per_learner * max(row.num_learners, 1)
     else:
         batch = row.train_batch_size
-    if (batch is None or row.rollout_fragment_length is None or row.num_env_runners is None
-            or row.num_envs_per_env_runner is None):
+    auto = row.rollout_fragment_length is None and row.rollout_fragment_length_auto
+    if (batch is None or row.num_env_runners is None or row.num_envs_per_env_runner is None
+            or (row.rollout_fragment_length is None and not (auto and row.n_step))):
         return None
     return rr.RllibReplay(train_batch_size=batch, num_env_runners=row.num_env_runners,
                           num_envs_per_env_runner=row.num_envs_per_env_runner,
                           rollout_fragment_length=row.rollout_fragment_length,
-                          training_intensity=row.training_intensity)
+                          n_step=row.n_step or 1, training_intensity=row.training_intensity)
 
 
 def _config_doc(r: rr.RllibReplay) -> dict[str, Any]:

@@ -58,6 +58,7 @@ CONFIG_INTS = {
     "num_steps_sampled_before_learning_starts": "num_steps_sampled_before_learning_starts",
     "num_env_runners": "num_env_runners",
     "num_envs_per_env_runner": "num_envs_per_env_runner",
+    "n_step": "n_step",
 }
 # to_dict() copies the attributes, and this one is a property over `_train_batch_size_...`.
 PER_LEARNER = ("train_batch_size_per_learner", "_train_batch_size_per_learner")
