@@ -138,8 +138,10 @@ test-memory: $(STAMP)
 		tests/test_memory_cgroup.py tests/test_memory_leak.py
 
 # The Ray tier, apart from make test's budget (a Ray head takes about a minute to start
-# here): real RLlib jobs watched from outside with --ray (tests/test_rllib_tier.py, a local
-# cluster per case, .venv-rllib) and the distributed agent joining a `ray start --head`.
+# here, and each case is a real job of 2 to 4 minutes: about 25 minutes in all): real RLlib
+# jobs watched from outside with --ray (tests/test_rllib_tier.py, a local cluster per case,
+# .venv-rllib, 25 s to build from this machine's caches) and the distributed agent joining a
+# `ray start --head`.
 test-ray: $(STAMP) rllib-venv
 	REPLAYWATCH_RAY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -rP $(PYTEST_ARGS) \
 		tests/test_rllib_tier.py \

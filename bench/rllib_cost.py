@@ -4,14 +4,15 @@ One real DQN job (harness/rllib_job.py in .venv-rllib: CartPole-v1, one EnvRunne
 Learner actor, a local cluster of its own) runs for the whole bench; a `replaywatch watch
 --ray` sidecar (its own process, polling every second: Ray's state API, every node's metrics
 endpoint, the result rows) is started and stopped so that the job alternates between
-windows unwatched and watched, ABAB..., each `--window-s` long. Pairing the windows inside
-one job keeps the cluster, the warm caches and the machine's drift the same on both sides,
-which separate runs do not: two runs of the same job here differ by more than the cost.
+windows unwatched and watched, ABA...BA, each `--window-s` long. Pairing the windows inside
+one job keeps the cluster and the machine the same on both sides, which separate runs do
+not; each watched window is compared with the unwatched ones either side of it, so a trend
+in the job (its buffer filling) cancels.
 
 Per window, from the job's own result rows (each row's `timestamp` places it): env steps
-sampled and trained per second, and the mean time of an iteration. The first window (start-
-up, warm-up) is left out. The sidecar's own CPU seconds come from /proc over its watched
-windows.
+sampled per second and the mean time of an iteration. The first window (start-up, warm-up)
+is left out. The sidecar's CPU and that of the cluster's processes that answer it (the
+dashboard, its agent, the GCS) come from /proc.
 """
 
 from __future__ import annotations
@@ -37,6 +38,24 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of one process (its threads included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def serving_cpu_seconds(temp: Path) -> float:
+    """CPU seconds so far of the cluster's processes that answer the sidecar (the dashboard
+    and its agent, which serve the state API and read the GCS, and the GCS), found by the
+    cluster's own temp dir in their command lines. They run on the job's cores: what they
+    spend on the sidecar's polls is a cost to the job that the sidecar's own CPU omits."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if str(temp) in cmd and ("dashboard" in cmd or "gcs_server" in cmd):
+                total += cpu_seconds(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue  # gone between the listing and the read
+    return total
 
 
 def rows_of(result_json: Path) -> list[dict[str, Any]]:
@@ -80,7 +99,7 @@ def main() -> int:
         print("no .venv-rllib (make rllib-venv): the RLlib bench cannot run")
         return 2
     began = time.monotonic()
-    total_s = args.window_s * (2 * args.pairs + 1) + 60
+    total_s = args.window_s * (2 * args.pairs + 2) + 90
     with tempfile.TemporaryDirectory(prefix="rwrl-", dir="/tmp") as tmp:
         where = Path(tmp)
         job = Proc([str(RLLIB_PY), "harness/rllib_job.py", "--algo", "dqn", "--num-learners",
@@ -88,30 +107,39 @@ def main() -> int:
                     "--min-steps-per-iteration", "200", "--num-cpus", "4",
                     "--seconds", str(total_s), "--temp-dir", str(where / "ray"),
                     "--logdir", str(where / "log")], stdout_path=where / "job.log")
-        windows: list[tuple[str, float, float, float | None]] = []
+        windows: list[tuple[str, float, float, float | None, float]] = []
+        ray_temp = where / "ray"
+
+        def unwatched() -> None:
+            serving0, start = serving_cpu_seconds(ray_temp), time.time()
+            time.sleep(args.window_s)
+            windows.append(("unwatched", start, time.time(), None,
+                            serving_cpu_seconds(ray_temp) - serving0))
+
         try:
             announced = job.announce(timeout_s=240,
                                      match=lambda r: r.get("event") == "rllib_job")
             time.sleep(args.window_s)  # start-up and warm-up: not measured
             for _ in range(args.pairs):
-                start = time.time()
-                time.sleep(args.window_s)
-                windows.append(("unwatched", start, time.time(), None))
-                car = start_sidecar(where, announced["dashboard_url"], str(where / "ray"),
+                unwatched()
+                car = start_sidecar(where, announced["dashboard_url"], str(ray_temp),
                                     announced["logdir"])
                 try:
-                    cpu0, start = cpu_seconds(car.popen.pid), time.time()
+                    cpu0, serving0 = cpu_seconds(car.popen.pid), serving_cpu_seconds(ray_temp)
+                    start = time.time()
                     time.sleep(args.window_s)
                     windows.append(("watched", start, time.time(),
-                                    cpu_seconds(car.popen.pid) - cpu0))
+                                    cpu_seconds(car.popen.pid) - cpu0,
+                                    serving_cpu_seconds(ray_temp) - serving0))
                 finally:
                     car.kill()
+            unwatched()  # each watched window between two unwatched ones: a trend cancels
             time.sleep(5)  # the last window's rows
             rows = rows_of(Path(announced["result_json"]))
         finally:
             job.kill()
-    measured = [{"window": w, **window_figures(rows, s, e), "sidecar_cpu_s": cpu}
-                for w, s, e, cpu in windows]
+    measured = [{"window": w, **window_figures(rows, s, e), "sidecar_cpu_s": cpu,
+                 "serving_cpu_s": serving} for w, s, e, cpu, serving in windows]
     for m in measured:
         print(json.dumps(m), flush=True)
     text = render(measured, args, (time.monotonic() - began) / 60)
@@ -122,31 +150,43 @@ def main() -> int:
 
 
 def render(measured: list[dict[str, Any]], args: argparse.Namespace, minutes: float) -> str:
-    def mean(kind: str, key: str) -> float:
-        values = [m[key] for m in measured if m["window"] == kind and m[key] is not None]
-        return statistics.mean(values) if values else float("nan")
-
-    lines = [f"{HEADING} ({args.pairs} pairs of {args.window_s:g} s windows, {minutes:.1f} min, "
+    lines = [f"{HEADING} ({args.pairs} watched windows of {args.window_s:g} s between "
+             f"unwatched ones, {minutes:.1f} min, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              "`make bench-rllib-cost` (bench/rllib_cost.py): one real DQN job (Ray 2.60, torch "
-             "on the CPU, CartPole-v1, one EnvRunner, one Learner actor) alternating windows "
-             "unwatched and watched by a `replaywatch watch --ray` sidecar polling every second "
-             "(state API, metrics endpoints, result rows); figures from the job's own rows. "
-             "This machine has 2 cores, so the sidecar's CPU is taken from the job's.", "",
-             "| window | rows | env steps sampled/s | trained/s | iteration (s) | sidecar CPU "
-             "(s per s) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "on the CPU, CartPole-v1, one EnvRunner, one Learner actor, iterations of 200 "
+             "env steps) alternating windows unwatched and watched by a `replaywatch watch "
+             "--ray` sidecar polling every second (state API, metrics endpoints, result rows); "
+             "the job's figures from its own rows. The job is CPU-bound on this 2-core "
+             "machine, so what the sidecar and the cluster's dashboard, agent and GCS spend "
+             "answering it is taken from the job.", "",
+             "| window | rows | env steps sampled/s | iteration (s) | sidecar CPU (s/s) "
+             "| dashboard, agent, GCS CPU (s/s) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for i, m in enumerate(measured):
         cpu = "-" if m["sidecar_cpu_s"] is None else f"{m['sidecar_cpu_s'] / args.window_s:.3f}"
         it = "-" if m["iteration_s"] is None else f"{m['iteration_s']:.2f}"
         lines.append(f"| {i + 1}: {m['window']} | {m['rows']} | {m['sampled_per_s']:.1f} | "
-                     f"{m['trained_per_s']:.1f} | {it} | {cpu} |")
-    off, on = mean("unwatched", "sampled_per_s"), mean("watched", "sampled_per_s")
-    lines += ["", f"Mean env steps sampled per second: {off:.1f} unwatched, {on:.1f} watched "
-              f"({(on / off - 1) * 100:+.1f} %); mean iteration "
-              f"{mean('unwatched', 'iteration_s'):.2f} s unwatched, "
-              f"{mean('watched', 'iteration_s'):.2f} s watched; the sidecar used "
-              f"{mean('watched', 'sidecar_cpu_s') / args.window_s:.3f} CPU-seconds per "
-              "second.", ""]
+                     f"{it} | {cpu} | {m['serving_cpu_s'] / args.window_s:.3f} |")
+    # Each watched window against the mean of the unwatched ones on either side of it.
+    changes, extra = [], []
+    for i, m in enumerate(measured):
+        if m["window"] != "watched" or not 0 < i < len(measured) - 1:
+            continue
+        around = [measured[i - 1], measured[i + 1]]
+        base = [a["iteration_s"] for a in around if a["iteration_s"] is not None]
+        if base and m["iteration_s"] is not None:
+            changes.append(m["iteration_s"] / statistics.mean(base) - 1)
+        extra.append(m["serving_cpu_s"] / args.window_s
+                     - statistics.mean(a["serving_cpu_s"] for a in around) / args.window_s)
+    sidecar = statistics.mean(m["sidecar_cpu_s"] for m in measured
+                              if m["sidecar_cpu_s"] is not None) / args.window_s
+    lines += ["", "Iteration time of each watched window against the unwatched windows either "
+              "side of it: " + ", ".join(f"{c * 100:+.1f} %" for c in changes)
+              + (f" (mean {statistics.mean(changes) * 100:+.1f} %)" if changes else "")
+              + f". The sidecar used {sidecar:.3f} CPU-seconds per second, and the cluster's "
+              "dashboard, agent and GCS "
+              + (f"{statistics.mean(extra):+.3f}" if extra else "?")
+              + " more while it polled.", ""]
     return "\n".join(lines)
 
 
