@@ -32,7 +32,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -212,6 +212,11 @@ bench-rhythms: $(STAMP)
 # Real RLlib DQN jobs (.venv-rllib) against `replaywatch predict --rllib`: about 8 minutes.
 bench-rllib-ratio: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_ratio --results bench/RESULTS.md
+
+# Four real Reverb servers, one stopped for a minute: the others' polls keep their time
+# (about 2 minutes).
+bench-poll-deadline: $(STAMP)
+	$(PY) -m bench.poll_deadline --results bench/RESULTS.md
 
 # One real RLlib DQN job in windows unwatched and watched by `watch --ray`, paired inside the
 # job: what the sidecar costs it (about 6 minutes).
