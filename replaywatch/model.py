@@ -364,6 +364,64 @@ class ActorSnapshot:
         return self.waiting_on is not None
 
 
+@dataclasses.dataclass(frozen=True)
+class DeclaredTable:
+    """A table as the replay's code wrote it (its `reverb.Table`): what a restore replaces."""
+
+    name: str
+    max_size: int
+    max_times_sampled: int
+    sampler: str  # fifo, lifo, uniform, prioritized, heap
+    remover: str
+    samples_per_insert: float
+    min_size_to_sample: int
+    min_diff: float
+    max_diff: float
+    priority_exponent: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointCall:
+    """One `client.checkpoint()` as the replay probe saw it, on the probe's clock."""
+
+    started_at: float
+    ended_at: float | None  # None while it writes
+    path: str | None  # the checkpoint written
+    bytes: int | None
+    error: str | None = None  # why it failed
+
+
+@dataclasses.dataclass(frozen=True)
+class Restore:
+    """The checkpoint `reverb.Server` loaded at its start (or loads: `ended_at` None)."""
+
+    started_at: float
+    ended_at: float | None
+    path: str | None  # None: nothing to load, it started empty
+    bytes: int  # that checkpoint's size
+    read_bytes: int | None  # what the process has read since the load began
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayCode:
+    """What the replay process's code declared and did with its server (its ReplayProbe,
+    handed the server): the tables as written, the checkpointer, checkpoint calls, restore.
+    Times are the probe's clock; `probe_now` is that clock at the reading."""
+
+    probe_now: float
+    tables: tuple[DeclaredTable, ...] = ()
+    checkpointer_path: str | None = None
+    temporary: bool = False  # Reverb's default: a fresh temporary directory per start
+    every_s: float | None = None  # the interval the code said it checkpoints at
+    incomplete: tuple[str, ...] = ()  # checkpoints an earlier process never finished
+    checkpoints: tuple[CheckpointCall, ...] = ()
+    restore: Restore | None = None
+
+    def on_sidecar_clock(self, t: float, observed_at: float) -> float:
+        """A probe time `t` on the sidecar's clock (the reading's own offset)."""
+        return t + (observed_at - self.probe_now)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MemorySnapshot:
     """The replay process's memory and its limit at `observed_at` (sidecar's clock), read on
@@ -382,6 +440,8 @@ class MemorySnapshot:
     # before the OOM killer acts, and shared library pages are charged to whoever loaded
     # them first). None: the process's resident memory counts (a host limit).
     cgroup_anon_bytes: int | None = None
+    # What the replay's code declared and did (its ReplayProbe, handed the server)
+    code: ReplayCode | None = None
 
     @property
     def counted_bytes(self) -> int | None:
@@ -442,6 +502,10 @@ class Name(enum.StrEnum):
     SERVER_RESTARTED = "server_restarted"
     RECONNECTING = "reconnecting"
     CHECKPOINTING = "checkpointing"
+    RESTORING = "restoring"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    CHECKPOINT_UNRESTORABLE = "checkpoint_unrestorable"
+    RESTORE_CONFIG_OVERRIDE = "restore_config_override"
     DRAINED = "drained"
     WARMUP = "warmup"
     DECLARED_PIPELINE_DIFFERS = "declared_pipeline_differs"

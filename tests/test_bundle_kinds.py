@@ -61,6 +61,9 @@ REPRODUCED_ELSEWHERE = {
     "priorities_ignored", "priority_collapse", "repeated_batches", "priority_updates_rejected",
     # tests/test_waste.py replays the cycle that names it
     "wasted_experience",
+    # tests/test_checkpoints.py replays each cycle that names them, on replay processes
+    # whose probe was handed the server
+    "restoring", "checkpoint_failed", "checkpoint_unrestorable", "restore_config_override",
     # An RLlib job's, judged by rules_rllib.judge_rllib on a Ray cluster's snapshots, not by
     # diagnose on a Reverb table: tests/test_rules_rllib.py holds them, on documents recorded
     # off real Ray jobs among others

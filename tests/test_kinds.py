@@ -6,6 +6,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.kinds import ALL, BY_NAME, worst_first
 from replaywatch.model import Finding, Severity
 from tests import test_rules_actors as ac
+from tests import test_rules_checkpoint as ck
 from tests import test_rules_config as cf
 from tests import test_rules_health as h
 from tests import test_rules_learner as lr
@@ -78,7 +79,7 @@ def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
                                 *q.QUEUE_CASES, *tp.THROUGHPUT_CASES, *w.WINDOW_CASES,
                                 *mm.MEMORY_CASES, *mm.LEAK_CASES, *h.HEALTH_CASES,
-                                *rl.RLLIB_CASES]}
+                                *rl.RLLIB_CASES, *ck.CHECKPOINT_CASES]}
     assert expected - {None} == set(BY_NAME)
 
 

@@ -253,9 +253,23 @@ CHECKPOINTING = Kind(
             "(`client.checkpoint()`), or as a hung server does. Writers held meanwhile are "
             "held by the pause, not `writer_stalled`, and probes that went unanswered with "
             "it are held too, not `probe_down` (evidence `probes_held`). Past the grace it "
-            "is `target_down`; clients held meanwhile are `reconnecting` once it answers.",
+            "is `target_down`; clients held meanwhile are `reconnecting` once it answers. "
+            "With a ReplayProbe handed the server, also a checkpoint the probe sees written "
+            "(`probe.checkpoint(client)`), with its duration so far against the previous "
+            "ones: Reverb writes it while the server answers (a 1 GiB table: 25 s), and a "
+            "pause that began during it is held while it lasts.",
     fix="Nothing, if a checkpoint is running; if it lasts, look at the replay process.",
     # A server that is busy, not gone.
+    supersedes=(Name.TARGET_DOWN,))
+RESTORING = Kind(
+    Name.RESTORING, Severity.INFO, needs_probe=True,
+    meaning="The replay process is loading a checkpoint inside `reverb.Server(...)`, whose "
+            "port serves only once the load ends (minutes for a large table; reverb#147): "
+            "its ReplayProbe, handed the server (`probe.server(...)`), answers meanwhile with "
+            "the checkpoint's size and what the process has read of it, hence a rate and an "
+            "ETA. Not `target_down`. Without that probe a restore reads as `target_down`.",
+    fix="Wait; if read_bytes stops growing, take the replay process's stacks.",
+    # A server that loads, not one that is gone.
     supersedes=(Name.TARGET_DOWN,))
 RECONNECTING = Kind(
     Name.RECONNECTING, Severity.INFO, needs_probe=False,
@@ -302,6 +316,33 @@ MEMORY_EXHAUSTION = Kind(
             "allow, and its range); needs the server's host (a local target, `--reverb-pid`).",
     fix="Lower `max_size` to the value given (it fits under 90% of the limit), or raise the "
         "limit.")
+CHECKPOINT_FAILED = Kind(
+    Name.CHECKPOINT_FAILED, Severity.WARNING, needs_probe=True,
+    meaning="The replay's checkpoints do not reach its directory: the newest "
+            "`probe.checkpoint(client)` raised (a read-only or full disk), a checkpoint an "
+            "earlier process began has no DONE file (a restart during the write), or none "
+            "completed within the interval the code said (`checkpoint_every_s`) plus twice "
+            "the last write. A restart then loses what was inserted since the last one.",
+    fix="Make the checkpoint directory writable with room for a checkpoint, and read the "
+        "write's error in the replay process's log.")
+CHECKPOINT_UNRESTORABLE = Kind(
+    Name.CHECKPOINT_UNRESTORABLE, Severity.WARNING, needs_probe=True,
+    meaning="The server checkpoints into the directory of Reverb's default checkpointer, a "
+            "fresh temporary one each time a process starts it (`reverb.Server` without "
+            "`checkpointer=`, and distributed Acme's replay node): a restarted replay process "
+            "looks in a new, empty directory and starts empty, so its checkpoints are never "
+            "restored. Named before the first restart, once the code checkpoints.",
+    fix="Pass `checkpointer=reverb.checkpointers.DefaultCheckpointer(path=...)` with a "
+        "directory that outlives the process.")
+RESTORE_CONFIG_OVERRIDE = Kind(
+    Name.RESTORE_CONFIG_OVERRIDE, Severity.WARNING, needs_probe=True,
+    meaning="A table serves settings its code did not write: a restore loads the "
+            "checkpoint's sampler, remover, max_size, max_times_sampled and rate limiter "
+            "(with its counters) over the code's `reverb.Table` (reverb#137, reverb#134). "
+            "Each changed setting is named with both values, and a restored limiter that "
+            "blocks sampling with the inserts it waits for.",
+    fix="Start on a directory without that checkpoint to run the code's settings, or write "
+        "the served settings into the code to keep the items.")
 MEMORY_LEAK = Kind(
     Name.MEMORY_LEAK, Severity.WARNING, needs_probe=False,
     meaning="The replay server's memory rose through five minutes or more while every table "
@@ -434,11 +475,12 @@ ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
     INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM, PRIORITY_UPDATES_REJECTED, RLLIB_ACTOR_DOWN,
     ENV_RUNNER_STALLED, DRIVER_STALLED,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, MEMORY_LEAK, PRIORITY_COLLAPSE,
+    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, CHECKPOINT_FAILED,
+    CHECKPOINT_UNRESTORABLE, RESTORE_CONFIG_OVERRIDE, MEMORY_LEAK, PRIORITY_COLLAPSE,
     PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE, ENV_STEPS_DROPPED, SPI_DRIFT,
     STALE_DATA, THROUGHPUT_DROP,
     TOO_MANY_THREADS,
-    LEARNER_STARTING, CHECKPOINTING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
+    LEARNER_STARTING, CHECKPOINTING, RESTORING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
     DECLARED_PIPELINE_DIFFERS, IN_SECTION, PIPELINE_DRAINING,
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in ALL}

@@ -16,6 +16,7 @@ shape):
     rules_throughput rates against their own baseline
     rules_windows    what the learned stall windows hold back
     rules_memory     the replay process's memory against its limit
+    rules_checkpoint checkpoints and restores, as the replay process's probe sees them
     rules_health     what the learner's replay does: its priorities
     rules_rllib      RLlib jobs on a Ray cluster (Shape.RAY_JOB: judge_rllib runs them, the
                      engine never does)
@@ -33,6 +34,7 @@ from typing import Any
 
 from replaywatch.diagnosis import (
     rules_actors,
+    rules_checkpoint,
     rules_config,
     rules_health,
     rules_learner,
@@ -51,7 +53,8 @@ from replaywatch.diagnosis.registry import Rule, Shape
 ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actors.RULES,
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
                          *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES,
-                         *rules_memory.RULES, *rules_health.RULES, *rules_rllib.RULES)
+                         *rules_memory.RULES, *rules_checkpoint.RULES, *rules_health.RULES,
+                         *rules_rllib.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

@@ -13,7 +13,7 @@ from replaywatch.diagnosis.memory import killed_at_limit
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView, failed_polls_at_end
-from replaywatch.model import NO_ANSWER, Finding, ProbeSnapshot
+from replaywatch.model import NO_ANSWER, CheckpointCall, Finding, ProbeSnapshot, ReplayCode
 
 
 def failing_since(polls: tuple[PollRecord, ...], th: Thresholds) -> PollRecord | None:
@@ -163,10 +163,30 @@ def paused_since(view: TargetView, th: Thresholds, now: float) -> PollRecord | N
     polls unanswered within their deadline (none refused), for less than
     `checkpoint_grace_s`. Writers and samplers held meanwhile are held by the pause."""
     first = failing_since(view.polls, th)
-    if first is None or now - first.at >= th.checkpoint_grace_s:
+    if first is None:
+        return None
+    running = checkpoint_running(view, th, now)
+    # A checkpoint its replay probe saw begin before the pause holds it for as long as it
+    # writes: Acme's replay checkpoints can take ten minutes.
+    held = running is not None and running[1] <= first.at
+    if now - first.at >= th.checkpoint_grace_s and not held:
         return None
     failing = [r for r in view.polls if r.at >= first.at]
     return first if all(r.error and NO_ANSWER in r.error for r in failing) else None
+
+
+def checkpoint_running(view: TargetView, th: Thresholds, now: float
+                       ) -> tuple[CheckpointCall, float, ReplayCode] | None:
+    """The checkpoint call the replay probe reports in progress, with its start on the
+    sidecar's clock (None: no probe handed the server, or no call running)."""
+    read = view.replay_code(now, th.stall_window_s)
+    if read is None:
+        return None
+    m, code = read
+    running = [c for c in code.checkpoints if c.ended_at is None]
+    if not running:
+        return None
+    return running[-1], code.on_sidecar_clock(running[-1].started_at, m.observed_at), code
 
 
 def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | None:
@@ -182,22 +202,51 @@ def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | 
     ends and target_down opens.
     """
     first = paused_since(view, th, now)
+    running = checkpoint_running(view, th, now)
     if first is None:
-        return None
+        return None if running is None else _writing(view, running, now)
     failing = [r for r in view.polls if r.at >= first.at]
     held = sorted(url for url, polls in view.probe_polls.items()
                   if (down := failing_since(polls, th)) is not None
                   and held_by_pause(view, polls, down, th, now))
-    evidence = {"failed_polls": len(failing), "last_error": failing[-1].error,
+    evidence: dict[str, object] = {
+                "failed_polls": len(failing), "last_error": failing[-1].error,
                 "seconds_since": now - first.at,
                 "grace_left_s": th.checkpoint_grace_s - (now - first.at),
                 "probes_held": held}
+    if running is not None:
+        evidence.update(_write_evidence(*running))
     return kinds.CHECKPOINTING.finding(
         view.target, "", f"The Reverb server '{view.target}' answers no call in time and "
         "refuses none: its table lock is held, by a checkpoint copying its items or by a hung "
         "server.",
         evidence, f"Wait: if it still does not answer {th.checkpoint_grace_s:g} s after its "
         "first unanswered poll, this becomes target_down.", since=first.at, last_seen=now)
+
+
+def _write_evidence(call: CheckpointCall, began: float, code: ReplayCode) -> dict[str, object]:
+    took = [round(c.ended_at - c.started_at, 1) for c in code.checkpoints
+            if c.ended_at is not None and c.error is None]
+    return {"checkpoint_for_s": round(code.probe_now - call.started_at, 1),
+            "checkpoint_began_at": began, "previous_checkpoints_s": took[-5:],
+            "checkpointer_path": code.checkpointer_path}
+
+
+def _writing(view: TargetView, running: tuple[CheckpointCall, float, ReplayCode],
+             now: float) -> Finding:
+    """A checkpoint the replay probe reports in progress on a server that answers: Reverb
+    copies the items under its table lock, then writes them while it serves."""
+    call, began, code = running
+    evidence = {**_write_evidence(*running), "server_answers": True}
+    took = evidence["previous_checkpoints_s"]
+    before = (f"; the last took {took[-1]:g} s" if isinstance(took, list) and took
+              else "; the first one")
+    summary = (f"The replay process of '{view.target}' has been writing a checkpoint for "
+               f"{evidence['checkpoint_for_s']:g} s{before}. The server answers meanwhile.")
+    return kinds.CHECKPOINTING.finding(
+        view.target, "", summary, evidence, "Nothing while it writes: checkpoint_failed is "
+        "named if none completes within the interval the code said plus twice the last write.",
+        since=began, last_seen=now)
 
 
 RULES = (

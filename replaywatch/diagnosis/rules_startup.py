@@ -343,7 +343,7 @@ def _server_restarted(view: TargetView, seen: dict[str, Restart], now: float) ->
                "judged from the restart on.")
     fix = "Nothing, if the restart was intended."
     unblock = {n: e["inserts_to_unblock"] for n, r in seen.items()
-               if "inserts_to_unblock" in (e := restart_evidence(r))}
+               if (e := restart_evidence(r)).get("inserts_to_unblock")}
     if unblock:
         fix += " Sampling waits until " + ", ".join(
             f"{n} gets {k} more insert(s)" for n, k in unblock.items()) + "."

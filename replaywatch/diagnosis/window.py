@@ -24,7 +24,13 @@ from typing import TypeVar
 from replaywatch.diagnosis import memory as mem
 from replaywatch.diagnosis.baseline import Baseline
 from replaywatch.diagnosis.rhythm import Rhythm
-from replaywatch.model import ActorSnapshot, MemorySnapshot, ProbeSnapshot, TableSnapshot
+from replaywatch.model import (
+    ActorSnapshot,
+    MemorySnapshot,
+    ProbeSnapshot,
+    ReplayCode,
+    TableSnapshot,
+)
 
 T = TypeVar("T", TableSnapshot, ProbeSnapshot)
 
@@ -90,6 +96,15 @@ class TargetView:
             if (tm := mem.table_memory(self.fill_polls(name), self.memory)) is not None:
                 out[name] = tm
         return out
+
+    def replay_code(self, now: float, max_age_s: float
+                    ) -> tuple[MemorySnapshot, ReplayCode] | None:
+        """The replay probe's newest reading of what its code did with the server
+        (ReplayProbe.server), if it answered within `max_age_s`."""
+        for m in reversed(self.memory):
+            if m.code is not None:
+                return (m, m.code) if now - m.observed_at <= max_age_s else None
+        return None
 
     def table_named(self, table: str | None) -> str | None:
         """The table a probe names, or, when it names none, the target's only table."""

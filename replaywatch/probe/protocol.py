@@ -11,7 +11,9 @@ adds `Trainer`'s and the declared pipeline (`Shape`'s keys at its top level, as
 The nested objects have their own: `Shape` (`pipeline_shape`, what the tf.data graph read),
 `Pipeline` (`pipeline`), `Strides` (`next_strides`), `Priorities` (each table of
 `priority_updates`), `Batches` (`batch_stats`), `SectionKeys` (`section` and each of
-`sections`), `CallKeys` (each call of `calls`), `ErrorKeys` (`last_error`). A key is never
+`sections`), `CallKeys` (each call of `calls`), `ErrorKeys` (`last_error`), and a replay's
+`TableKeys` (each of `declared_tables`), `CheckpointerKeys`, `CheckpointKeys` (each of
+`checkpoints`), `RestoreKeys` (`restore`). A key is never
 renamed: old probes and bundles keep the names they were written with.
 """
 
@@ -231,12 +233,63 @@ class Replay:
     CGROUP_USAGE_BYTES = "cgroup_usage_bytes"
     CGROUP_ANON_BYTES = "cgroup_anon_bytes"
     OOM_KILLS = "oom_kills"
+    # What its code declared and did with its server (ReplayProbe.server): null when the
+    # probe was not handed the server.
+    DECLARED_TABLES = "declared_tables"  # each: TableKeys, the tables as the code wrote them
+    CHECKPOINTER = "checkpointer"  # CheckpointerKeys
+    CHECKPOINTS = "checkpoints"  # the newest checkpoint calls, oldest first: CheckpointKeys
+    RESTORE = "restore"  # RestoreKeys: the checkpoint the server loaded at its start
+
+
+class TableKeys:
+    """Keys of each table the replay's code declared (its `reverb.Table` as written)."""
+
+    NAME = "name"
+    MAX_SIZE = "max_size"
+    MAX_TIMES_SAMPLED = "max_times_sampled"
+    SAMPLER = "sampler"  # fifo, lifo, uniform, prioritized, heap
+    PRIORITY_EXPONENT = "priority_exponent"  # a prioritized sampler's
+    REMOVER = "remover"
+    SAMPLES_PER_INSERT = "samples_per_insert"
+    MIN_SIZE_TO_SAMPLE = "min_size_to_sample"
+    MIN_DIFF = "min_diff"
+    MAX_DIFF = "max_diff"
+
+
+class CheckpointerKeys:
+    """Keys of a replay's `checkpointer`."""
+
+    PATH = "path"  # its root directory
+    TEMPORARY = "temporary"  # a fresh temporary directory per process start (Reverb's default)
+    EVERY_S = "every_s"  # the interval the code checkpoints at (null: not said)
+    INCOMPLETE = "incomplete"  # checkpoint directories under path without their DONE file
+
+
+class CheckpointKeys:
+    """Keys of each checkpoint call in a replay's `checkpoints`."""
+
+    STARTED_AT = "started_at"
+    ENDED_AT = "ended_at"  # null while it runs
+    PATH = "path"  # the checkpoint written (null until it ends, or if it failed)
+    BYTES = "bytes"  # its files' size
+    ERROR = "error"  # why it failed ("Type: message"), null if it did not
+
+
+class RestoreKeys:
+    """Keys of a replay's `restore`."""
+
+    STARTED_AT = "started_at"
+    ENDED_AT = "ended_at"  # null while the server loads
+    PATH = "path"  # the checkpoint it loads (null: none there, it starts empty)
+    BYTES = "bytes"  # that checkpoint's files' size
+    READ_BYTES = "read_bytes"  # what the process has read since the load began (/proc io)
 
 
 # Every key class, for the test that keeps the keys out of the code that writes and reads
 # them (tests/test_probe_protocol.py).
 KEY_CLASSES = (Doc, Shape, Trainer, Pipeline, Strides, Priorities, Batches, SectionKeys,
-               Actor, CallKeys, ErrorKeys, Replay)
+               Actor, CallKeys, ErrorKeys, Replay, TableKeys, CheckpointerKeys, CheckpointKeys,
+               RestoreKeys)
 
 
 def keys() -> frozenset[str]:

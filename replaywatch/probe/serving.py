@@ -92,6 +92,11 @@ class ProbeServer:
         self._server = server
         return server.server_address[1]
 
+    def fileno(self) -> int | None:
+        """The listening socket's descriptor (None: not serving), for a child that answers
+        while this process cannot (restore_watch.py)."""
+        return None if self._server is None else self._server.socket.fileno()
+
     @property
     def url(self) -> str | None:
         if self._server is None:

@@ -28,6 +28,8 @@ from replaywatch.model import (
     WRITER_CALLS,
     ActorSnapshot,
     BatchStats,
+    CheckpointCall,
+    DeclaredTable,
     Gate,
     Layout,
     MemorySnapshot,
@@ -36,6 +38,8 @@ from replaywatch.model import (
     PollOutcome,
     PriorityUpdates,
     ProbeSnapshot,
+    ReplayCode,
+    Restore,
     Section,
     SectionStat,
     SourceKind,
@@ -45,15 +49,19 @@ from replaywatch.probe.protocol import (
     Actor,
     Batches,
     CallKeys,
+    CheckpointerKeys,
+    CheckpointKeys,
     Doc,
     ErrorKeys,
     Pipeline,
     Priorities,
     Replay,
+    RestoreKeys,
     Role,
     SectionKeys,
     Shape,
     Strides,
+    TableKeys,
     Trainer,
 )
 from replaywatch.sources import PolledSource
@@ -324,10 +332,60 @@ def memory_from_probe(doc: dict[str, Any], probe: str, target: str, observed_at:
             cgroup_usage_bytes=_opt_int(doc, Replay.CGROUP_USAGE_BYTES),
             oom_kills=_opt_int(doc, Replay.OOM_KILLS),
             found_by=f"replay probe {probe}"[:_MAX_TEXT],
-            cgroup_anon_bytes=_opt_int(doc, Replay.CGROUP_ANON_BYTES))
+            cgroup_anon_bytes=_opt_int(doc, Replay.CGROUP_ANON_BYTES),
+            code=replay_code(doc))
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(
             f"{probe}: not a replaywatch replay probe document ({e!r})"[:300]) from e
+
+
+_CALLS_KEPT = 64  # a replay's checkpoint calls kept per snapshot
+
+
+def replay_code(doc: dict[str, Any]) -> ReplayCode | None:
+    """What a replay probe handed its server says of it (None: not handed one)."""
+    tables, ckpt = doc.get(Replay.DECLARED_TABLES), doc.get(Replay.CHECKPOINTER)
+    if tables is None and ckpt is None:
+        return None
+    ckpt = ckpt or {}
+    restore = doc.get(Replay.RESTORE)
+    return ReplayCode(
+        probe_now=float(doc[Doc.NOW]),
+        tables=tuple(_declared_table(t) for t in tables or ()),
+        checkpointer_path=(str(ckpt[CheckpointerKeys.PATH])[:_MAX_TEXT]
+                           if ckpt.get(CheckpointerKeys.PATH) is not None else None),
+        temporary=bool(ckpt.get(CheckpointerKeys.TEMPORARY, False)),
+        every_s=_opt_float(ckpt, CheckpointerKeys.EVERY_S),
+        incomplete=tuple(str(n)[:_MAX_TEXT]
+                         for n in (ckpt.get(CheckpointerKeys.INCOMPLETE) or ())[:_CALLS_KEPT]),
+        checkpoints=tuple(_checkpoint_call(c)
+                          for c in (doc.get(Replay.CHECKPOINTS) or ())[-_CALLS_KEPT:]),
+        restore=None if restore is None else Restore(
+            started_at=float(restore[RestoreKeys.STARTED_AT]),
+            ended_at=_opt_float(restore, RestoreKeys.ENDED_AT),
+            path=_opt_text(restore, RestoreKeys.PATH),
+            bytes=int(restore.get(RestoreKeys.BYTES) or 0),
+            read_bytes=_opt_int(restore, RestoreKeys.READ_BYTES)))
+
+
+def _declared_table(t: dict[str, Any]) -> DeclaredTable:
+    return DeclaredTable(
+        name=str(t[TableKeys.NAME])[:_MAX_TEXT], max_size=int(t[TableKeys.MAX_SIZE]),
+        max_times_sampled=int(t[TableKeys.MAX_TIMES_SAMPLED]),
+        sampler=str(t[TableKeys.SAMPLER])[:_MAX_TEXT],
+        remover=str(t[TableKeys.REMOVER])[:_MAX_TEXT],
+        samples_per_insert=float(t[TableKeys.SAMPLES_PER_INSERT]),
+        min_size_to_sample=int(t[TableKeys.MIN_SIZE_TO_SAMPLE]),
+        min_diff=float(t[TableKeys.MIN_DIFF]), max_diff=float(t[TableKeys.MAX_DIFF]),
+        priority_exponent=_opt_float(t, TableKeys.PRIORITY_EXPONENT))
+
+
+def _checkpoint_call(c: dict[str, Any]) -> CheckpointCall:
+    return CheckpointCall(
+        started_at=float(c[CheckpointKeys.STARTED_AT]),
+        ended_at=_opt_float(c, CheckpointKeys.ENDED_AT),
+        path=_opt_text(c, CheckpointKeys.PATH), bytes=_opt_int(c, CheckpointKeys.BYTES),
+        error=_opt_text(c, CheckpointKeys.ERROR))
 
 
 def role_of(doc: dict[str, Any], probe: str) -> Role:
