@@ -61,7 +61,10 @@
     },
     {
       name: 'TargetDown',
-      expr: 'replaywatch_target_up{%s} == 0' % c.replaywatchSelector,
+      // A server that loads a checkpoint (its port serves once the load ends) or whose table
+      // lock a checkpoint its probe saw holds is not down: the diagnosis says so and the
+      // page waits for it.
+      expr: 'replaywatch_target_up{%s} == 0 unless on (instance, target) replaywatch_finding_active{%s, kind=~"restoring|checkpointing"} == 1' % [c.replaywatchSelector, c.replaywatchSelector],
       severity: 'critical',
       'for': c.fallbackFor,
       runbook: 'target_down',
