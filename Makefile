@@ -32,7 +32,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -217,6 +217,11 @@ bench-rllib-ratio: $(STAMP) rllib-venv
 # (about 2 minutes).
 bench-poll-deadline: $(STAMP)
 	$(PY) -m bench.poll_deadline --results bench/RESULTS.md
+
+# A 1.25 GiB replay checkpointed (a write of 20 to 30 s here) beside three servers, then restored
+# under a cpu cgroup (as root) so that its load lasts long enough to judge the ETA (3 minutes).
+bench-checkpoints: $(STAMP)
+	$(PY) -m bench.checkpoints --results bench/RESULTS.md
 
 # One real RLlib DQN job in windows unwatched and watched by `watch --ray`, paired inside the
 # job: what the sidecar costs it (about 6 minutes).

@@ -66,10 +66,11 @@ def test_bursts_longer_than_the_table_and_too_few_samples_are_named_and_fixed(
     f, share = watched(bursts, tmp_path)
     assert share > 0.7 and f is not None, share
     assert f.evidence["burst"] is not None and f.evidence["fix_samples_per_insert"] is None
-    # The polls read a pause in sampling with up to one poll's inserts either side of it
-    # (waste.idle_burst): never below the burst, at most the next burst's worth over it.
-    assert 400 <= f.evidence["burst"] <= 800, f.evidence
-    assert f.evidence["fix_max_size"] == round_up(1.2 * f.evidence["burst"]), f.evidence
+    # Read from the share (an estimate: 392 on one run) or from a pause the polls saw, with up
+    # to one poll's inserts either side of it (waste.idle_burst: 573 on CI); the printed
+    # max_size, a fifth over it, holds the real burst of 400 either way.
+    assert 360 <= f.evidence["burst"] <= 800, f.evidence
+    assert f.evidence["fix_max_size"] == round_up(1.2 * f.evidence["burst"]) >= 400, f.evidence
     assert f"max_size to {f.evidence['fix_max_size']:,}" in f.fix
     fixed, share = watched(bursts.with_fix(max_size=f.evidence["fix_max_size"]), tmp_path)
     assert fixed is None and share < 0.5, share
