@@ -23,6 +23,7 @@ from replaywatch.config import parse_address, read_toml
 from replaywatch.diagnosis import budget, budget_fixes, budget_terms, budget_words
 from replaywatch.diagnosis.budget import Batching, JobLayout
 from replaywatch.diagnosis.budget_reasons import Verdict
+from replaywatch.diagnosis.rules_checkpoint import UNRESTORABLE_FIX
 from replaywatch.diagnosis.rules_config import limiter_of
 from replaywatch.errors import ConfigError, SourceError
 from replaywatch.probe.protocol import Gate
@@ -32,8 +33,10 @@ INT_KEYS = ("min_size_to_sample", "batch_size", "num_parallel_calls", "max_in_fl
             "prefetch", "max_policy_lag", "iterators_per_worker", "item_bytes",
             "first_step_at", "max_items_ahead", "cycle_length", "workers_per_iterator",
             "max_size")
-FLOAT_KEYS = ("samples_per_insert", "error_buffer", "min_diff", "max_diff", "inserts_per_step")
-STR_KEYS = ("layout", "gate", "pipeline", "memory_limit")
+FLOAT_KEYS = ("samples_per_insert", "error_buffer", "min_diff", "max_diff", "inserts_per_step",
+              "checkpoint_every_s")
+STR_KEYS = ("layout", "gate", "pipeline", "memory_limit", "checkpoint_dir")
+CHECKPOINT_KEYS = ("checkpoint_every_s", "checkpoint_dir")
 SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 FIT_SHARE = 0.9  # as memory_exhaustion's fix: a tenth of the limit left to the process
@@ -95,6 +98,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the table's max_size: with --memory-limit, whether it fits")
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="the replay process's memory limit (24GiB, 512MiB, bytes)")
+    p.add_argument("--checkpoint-every-s", type=float, metavar="S",
+                   help="the replay checkpoints every S seconds: whether a restart restores it")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="the checkpointer's directory (none: Reverb's default, a temporary one)")
     p.add_argument("--reverb", metavar="HOST:PORT", help="read the limiter from this server")
     p.add_argument("--table", metavar="NAME", help="with --reverb: the table (default: its "
                    "only table)")
@@ -352,6 +359,15 @@ def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
     if args.rllib:
         return predict_rllib.run(args, out)
     s = settings(args)
+    if "checkpoint_dir" in s and "checkpoint_every_s" not in s:
+        raise ConfigError("--checkpoint-dir goes with --checkpoint-every-s")
+    if "checkpoint_every_s" in s and not s["checkpoint_every_s"] > 0:
+        raise ConfigError(f"--checkpoint-every-s ({s['checkpoint_every_s']:g}) must be positive")
+    plan = (checkpoint_plan(s["checkpoint_every_s"], s.get("checkpoint_dir"))
+            if "checkpoint_every_s" in s else None)
+    if plan is not None and not (set(s) - set(CHECKPOINT_KEYS)) and not (
+            args.reverb or args.probe):
+        return _checkpoints_only(plan, args.json, out)
     if args.probe:
         s = {**probe_settings(args.probe), **s}  # flags win over what the probe says
     server, signature_bytes, max_size = (server_table(args.reverb, args.table) if args.reverb
@@ -375,6 +391,8 @@ def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
         raise ConfigError(str(e)) from None
     if limit is not None:
         doc["memory"] = memory_fit(s["max_size"], s["item_bytes"], limit)
+    if plan is not None:
+        doc["checkpoints"] = plan
     if args.json:
         json.dump(doc, out)
         print(file=out)
@@ -382,5 +400,39 @@ def run_predict(args: argparse.Namespace, out: IO[str]) -> int:
         render_text(doc, out)
         if "memory" in doc:
             render_memory(doc["memory"], out)
+        if plan is not None:
+            render_checkpoints(plan, out)
     fits = doc.get("memory", {}).get("fits", True)
-    return 0 if doc["verdict"] == Verdict.SAFE and fits else 1
+    restorable = plan is None or plan["restorable"]
+    return 0 if doc["verdict"] == Verdict.SAFE and fits and restorable else 1
+
+
+def checkpoint_plan(every_s: float, directory: str | None) -> dict[str, Any]:
+    """Whether a restarted replay process finds the checkpoints written every `every_s`:
+    not in Reverb's default, a fresh temporary directory per process start (what the
+    sidecar names checkpoint_unrestorable once the job runs)."""
+    if directory:
+        return {"restorable": True, "every_s": every_s, "checkpoint_dir": directory,
+                "why": f"a restart loads the newest complete checkpoint in {directory}",
+                "fix": None}
+    return {"restorable": False, "every_s": every_s, "checkpoint_dir": None,
+            "why": "Reverb's default checkpointer writes into a fresh temporary directory each "
+                   "time a process starts it: a restarted replay process looks in a new, empty "
+                   "one and starts empty, so no checkpoint is ever restored",
+            "fix": UNRESTORABLE_FIX}
+
+
+def render_checkpoints(plan: dict[str, Any], out: IO[str]) -> None:
+    words = "restorable" if plan["restorable"] else "checkpoint_unrestorable"
+    print(f"checkpoints every {plan['every_s']:g} s: {words}: {plan['why']}.", file=out)
+    if plan["fix"]:
+        print(f"fix: {plan['fix']}", file=out)
+
+
+def _checkpoints_only(plan: dict[str, Any], as_json: bool, out: IO[str]) -> int:
+    if as_json:
+        json.dump({"checkpoints": plan}, out)
+        print(file=out)
+    else:
+        render_checkpoints(plan, out)
+    return 0 if plan["restorable"] else 1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from replaywatch.cli import main as cli_main
 from replaywatch.diagnosis import rules_checkpoint, rules_liveness
 from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -212,3 +213,32 @@ def test_the_probe_keeps_each_call_and_the_sidecar_reads_them_back(tmp_path: Pat
     assert first.path == str(written) and first.bytes == 1000 and first.error is None
     assert second.error == "PermissionError: read-only file system" and second.path is None
     assert m.code.on_sidecar_clock(first.started_at, m.observed_at) == first.started_at + 5
+
+
+def test_predict_says_before_the_job_that_the_default_checkpointer_never_restores(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["predict", "--checkpoint-every-s", "600", "--json"]) == 1
+    plan = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert plan["restorable"] is False and plan["fix"] == rules_checkpoint.UNRESTORABLE_FIX
+    assert cli_main(["predict", "--checkpoint-every-s", "600", "--checkpoint-dir",
+                     "/data/replay"]) == 0
+    assert "restorable: a restart loads the newest" in capsys.readouterr().out
+    # Beside the limiter's verdict: a safe limiter with an unrestorable replay still fails.
+    seed = ["--samples-per-insert", "1", "--min-size-to-sample", "1", "--error-buffer", "100",
+            "--batch-size", "1", "--num-parallel-calls", "1", "--layout", "async"]
+    code = cli_main(["predict", *seed, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and "checkpoints" not in doc, doc["verdict"]
+    assert cli_main(["predict", *seed, "--checkpoint-every-s", "60", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["checkpoints"]["restorable"] is False
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--checkpoint-dir", "/data"], "--checkpoint-dir goes with --checkpoint-every-s"),
+    (["--checkpoint-every-s", "0"], "must be positive"),
+])
+def test_bad_checkpoint_flags_are_one_line_and_exit_2(
+        flags: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["predict", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1

@@ -39,6 +39,11 @@ from replaywatch.model import (
 )
 
 MIB = float(1 << 20)
+# What checkpoint_unrestorable prints, and `replaywatch predict` before the job starts
+UNRESTORABLE_FIX = ("Give the server a checkpointer whose directory outlives the process: "
+                    "reverb.Server(tables, port, checkpointer=reverb.checkpointers."
+                    "DefaultCheckpointer(path='/persistent/replay')) (on a volume that survives "
+                    "the pod or host); a restart then loads the newest checkpoint in it.")
 # A restore's rate is read over the load so far once this much of it passed: the first
 # reads are the files' headers, not the load's pace.
 RATE_AFTER_S = 2.0
@@ -196,12 +201,8 @@ def is_checkpoint_unrestorable(view: TargetView, th: Thresholds, now: float
                "temporary directory Reverb's default checkpointer made for this process: a "
                "restarted replay process makes a new one and starts empty, so no checkpoint "
                "written here is ever restored.")
-    fix = ("Give the server a checkpointer whose directory outlives the process: "
-           "reverb.Server(tables, port, checkpointer=reverb.checkpointers.DefaultCheckpointer("
-           "path='/persistent/replay')) (on a volume that survives the pod or host); a "
-           "restart then loads the newest checkpoint in it.")
     return kinds.CHECKPOINT_UNRESTORABLE.finding(
-        view.target, "", summary, evidence, fix,
+        view.target, "", summary, evidence, UNRESTORABLE_FIX,
         since=code.on_sidecar_clock(code.restore.started_at if code.restore else
                                     code.probe_now, m.observed_at), last_seen=now)
 
