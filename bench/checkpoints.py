@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from bench.results_md import replace_sections
 from bench.stats import percentile
+from harness.cgroups import cpu_limited
 from harness.procs import PYTHON, Proc, free_port
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.model import Name, Severity
@@ -37,7 +38,6 @@ from replaywatch.wiring import Sidecar, build_sidecar
 
 HEADING = "## A long checkpoint and its restore"
 OTHERS = 3
-CPU = Path("/sys/fs/cgroup/cpu")
 
 
 def main() -> int:
@@ -64,14 +64,14 @@ def run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     ckpt, port, probe_port = tmp / "ckpt", free_port(), free_port()
     same = [PYTHON, "harness/replay_checkpoints.py", "--dir", str(ckpt), "--port", str(port),
             "--probe-port", str(probe_port), "--max-size", "100000"]
-    others = [Proc([PYTHON, "harness/reverb_workload.py", "--port", "0"],
-                   stdout_path=tmp / f"reverb-{i}.log") for i in range(OTHERS)]
-    items = int(args.gib * 1024)
-    replay = Proc([*same, "--fill", str(items), "--item-kib", "1024", "--checkpoint-once"],
-                  stdout_path=tmp / "replay.log")
-    loading: Proc | None = None
-    group = cpu_group(args.cpu_share)
-    try:
+    with ExitStack() as stack:
+        group = _slow_group(stack, args.cpu_share)
+        others = [Proc([PYTHON, "harness/reverb_workload.py", "--port", "0"],
+                       stdout_path=tmp / f"reverb-{i}.log") for i in range(OTHERS)]
+        replay = Proc([*same, "--fill", str(int(args.gib * 1024)), "--item-kib", "1024",
+                       "--checkpoint-once"], stdout_path=tmp / "replay.log")
+        procs = [*others, replay]
+        stack.callback(_kill_all, procs)  # before the group goes
         addresses = [o.announce(timeout_s=120)["reverb"] for o in others]
         up = replay.announce(timeout_s=300, match=lambda r: r.get("event") == "serving")
         target = up["reverb"]
@@ -83,38 +83,29 @@ def run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             replay.kill()
             go = tmp / "go"
             loading = Proc([*same, "--wait-file", str(go)], stdout_path=tmp / "load.log")
+            procs.append(loading)
             pid = loading.announce(timeout_s=120, match=lambda r: r.get("event") == "probe")[
                 "pid"]
             if group is not None:
                 (group / "cgroup.procs").write_text(str(pid))
             go.touch()
             restore = watch_restore(car, target)
-        restore["throttled"] = group is not None
-        write["checkpoint_bytes"] = restore.get("bytes")
-        return {"write": write, "restore": restore}
-    finally:
-        for proc in (replay, loading, *others):
-            if proc is not None:
-                proc.kill()
-        if group is not None:
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+    restore["throttled"] = group is not None
+    write["checkpoint_bytes"] = restore.get("bytes")
+    return {"write": write, "restore": restore}
 
 
-def cpu_group(share: float) -> Path | None:
-    group = CPU / f"replaywatch-bench-{os.getpid()}"
+def _kill_all(procs: list[Proc]) -> None:
+    for proc in procs:
+        proc.kill()
+
+
+def _slow_group(stack: ExitStack, share: float) -> Path | None:
     try:
-        group.mkdir()
-        (group / "cpu.cfs_period_us").write_text("20000")
-        (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(20000 * share))))
+        return stack.enter_context(cpu_limited(share, "replaywatch-bench"))
     except OSError as e:
         print(f"no cpu cgroup ({e.strerror}): the restore runs at full speed")
         return None
-    return group
 
 
 def tick(car: Sidecar, t0: float) -> Published:

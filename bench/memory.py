@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.cgroups import remove_group
 from harness.procs import PYTHON, Proc
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.sources.memory import MemoryWatch
@@ -125,12 +126,7 @@ def run(name: str, max_size: int, tmp: Path, watch_full_s: float, rate: float = 
         hog.kill()
         if writer is not None:
             writer.kill()
-        for _ in range(50):
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_group(group)
 
 
 def _trace(out: dict[str, Any], state: Published, origin: float, killed: bool) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cgroups import CPU, cpu_limited
 from harness.procs import PYTHON, Proc
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -37,7 +38,6 @@ from tests.support.repro import free_port, tick_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.long(seconds=60)]
 SCRIPT = "harness/replay_checkpoints.py"
-CPU = Path("/sys/fs/cgroup/cpu")
 
 
 def replay(spawn: Callable[..., Proc], *flags: str, name: str = "replay",
@@ -158,22 +158,11 @@ def test_a_restore_into_other_code_is_an_override_and_a_fresh_directory_serves_t
 @pytest.fixture
 def slow_cpu() -> Iterator[Path]:
     """A cpu cgroup (v1) holding its processes to 5 % of one core."""
-    group = CPU / f"replaywatch-restore-{os.getpid()}"
     try:
-        group.mkdir()
-        # A short period (the kernel's least quota is 1 ms): the probe's thread waits a few
-        # milliseconds for its turn, not a tenth of a second.
-        (group / "cpu.cfs_period_us").write_text("20000")
-        (group / "cpu.cfs_quota_us").write_text("1000")
+        with cpu_limited(0.05, "replaywatch-restore") as group:
+            yield group
     except OSError as e:
-        pytest.skip(f"no cpu cgroup to slow a restore with ({e.strerror}: {group})")
-    yield group
-    for _ in range(50):
-        try:
-            group.rmdir()
-            break
-        except OSError:  # its process is still exiting
-            time.sleep(0.1)
+        pytest.skip(f"no cpu cgroup to slow a restore with ({e.strerror}: {CPU})")
 
 
 def test_a_restore_that_takes_seconds_is_restoring_with_an_eta_then_a_restart(

@@ -49,16 +49,10 @@ UNRESTORABLE_FIX = ("Give the server a checkpointer whose directory outlives the
 RATE_AFTER_S = 2.0
 
 
-def replay_code(view: TargetView, th: Thresholds, now: float
-                ) -> tuple[MemorySnapshot, ReplayCode] | None:
-    """The replay probe's newest reading of what its code did, if it answered lately."""
-    return view.replay_code(now, th.stall_window_s)
-
-
 def is_restoring(view: TargetView, th: Thresholds, now: float) -> Finding | None:
     """The replay process lives and its probe answers while `reverb.Server(...)` still loads
     a checkpoint: the port serves once it is loaded, so the server is not down."""
-    read = replay_code(view, th, now)
+    read = view.replay_code(now, th.stall_window_s)
     if read is None:
         return None
     m, code = read
@@ -122,7 +116,7 @@ def is_checkpoint_failed(view: TargetView, th: Thresholds, now: float) -> Findin
     """The replay's checkpoints do not reach its directory: the newest call raised, a write an
     earlier process began was never finished (DONE missing), or none completed within the
     interval the code said plus twice the last write."""
-    read = replay_code(view, th, now)
+    read = view.replay_code(now, th.stall_window_s)
     if read is None:
         return None
     m, code = read
@@ -187,7 +181,7 @@ def is_checkpoint_unrestorable(view: TargetView, th: Thresholds, now: float
     temporary one per process start: a restarted replay process looks in a new, empty one
     and starts empty. Named before the first restart, once the code says it checkpoints
     (an interval, or a checkpoint written)."""
-    read = replay_code(view, th, now)
+    read = view.replay_code(now, th.stall_window_s)
     if read is None:
         return None
     m, code = read
@@ -237,7 +231,7 @@ def is_restore_config_override(view: TargetView, th: Thresholds, now: float
     """A table serves settings other than its code wrote: a restore loaded the checkpoint's
     over them (or the probe was handed another server's tables). The first table that
     differs, every setting named with both values."""
-    read = replay_code(view, th, now)
+    read = view.replay_code(now, th.stall_window_s)
     if read is None or not view.polls or not view.polls[-1].ok:
         return None
     m, code = read

@@ -129,12 +129,16 @@ class CheckpointLog:
         path = getattr(checkpointer, "path", None)
         # Reverb's default makes a fresh temporary directory each time a process starts it.
         temporary = any(c.__name__ == "TempDirCheckpointer" for c in type(checkpointer).__mro__)
+        root = Path(path) if path else None
+        # Read once: only a process before this one leaves a write unfinished here.
+        cut = incomplete(root, self._started) if root is not None else []
         with self._lock:
             self._tables = declared
-            self._root = Path(path) if path else None
+            self._root = root
             self._checkpointer = {CheckpointerKeys.PATH: str(path) if path else None,
                                   CheckpointerKeys.TEMPORARY: temporary,
-                                  CheckpointerKeys.EVERY_S: checkpoint_every_s}
+                                  CheckpointerKeys.EVERY_S: checkpoint_every_s,
+                                  CheckpointerKeys.INCOMPLETE: cut}
 
     def restoring(self, fallback: str | None) -> None:
         """The server is about to load what its checkpointer finds (or start empty)."""
@@ -204,10 +208,6 @@ class CheckpointLog:
                 restore[RestoreKeys.READ_BYTES] = self._read_since_restore()
             calls = [dict(c) for c in self._calls]
             tables = list(self._tables) if self._tables is not None else None
-            root = self._root
-        if checkpointer is not None:
-            checkpointer[CheckpointerKeys.INCOMPLETE] = (
-                incomplete(root, self._started) if root is not None else [])
         return {Replay.DECLARED_TABLES: tables, Replay.CHECKPOINTER: checkpointer,
                 Replay.CHECKPOINTS: calls, Replay.RESTORE: restore}
 
