@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -93,19 +94,23 @@ def test_a_temporary_checkpointer_is_unrestorable_and_a_directory_restores(
 
 @pytest.fixture
 def read_only_dir() -> Iterator[tuple[Path, tuple[str, ...]]]:
-    """A checkpoint directory the replay process may read and not write: as root, the
-    process runs as nobody (root writes through any mode)."""
+    """A checkpoint directory the replay process may read and not write. Root writes through
+    any mode, so as root the process runs in its own mount namespace where the directory is
+    a read-only bind mount (a read-only volume, as a pod may have one)."""
     parent = Path(tempfile.mkdtemp(prefix="rw-ro-"))
-    parent.chmod(0o755)
     ckpt = parent / "ckpt"
     ckpt.mkdir()
-    ckpt.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
-               | stat.S_IXOTH)
     argv: tuple[str, ...] = ()
     if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: no directory is read-only to root")
-        argv = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+        argv = ("unshare", "-m", "sh", "-c",
+                'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
+                str(ckpt))
+        if shutil.which("unshare") is None or subprocess.run(
+                [*argv, "true"], capture_output=True).returncode != 0:
+            pytest.skip("running as root where no mount namespace can be made: no directory "
+                        "is read-only to root")
+    else:
+        ckpt.chmod(stat.S_IRUSR | stat.S_IXUSR)
     yield ckpt, argv
     shutil.rmtree(parent, ignore_errors=True)
 
@@ -119,7 +124,8 @@ def test_a_directory_the_server_cannot_write_is_checkpoint_failed(
         assert tick_until(car, lambda s: found(s, Name.CHECKPOINT_FAILED) is not None,
                           10.0) is not None
         f = found(car.poller.tick(), Name.CHECKPOINT_FAILED)
-    assert f is not None and "Permission denied" in f.evidence["error"], f.evidence
+    assert f is not None and any(why in f.evidence["error"] for why in (
+        "Read-only file system", "Permission denied")), f.evidence
     assert f.evidence["last_complete"] is None and f.evidence["failed_calls"] >= 1
 
 
