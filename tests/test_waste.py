@@ -70,7 +70,11 @@ def test_bursts_longer_than_the_table_and_too_few_samples_are_named_and_fixed(
     # to one poll's inserts either side of it (waste.idle_burst: 573 on CI); the printed
     # max_size, a fifth over it, holds the real burst of 400 either way.
     assert 360 <= f.evidence["burst"] <= 800, f.evidence
-    assert f.evidence["fix_max_size"] == round_up(1.2 * f.evidence["burst"]) >= 400, f.evidence
+    # The evidence rounds the burst (391.6 is said 392): the fix is a fifth over the unrounded one
+    burst = f.evidence["burst"]
+    assert (round_up(1.2 * (burst - 0.5)) <= f.evidence["fix_max_size"]
+            <= round_up(1.2 * (burst + 0.5))), f.evidence
+    assert f.evidence["fix_max_size"] >= 400, f.evidence
     assert f"max_size to {f.evidence['fix_max_size']:,}" in f.fix
     fixed, share = watched(bursts.with_fix(max_size=f.evidence["fix_max_size"]), tmp_path)
     assert fixed is None and share < 0.5, share
