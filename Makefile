@@ -19,8 +19,9 @@ LP_VENV := .venv-launchpad
 LP_PY := $(LP_VENV)/bin/python
 LP_STAMP := $(LP_VENV)/.installed
 REQUIRE_LAUNCHPAD ?= 0
+REQUIRE_RLLIB ?= 0
 # make test's xdist workers: the JAX agent's tests in one lane (modules marked `agents` in
-# tests/), the frameworks' own loops (Acme, TF-Agents, Launchpad: `frameworks`) in a second,
+# tests/), the frameworks' own loops (Acme, TF-Agents, Launchpad, RLlib: `frameworks`) in a second,
 # the rest in two beside them. Most of the suite waits on stall windows and real processes,
 # so four lanes fill the two cores better than three; five kept them busy enough (1.6 of 2)
 # that timing tests missed their bounds, and were no faster. TEST_WORKERS=0 runs everything
@@ -32,7 +33,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints bench-checkpoint-memory system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -78,7 +79,9 @@ launchpad-venv: $(UV)
 # The RLlib tier's venv (.venv-rllib, Python 3.11, pinned in constraints-rllib.txt):
 # ray[default,rllib] with PyTorch on the CPU. torch alone by pip, --no-index: the CPU build
 # on this machine's disk (pip's find-links; uv does not look there), never the index's CUDA
-# build of several GB; its dependencies and Ray's by uv. About 1.7 GB.
+# build of several GB; its dependencies and Ray's by uv. About 1.7 GB. make test builds it beside
+# the other venvs and runs one RLlib job in its frameworks lane (tests/test_rllib_make.py);
+# REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python
 RL_STAMP := $(RL_VENV)/.installed
@@ -86,10 +89,12 @@ rllib-venv: $(UV)
 	@py=$$(command -v python3.11) || py=""; \
 	if [ -z "$$py" ]; then \
 		echo "no Python 3.11 on PATH: the RLlib tier is skipped"; \
+		[ "$(REQUIRE_RLLIB)" != 1 ] || { echo "REQUIRE_RLLIB=1: the RLlib tier must run"; exit 1; }; \
 	elif [ ! -f $(RL_STAMP) ] || [ constraints-rllib.txt -nt $(RL_STAMP) ]; then \
 		{ test -x $(RL_PY) || "$$py" -m venv $(RL_VENV); } && \
 		if ! $(RL_PY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null; then \
 			echo "no CPU build of torch 2.13.0 in pip's find-links: the RLlib tier is skipped"; \
+			[ "$(REQUIRE_RLLIB)" != 1 ] || { echo "REQUIRE_RLLIB=1: the RLlib tier must run"; exit 1; }; \
 		else \
 			$(UV) pip install -q --python $(RL_PY) --compile-bytecode --system-certs \
 				-c constraints-rllib.txt 'ray[default,rllib]' filelock typing-extensions \
@@ -116,16 +121,19 @@ system-deps:
 # The venv and the Debian packages are installed side by side (-j2): neither needs the other.
 # The fifteen slowest tests are printed at the end: where the next minute of make test is.
 test:
-	@$(MAKE) --no-print-directory -j3 venv system-deps launchpad-venv
+	@$(MAKE) --no-print-directory -j4 venv system-deps launchpad-venv rllib-venv
 	$(PY) -m ruff check replaywatch agents harness tests bench tools deploy dashboards examples
 	@# With PYTHONDONTWRITEBYTECODE set (our CI machines), every process the tests start would
 	@# compile the project's own modules from source again: compiled once here, they are read.
 	$(PY) -m compileall -q -j 0 replaywatch agents harness tests bench tools examples >/dev/null
 	@# mypy (6 s) checks beside the tests, which leave a quarter of the cores idle; its verdict
 	@# is printed after theirs, and either failing fails make test.
+	@# pytest rewrites the asserts of every test module and of its plugins' (hypothesis,
+	@# schemathesis: about 280 modules) in each xdist worker; with PYTHONDONTWRITEBYTECODE set it
+	@# keeps none of it, and each worker's collection took 11 s of CPU instead of 8.
 	$(PY) -m mypy replaywatch > .mypy.log 2>&1 & typecheck=$$!; \
-	REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
-	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) \
+	PYTHONDONTWRITEBYTECODE= REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
+	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) REPLAYWATCH_REQUIRE_RLLIB=$(REQUIRE_RLLIB) \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS); \
 	tests=$$?; wait $$typecheck; types=$$?; cat .mypy.log; \
 	[ $$tests = 0 ] && [ $$types = 0 ]
@@ -222,6 +230,11 @@ bench-poll-deadline: $(STAMP)
 # under a cpu cgroup (as root) so that its load lasts long enough to judge the ETA (3 minutes).
 bench-checkpoints: $(STAMP)
 	$(PY) -m bench.checkpoints --results bench/RESULTS.md
+
+# A full replay inserting while it checkpoints, in a cgroup v1 memory group (as root): the items
+# the write keeps alive named before the kernel's kill, and the printed limit holding (3 minutes).
+bench-checkpoint-memory: $(STAMP)
+	$(PY) -m bench.checkpoint_memory --results bench/RESULTS.md
 
 # One real RLlib DQN job in windows unwatched and watched by `watch --ray`, paired inside the
 # job: what the sidecar costs it (about 6 minutes).

@@ -15,7 +15,9 @@ import ast
 import functools
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,6 +65,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if not collection_path.name.startswith("test_"):
         return None
     return is_slow_module(collection_path) or None
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """Ray's temp dir: short, since its socket paths must fit AF_UNIX's 107 bytes."""
+    temp = Path(tempfile.mkdtemp(prefix="rwrl-"))
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture
@@ -141,9 +151,9 @@ def unguarded_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
 # start-up, and asserts that a stall is named within windows of seconds: those modules share
 # one lane, one after another, un-niced. Two agents starting at once on 2 cores starve each
 # other's actors of CPU for seconds, which is a real `sample_blocked`, not a flake to retry.
-# A module marked `frameworks` runs a framework's own loop (Acme, TF-Agents, Launchpad): those
-# share a second lane, niced like every lane but the agents', so the agent lane keeps the
-# cores first; every other test runs beside them in the other two.
+# A module marked `frameworks` runs a framework's own loop (Acme, TF-Agents, Launchpad,
+# RLlib): those share a second lane, niced like every lane but the agents', so the agent lane
+# keeps the cores first; every other test runs beside them in the other two.
 # A module marked `long` has tests of 15 s or more (sleep-bound sidecars over learned
 # windows, browsers, real faults): handed out first, since xdist hands tests out in
 # collection order and a long test collected last makes its lane the last to finish.
@@ -151,10 +161,12 @@ MARKERS = {
     "slow": "starts processes, Reverb, an agent or needs Debian packages; deselect with "
             "-m 'not slow' (make test-fast)",
     "agents": "starts the JAX agent: runs in make test's agent lane, one after another",
-    "frameworks": "runs Acme's, TF-Agents' or Launchpad's own loop: make test's second lane",
+    "frameworks": "runs Acme's, TF-Agents', Launchpad's or RLlib's own loop: make test's "
+                  "second lane",
     "long": "has tests of 15 s or more: handed out first, the longest first "
             "(long(seconds=N) where more than 15)",
     "launchpad": "the Launchpad tier: required to pass where REPLAYWATCH_REQUIRE_LAUNCHPAD=1",
+    "rllib": "the RLlib tier in make test: required to pass where REPLAYWATCH_REQUIRE_RLLIB=1",
 }
 
 
@@ -210,26 +222,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         del sys.modules["haiku.experimental.flax"]
 
 
-# CI (.ci/run) sets REPLAYWATCH_REQUIRE_LAUNCHPAD=1 through the Makefile: there the Launchpad
-# tier must have run and passed, whatever skipped or deselected it, or the session fails.
-_launchpad_passed: list[str] = []
+# CI (.ci/run) sets REPLAYWATCH_REQUIRE_LAUNCHPAD=1 and REPLAYWATCH_REQUIRE_RLLIB=1 through the
+# Makefile: there each tier must have run and passed, whatever skipped or deselected it, or the
+# session fails. Their venvs are built by make test and skip with one line where they cannot be.
+TIERS = {"launchpad": ("REPLAYWATCH_REQUIRE_LAUNCHPAD",
+                       "real Launchpad programs (Python 3.10, dm-launchpad 0.5.2)"),
+         "rllib": ("REPLAYWATCH_REQUIRE_RLLIB", "real RLlib jobs (Ray 2.60, torch on the CPU)")}
+_tier_passed: dict[str, list[str]] = {tier: [] for tier in TIERS}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "call" and report.passed and "launchpad" in report.keywords:
-        _launchpad_passed.append(report.nodeid)
+    if report.when == "call" and report.passed:
+        for tier, passed in _tier_passed.items():
+            if tier in report.keywords:
+                passed.append(report.nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput") or session.config.getoption("collectonly"):
         return  # an xdist worker: the controller, which sees every report, judges
-    if _launchpad_passed:
-        sys.stdout.write(f"\nLaunchpad tier: {len(_launchpad_passed)} tests passed on real "
-                         "Launchpad programs (Python 3.10, dm-launchpad 0.5.2)\n")
-    elif os.environ.get("REPLAYWATCH_REQUIRE_LAUNCHPAD") == "1":
-        sys.stderr.write("\nREPLAYWATCH_REQUIRE_LAUNCHPAD=1: no test marked launchpad ran "
-                         "and passed (the Launchpad tier was skipped)\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    for tier, (required, what) in TIERS.items():
+        name = "RLlib" if tier == "rllib" else tier.capitalize()
+        if _tier_passed[tier]:
+            sys.stdout.write(f"\n{name} tier: {len(_tier_passed[tier])} tests passed on {what}\n")
+        elif os.environ.get(required) == "1":
+            sys.stderr.write(f"\n{required}=1: no test marked {tier} ran and passed (the {name} "
+                             "tier was skipped)\n")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # REPLAYWATCH_LANE_LOG=FILE: each test's worker, start and end (seconds since the epoch),

@@ -15,82 +15,35 @@ line).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness.procs import ROOT, Proc
+from harness.procs import Proc
 from replaywatch.config import PollConfig, RayTarget, WatchConfig
 from replaywatch.model import Finding, Name, Severity
 from replaywatch.wiring import build_sidecar
+from tests.support.rllib_jobs import (
+    APPO,
+    DQN,
+    INTERVAL_S,
+    RLLIB_READY,
+    SLACK_S,
+    start_job,
+    watch,
+    windows_in,
+)
 
-RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.long,
     pytest.mark.timeout(600),
     pytest.mark.skipif(os.environ.get("REPLAYWATCH_RAY_TESTS") != "1",
                        reason="the RLlib tier runs in make test-ray"),
-    pytest.mark.skipif(not RLLIB_PY.exists(), reason="no .venv-rllib: run make rllib-venv"),
+    pytest.mark.skipif(not RLLIB_READY.exists(), reason="no .venv-rllib: run make rllib-venv"),
 ]
-INTERVAL_S = 1.0
-SLACK_S = 3.0  # a poll of the state API and every metrics endpoint lags on 2 loaded cores
-DQN = ["--algo", "dqn", "--num-learners", "1", "--num-env-runners", "1",
-       "--min-steps-per-iteration", "200", "--learning-starts", "200", "--num-cpus", "4"]
-
-
-@pytest.fixture
-def short_temp() -> Iterator[Path]:
-    """Ray's temp dir: short, since its socket paths must fit AF_UNIX's 107 bytes."""
-    temp = Path(tempfile.mkdtemp(prefix="rwrl-"))
-    yield temp
-    shutil.rmtree(temp, ignore_errors=True)
-
-
-APPO = ["--algo", "appo", "--num-learners", "1", "--num-env-runners", "2",
-        "--min-time-per-iteration", "2", "--num-cpus", "4"]
-
-
-def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: str,
-              algo: list[str] = DQN) -> tuple[dict, Path]:
-    job = spawn([str(RLLIB_PY), "harness/rllib_job.py", *algo, "--seconds", "400",
-                 "--temp-dir", str(temp), "--logdir", str(tmp_path / "log"), *flags],
-                name="rllib-job")
-    return job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job"), temp
-
-
-def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
-          until: Callable[[Finding], bool] = lambda f: False
-          ) -> tuple[list[tuple[float, Finding]], list[float], float]:
-    """(findings seen at warning or worse with the time, the times the job's trained counter
-    was seen to move, the time watching began)."""
-    target = RayTarget(announced["dashboard_url"], temp_dir=str(temp),
-                       results=announced["logdir"])
-    config = WatchConfig(targets=(), ray=(target,),
-                         poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
-    paged: list[tuple[float, Finding]] = []
-    moved: list[float] = []
-    last: float | None = None
-    began = time.time()
-    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
-        while time.time() - began < seconds:
-            state = car.poller.tick()
-            snap = state.ray.get(target.name)
-            trained = sum(c.env_steps_trained or 0.0 for c in snap.counters) if snap else None
-            if trained is not None and trained != last:
-                moved.append(time.time())
-                last = trained
-            for f in state.findings:
-                if f.severity >= Severity.WARNING:
-                    paged.append((time.time(), f))
-            if any(until(f) for _, f in paged):
-                break
-            time.sleep(max(0.0, INTERVAL_S - (time.time() - began) % INTERVAL_S))
-    return paged, moved, began
 
 
 @pytest.mark.parametrize("algo", ["dqn", "appo"])
@@ -128,16 +81,6 @@ def test_a_hang_is_named_within_its_window(spawn: Callable[..., Proc], tmp_path:
     assert at - last_progress <= window + 2 * INTERVAL_S + SLACK_S, (
         at - last_progress, window, finding.evidence)
     assert finding.fix
-
-
-def windows_in(doc: object) -> list[float]:
-    """Every `window_s` an evidence document states, however nested."""
-    if isinstance(doc, dict):
-        own = [float(doc["window_s"])] if "window_s" in doc else []
-        return own + [w for v in doc.values() for w in windows_in(v)]
-    if isinstance(doc, list):
-        return [w for v in doc for w in windows_in(v)]
-    return []
 
 
 def test_a_learner_slower_than_its_env_runners_is_env_steps_dropped(

@@ -1,0 +1,71 @@
+"""Real RLlib jobs for the tests: harness/rllib_job.py run by .venv-rllib's Python on a local
+cluster of its own, and a sidecar in the test's process watching it from outside with `--ray`
+(the dashboard, the metrics endpoints in the job's temp dir, the result rows) every second."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.procs import ROOT, Proc
+from replaywatch.config import PollConfig, RayTarget, WatchConfig
+from replaywatch.model import Finding, Severity
+from replaywatch.wiring import build_sidecar
+
+RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
+RLLIB_READY = ROOT / ".venv-rllib" / ".installed"  # make rllib-venv's stamp: a whole venv
+INTERVAL_S = 1.0
+SLACK_S = 3.0  # a poll of the state API and every metrics endpoint lags on 2 loaded cores
+DQN = ["--algo", "dqn", "--num-learners", "1", "--num-env-runners", "1",
+       "--min-steps-per-iteration", "200", "--learning-starts", "200", "--num-cpus", "4"]
+APPO = ["--algo", "appo", "--num-learners", "1", "--num-env-runners", "2",
+        "--min-time-per-iteration", "2", "--num-cpus", "4"]
+
+
+def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: str,
+              algo: list[str] = DQN) -> tuple[dict, Path]:
+    job = spawn([str(RLLIB_PY), "harness/rllib_job.py", *algo, "--seconds", "400",
+                 "--temp-dir", str(temp), "--logdir", str(tmp_path / "log"), *flags],
+                name="rllib-job")
+    return job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job"), temp
+
+
+def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
+          until: Callable[[Finding], bool] = lambda f: False
+          ) -> tuple[list[tuple[float, Finding]], list[float], float]:
+    """(findings seen at warning or worse with the time, the times the job's trained counter
+    was seen to move, the time watching began)."""
+    target = RayTarget(announced["dashboard_url"], temp_dir=str(temp),
+                       results=announced["logdir"])
+    config = WatchConfig(targets=(), ray=(target,),
+                         poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
+    paged: list[tuple[float, Finding]] = []
+    moved: list[float] = []
+    last: float | None = None
+    began = time.time()
+    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
+        while time.time() - began < seconds:
+            state = car.poller.tick()
+            snap = state.ray.get(target.name)
+            trained = sum(c.env_steps_trained or 0.0 for c in snap.counters) if snap else None
+            if trained is not None and trained != last:
+                moved.append(time.time())
+                last = trained
+            for f in state.findings:
+                if f.severity >= Severity.WARNING:
+                    paged.append((time.time(), f))
+            if any(until(f) for _, f in paged):
+                break
+            time.sleep(max(0.0, INTERVAL_S - (time.time() - began) % INTERVAL_S))
+    return paged, moved, began
+
+
+def windows_in(doc: object) -> list[float]:
+    """Every `window_s` an evidence document states, however nested."""
+    if isinstance(doc, dict):
+        own = [float(doc["window_s"])] if "window_s" in doc else []
+        return own + [w for v in doc.values() for w in windows_in(v)]
+    if isinstance(doc, list):
+        return [w for v in doc for w in windows_in(v)]
+    return []
