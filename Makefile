@@ -232,7 +232,8 @@ bench-checkpoints: $(STAMP)
 	$(PY) -m bench.checkpoints --results bench/RESULTS.md
 
 # A full replay inserting while it checkpoints, in a cgroup v1 memory group (as root): the items
-# the write keeps alive named before the kernel's kill, and the printed limit holding (3 minutes).
+# the write keeps alive named before the kernel's kill, and the printed fixes holding, in two
+# shapes (3.5 minutes).
 bench-checkpoint-memory: $(STAMP)
 	$(PY) -m bench.checkpoint_memory --results bench/RESULTS.md
 

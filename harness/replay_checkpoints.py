@@ -10,6 +10,10 @@ meanwhile) and one when the server serves:
      "restore_s": S}
 and one after each checkpoint call ({"event": "checkpoint", "path"|"error", "seconds"}).
 Runs until killed.
+
+`--cgroup DIR` joins a cgroup (v1 memory, as root) first; `--insert-rate R` goes on inserting
+R items a second once the first checkpoint completed and `--go-file` exists (a bench sets the
+group's limit in between), as actors go on writing while a replay checkpoints.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,9 +47,16 @@ def main() -> None:
     add("--item-kib", type=int, default=1)
     add("--port", type=int, default=0, help="0: any free port")
     add("--probe-port", type=int, default=0, help="the ReplayProbe's; 0: any free port")
+    add("--cgroup", default=None, help="a cgroup directory to join before anything loads")
+    add("--insert-rate", type=float, default=0.0,
+        help="items/s inserted after the first checkpoint (0: none)")
+    add("--go-file", default=None, help="--insert-rate waits for this file to exist")
     add("--wait-file", default=None,
         help="make the server only once this file exists (a test places the process first)")
     args = parser.parse_args()
+    if args.cgroup:
+        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
 
     import numpy as np
     import reverb
@@ -85,6 +97,7 @@ def main() -> None:
          "size": client.server_info(timeout=10)["replay"].current_size,
          "restore_s": round(restore_s, 3)})
     once = args.checkpoint_once
+    inserting = None
     while True:
         if once or args.every_s:
             t0 = time.monotonic()
@@ -95,7 +108,30 @@ def main() -> None:
                 say({"event": "checkpoint", "error": f"{type(e).__name__}: {e}"[:300],
                      "seconds": round(time.monotonic() - t0, 3)})
             once = False
+        if args.insert_rate and inserting is None:
+            inserting = threading.Thread(target=insert_steadily, daemon=True,
+                                         args=(address, args, args.fill))
+            inserting.start()
         time.sleep(args.every_s or 3600)
+
+
+def insert_steadily(address: str, args: argparse.Namespace, done: int) -> None:
+    """Items of --item-kib at --insert-rate a second, each its own frame, until killed."""
+    import numpy as np
+    import reverb
+
+    while args.go_file and not os.path.exists(args.go_file):
+        time.sleep(0.05)
+    frame = np.random.default_rng(1).integers(0, 255, size=(args.item_kib << 10,),
+                                              dtype=np.uint8)
+    began, i = time.monotonic(), 0
+    with reverb.Client(address).trajectory_writer(1) as writer:
+        while True:
+            writer.append({"x": np.roll(frame, done + i)})
+            writer.create_item("replay", 1.0, {"x": writer.history["x"][-1:]})
+            writer.flush()
+            i += 1
+            time.sleep(max(0.0, began + i / args.insert_rate - time.monotonic()))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ CHECKPOINT_CASES = [
     ("a max_size and a limiter other than the code wrote: restore_config_override",
      view(table={"max_size": 2_000_000, "spi": 4.0}), "restore_config_override"),
     ("the code's settings served: nothing", view(), None),
+    ("every 10 s said, the first write running for 20 s: checkpointing, not failed",
+     view(every_s=10.0, checkpoints=(call(T0 + 10, None),)), "checkpointing"),
     ("a checkpoint being written, the server answering: checkpointing",
      view(checkpoints=(call(T0 + 2, 20.0), call(T0 + 25, None))), "checkpointing"),
 ]
@@ -242,3 +244,67 @@ def test_bad_checkpoint_flags_are_one_line_and_exit_2(
     assert cli_main(["predict", *flags]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1
+
+
+MIB = 1 << 20
+
+
+def writing(limit: int, write_at: int = 150, now_at: int = 170, rate: int = 10,
+            took: float | None = 40.0, probe: bool = True) -> tuple[TargetView, float]:
+    """A table filled at 10 items/s to its 1,000 items of 1 MiB (the process at 1 GiB plus
+    its items), then full, inserts going on at `rate` a second; a checkpoint begins at
+    T0 + `write_at` after one that took `took` s, and every item removed since stays alive."""
+    times = [T0 + i for i in range(now_at + 1)]
+    tables, memory = [], []
+    for i, t in enumerate(times):
+        inserts = 10 * i if i <= 100 else 1000 + rate * (i - 100)
+        size = min(inserts, 1000)
+        kept = max(0, inserts - (1000 + rate * (write_at - 100))) if i > write_at else 0
+        tables.append(table_snapshot(t, inserts, 0, size=size, max_size=1000))
+        checkpoints = ((call(T0 + 100 - took, took),) if took else ()) + (
+            (call(T0 + write_at, None),) if i >= write_at else ())
+        memory.append(MemorySnapshot(
+            TARGET, t, 77, GIB + (size + kept) * MIB, limit, "cgroup v1",
+            cgroup_anon_bytes=GIB + (size + kept) * MIB, found_by="replay probe http://r:8002",
+            code=code(t, tables=(), every_s=300.0, checkpoints=checkpoints) if probe else None))
+    return TargetView(TARGET, polls(times), {"replay": tuple(tables)}, {}, {},
+                      memory=tuple(memory)), times[-1]
+
+
+def test_a_write_that_keeps_removed_items_alive_past_the_limit_is_memory_exhaustion() -> None:
+    # 20 s into a write that last took 40 s: 200 items (200 MiB) removed and kept, 10 MiB/s
+    # more for 20 s: the process at 1 GiB + 1,400 MiB by the write's end.
+    v, now = writing(limit=GIB + 1280 * MIB)
+    found = {f.kind: f for f in diagnose(v, TH, now).findings}
+    f = found[Name.MEMORY_EXHAUSTION]
+    ev = f.evidence
+    assert ev["cause"] == "checkpoint" and ev["kept_alive_items"] == 200, ev
+    assert ev["kept_alive_bytes"] == pytest.approx(200 * MIB, rel=0.02), ev
+    assert ev["kept_alive_bytes_per_item_from"].startswith("measured"), ev
+    assert ev["peak_bytes"] == pytest.approx(GIB + 1400 * MIB, rel=0.02), ev
+    # Raised to the peak over 0.9, or a max_size whose saving covers what the write keeps
+    # 2.37 GiB over 0.9 is 2.63: rounded up, never down past what the write needs
+    assert "at least 2.7 GiB" in f.fix and "max_size of 'replay' to" in f.fix, f.fix
+    assert 0 < ev["fits_max_size"] < 1000, ev
+    assert found[Name.CHECKPOINTING].evidence["kept_alive_items"] == 200
+    # With room for it: the write is said with what it keeps, nothing is paged.
+    roomy, now = writing(limit=8 * GIB)
+    found = {f.kind: f for f in diagnose(roomy, TH, now).findings}
+    assert Name.MEMORY_EXHAUSTION not in found, found[Name.MEMORY_EXHAUSTION].summary
+    assert "keeps the 200 items removed since it began alive: 200 MiB" in (
+        found[Name.CHECKPOINTING].summary), found[Name.CHECKPOINTING].summary
+    # The first write: how long it lasts is not known, so no end is forecast.
+    first, now = writing(limit=GIB + 1280 * MIB, took=None)
+    found = {f.kind: f for f in diagnose(first, TH, now).findings}
+    assert Name.MEMORY_EXHAUSTION not in found
+    assert found[Name.CHECKPOINTING].evidence["peak_bytes"] is None
+
+
+def test_growth_during_a_long_write_is_no_leak_but_without_the_probe_it_is() -> None:
+    # A ten-minute write at 1 item/s: the process grows 1 MiB/s while the table stays full.
+    v, now = writing(limit=16 * GIB, write_at=150, now_at=800, rate=1, took=600.0)
+    kinds_found = {f.kind for f in diagnose(v, TH, now).findings}
+    assert Name.MEMORY_LEAK not in kinds_found and Name.CHECKPOINTING in kinds_found
+    bare, now = writing(limit=16 * GIB, write_at=150, now_at=800, rate=1, took=600.0,
+                        probe=False)
+    assert Name.MEMORY_LEAK in {f.kind for f in diagnose(bare, TH, now).findings}

@@ -257,7 +257,9 @@ CHECKPOINTING = Kind(
             "With a ReplayProbe handed the server, also a checkpoint the probe sees written "
             "(`probe.checkpoint(client)`), with its duration so far against the previous "
             "ones: Reverb writes it while the server answers (a 1 GiB table: 25 s), and a "
-            "pause that began during it is held while it lasts.",
+            "pause that began during it is held while it lasts. It says what the write keeps "
+            "alive: every item removed from a table while it runs stays in memory until it "
+            "ends (memory_exhaustion when that passes the limit).",
     fix="Nothing, if a checkpoint is running; if it lasts, look at the replay process.",
     # A server that is busy, not gone.
     supersedes=(Name.TARGET_DOWN,))
@@ -313,9 +315,12 @@ MEMORY_EXHAUSTION = Kind(
             "bytes measured from the process's memory against `current_size` as it fills) "
             "takes it past its memory limit (its cgroup's, else the host's). Named while the "
             "table fills, with the time left at its insert rate (the soonest the readings "
-            "allow, and its range); needs the server's host (a local target, `--reverb-pid`).",
+            "allow, and its range); needs the server's host (a local target, `--reverb-pid`). "
+            "Also a full table whose checkpoint, written as long as the longest of the last "
+            "three, keeps enough removed items alive to take the process past its limit "
+            "(cause `checkpoint`: Reverb holds what it copied until the write ends).",
     fix="Lower `max_size` to the value given (it fits under 90% of the limit), or raise the "
-        "limit.")
+        "limit to the value given.")
 CHECKPOINT_FAILED = Kind(
     Name.CHECKPOINT_FAILED, Severity.WARNING, needs_probe=True,
     meaning="The replay's checkpoints do not reach its directory: the newest "
@@ -350,7 +355,8 @@ MEMORY_LEAK = Kind(
             "full table's memory is a saw: freed items are released on the next insert call). "
             "With ActorProbes it says whether an actor's writer keeps its episode's chunks "
             "alive (an episode that never ends under a large `num_keep_alive_refs`) or the "
-            "server grows on its own; without, both.",
+            "server grows on its own; without, both. Not while a checkpoint its replay probe "
+            "reports is written (the write keeps removed items alive: memory_exhaustion).",
     fix="End episodes or lower `num_keep_alive_refs` where a writer holds them; else restart "
         "the replay from a checkpoint before the time left.")
 PRIORITIES_IGNORED = Kind(

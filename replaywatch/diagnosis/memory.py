@@ -48,6 +48,8 @@ from collections.abc import Sequence
 
 from replaywatch.model import MemorySnapshot, TableSnapshot
 
+MIB = float(1 << 20)
+GIB = float(1 << 30)
 MIN_ITEMS = 100  # the table's growth a measurement needs ...
 MIN_BYTES = 4 << 20  # ... and the memory's: below, allocator noise is the slope
 # ... and its readings: a slope's standard error from three is a guess (one degree of
@@ -98,11 +100,11 @@ def item_bytes(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot]
     times = [m.observed_at for m in memory]
     pairs = [(float(t.current_size), float(b)) for t in table
              if t.observed_at >= newest - MEASURE_SPAN_S
-             and (b := _read_with(t.observed_at, times, memory)) is not None]
+             and (b := read_with(t.observed_at, times, memory)) is not None]
     if pairs:
         sizes = [s for s, _ in pairs]
         grown = max(sizes) - min(sizes)
-        fit = _fit(pairs)
+        fit = fit_line(pairs)
         signature = table[-1].item_bytes
         bound = (None if not signature
                  else OVERHEAD_FACTOR * signature + ITEM_OVERHEAD_BYTES)
@@ -152,7 +154,7 @@ def table_memory(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot
                        m.limit_bytes, fits, per.low, per.high)
 
 
-def _read_with(at: float, times: Sequence[float], memory: Sequence[MemorySnapshot]
+def read_with(at: float, times: Sequence[float], memory: Sequence[MemorySnapshot]
                ) -> int | None:
     """The memory read in the same poll cycle as a table snapshot taken at `at`: the same
     poll (a local server's) or a replay probe's, polled beside it within PAIR_WITHIN_S."""
@@ -178,7 +180,7 @@ class Fit:
         return max(0.0, self.slope - spread), self.slope + spread
 
 
-def _fit(pairs: Sequence[tuple[float, float]]) -> Fit | None:
+def fit_line(pairs: Sequence[tuple[float, float]]) -> Fit | None:
     """The least-squares line through the pairs."""
     n = len(pairs)
     mx = sum(x for x, _ in pairs) / n
@@ -216,7 +218,7 @@ def fill_rate(table: Sequence[TableSnapshot], now: float) -> FillRate | None:
     if len(points) < 2 or points[-1].observed_at <= points[0].observed_at:
         return None
     t0 = points[0].observed_at
-    fit = _fit([(t.observed_at - t0, float(t.current_size)) for t in points])
+    fit = fit_line([(t.observed_at - t0, float(t.current_size)) for t in points])
     if fit is None:
         return None
     newest = [t for t in points if t.observed_at >= points[-1].observed_at - RATE_RECENT_S]
@@ -310,7 +312,7 @@ def steady_growth(memory: Sequence[MemorySnapshot], since: float, limit: int
     band = max(LEAK_MIN_BYTES, LEAK_LIMIT_SHARE * limit)
     if lows[1] - lows[0] < band / 4 or lows[2] - lows[1] < band / 4 or lows[2] - lows[0] < band:
         return None
-    fit = _fit([(t - start, float(b)) for t, b in points])
+    fit = fit_line([(t - start, float(b)) for t, b in points])
     if fit is None or fit.slope <= 0:
         return None
     return Growth(start, end - start, (lows[0], lows[1], lows[2]), fit.slope, points[-1][1])

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis.case import Probe
-from replaywatch.diagnosis.memory import killed_at_limit
+from replaywatch.diagnosis.checkpoint_write import (
+    checkpoint_running,
+    kept_alive,
+    previous_writes_s,
+)
+from replaywatch.diagnosis.memory import GIB, MIB, killed_at_limit
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import PollRecord, TargetView, failed_polls_at_end
@@ -43,7 +48,7 @@ def _target_down(view: TargetView, first: PollRecord, now: float) -> Finding:
                         limit_bytes=killed.limit_bytes, limit_from=killed.limit_from,
                         last_memory_bytes=last)
         summary = (f"The Reverb server '{view.target}' does not answer: killed at its memory "
-                   f"limit ({killed.limit_bytes / (1 << 30):.2f} GiB, {killed.limit_from}: "
+                   f"limit ({killed.limit_bytes / GIB:.2f} GiB, {killed.limit_from}: "
                    "its OOM kill count rose).")
         fix = ("Restart it with a max_size that fits under its memory limit (memory_exhaustion "
                "gives the value) or a larger limit; the incident's bundle has its memory "
@@ -175,20 +180,6 @@ def paused_since(view: TargetView, th: Thresholds, now: float) -> PollRecord | N
     return first if all(r.error and NO_ANSWER in r.error for r in failing) else None
 
 
-def checkpoint_running(view: TargetView, th: Thresholds, now: float
-                       ) -> tuple[CheckpointCall, float, ReplayCode] | None:
-    """The checkpoint call the replay probe reports in progress, with its start on the
-    sidecar's clock (None: no probe handed the server, or no call running)."""
-    read = view.replay_code(now, th.stall_window_s)
-    if read is None:
-        return None
-    m, code = read
-    running = [c for c in code.checkpoints if c.ended_at is None]
-    if not running:
-        return None
-    return running[-1], code.on_sidecar_clock(running[-1].started_at, m.observed_at), code
-
-
 def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | None:
     """target_down's polls all timed out on a server that refused nothing: it is busy, for
     up to `checkpoint_grace_s`.
@@ -204,7 +195,7 @@ def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | 
     first = paused_since(view, th, now)
     running = checkpoint_running(view, th, now)
     if first is None:
-        return None if running is None else _writing(view, running, now)
+        return None if running is None else _writing(view, th, running, now)
     failing = [r for r in view.polls if r.at >= first.at]
     held = sorted(url for url, polls in view.probe_polls.items()
                   if (down := failing_since(polls, th)) is not None
@@ -225,17 +216,18 @@ def is_checkpointing(view: TargetView, th: Thresholds, now: float) -> Finding | 
 
 
 def _write_evidence(call: CheckpointCall, began: float, code: ReplayCode) -> dict[str, object]:
-    took = [round(c.ended_at - c.started_at, 1) for c in code.checkpoints
-            if c.ended_at is not None and c.error is None]
+    took = previous_writes_s(code)
     return {"checkpoint_for_s": round(code.probe_now - call.started_at, 1),
             "checkpoint_began_at": began, "previous_checkpoints_s": took[-5:],
             "checkpointer_path": code.checkpointer_path}
 
 
-def _writing(view: TargetView, running: tuple[CheckpointCall, float, ReplayCode],
-             now: float) -> Finding:
+def _writing(view: TargetView, th: Thresholds,
+             running: tuple[CheckpointCall, float, ReplayCode], now: float) -> Finding:
     """A checkpoint the replay probe reports in progress on a server that answers: Reverb
-    copies the items under its table lock, then writes them while it serves."""
+    copies the items under its table lock, then writes them while it serves, keeping every
+    item removed meanwhile alive (checkpoint_write.py): memory_exhaustion says it when that
+    takes the process past its limit."""
     call, began, code = running
     evidence = {**_write_evidence(*running), "server_answers": True}
     took = evidence["previous_checkpoints_s"]
@@ -243,6 +235,11 @@ def _writing(view: TargetView, running: tuple[CheckpointCall, float, ReplayCode]
               else "; the first one")
     summary = (f"The replay process of '{view.target}' has been writing a checkpoint for "
                f"{evidence['checkpoint_for_s']:g} s{before}. The server answers meanwhile.")
+    kept = kept_alive(view, th, now)
+    if kept is not None:
+        evidence.update(kept.evidence())
+        summary += (f" The write keeps the {kept.items:,} items removed since it began alive: "
+                    f"{kept.bytes / MIB:,.0f} MiB so far, {kept.bytes_per_s / MIB:,.1f} MiB/s.")
     return kinds.CHECKPOINTING.finding(
         view.target, "", summary, evidence, "Nothing while it writes: checkpoint_failed is "
         "named if none completes within the interval the code said plus twice the last write.",

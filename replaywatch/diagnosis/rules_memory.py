@@ -13,23 +13,66 @@ has the arithmetic). A table that fits is never named; a full one is not judged 
 
 from __future__ import annotations
 
+import math
+
+from replaywatch.diagnosis import checkpoint_write as cw
 from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import memory as mem
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
-from replaywatch.model import Finding
+from replaywatch.model import Finding, MemorySnapshot
 
-GIB = float(1 << 30)
-MIB = float(1 << 20)
+GIB, MIB = mem.GIB, mem.MIB
 
 
 def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Finding | None:
-    """The table that, filled to max_size, takes the process furthest past its limit."""
+    """The table that, filled to max_size, takes the process furthest past its limit; else a
+    running checkpoint whose removed items, kept alive until it ends, will."""
     m = view.memory[-1] if view.memory else None
     if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
         return None
-    rss = m.counted_bytes  # what counts against the limit (model.MemorySnapshot)
+    return _filling(view, th, now, m) or _writing(view, th, now)
+
+
+def _writing(view: TargetView, th: Thresholds, now: float) -> Finding | None:
+    """A write that, lasting as long as the longest of the last three, keeps enough removed
+    items alive to take the process past its limit (checkpoint_write.py)."""
+    kept = cw.kept_alive(view, th, now)
+    if kept is None or not kept.over_limit or kept.peak_bytes is None:
+        return None
+    if not kept.measured:  # the signature overstates compressed chunks: measured only
+        return None
+    limit = kept.limit_bytes or 0
+    t = view.tables[kept.table][-1]
+    tm = view.table_memories.get(kept.table)
+    table_item = tm.bytes_per_item if tm is not None and tm.measured else kept.bytes_per_item
+    # Each item off max_size frees its bytes for the whole write; the removals it keeps
+    # alive stay (they follow the insert rate, not the table's size).
+    over = kept.peak_bytes - mem.FIT_SHARE * limit
+    fits = max(0, t.max_size - int(over / table_item) - 1)
+    evidence = {**kept.evidence(), "table": kept.table, "max_size": t.max_size,
+                "fits_max_size": fits, "cause": "checkpoint"}
+    summary = (f"The replay server of '{view.target}' will not fit through its checkpoint: the "
+               f"write ({kept.write_for_s:g} s so far; the longest of the last three took "
+               f"{kept.expected_write_s:g} s) keeps every item removed meanwhile alive, "
+               f"{kept.bytes / MIB:,.0f} MiB so far at {kept.bytes_per_s / MIB:,.1f} MiB/s, "
+               f"which takes the process to {kept.peak_bytes / GIB:.2f} GiB by its end against "
+               f"its limit of {limit / GIB:.2f} GiB ({kept.limit_from}); then the kernel "
+               "kills it mid-write.")
+    # Rounded up: a limit printed below the peak over 0.9 is one the write may not fit
+    raise_to = math.ceil(kept.peak_bytes / mem.FIT_SHARE / GIB * 10) / 10
+    fix = (f"Raise the memory limit to at least {raise_to:.1f} GiB "
+           f"(the table and what a write keeps alive under {mem.FIT_SHARE:.0%} of it), or lower "
+           f"max_size of '{kept.table}' to {fits:,}.")
+    return kinds.MEMORY_EXHAUSTION.finding(view.target, kept.table, summary, evidence, fix,
+                                           since=now - kept.write_for_s, last_seen=now)
+
+
+def _filling(view: TargetView, th: Thresholds, now: float, m: MemorySnapshot
+             ) -> Finding | None:
+    """The table that, filled to max_size, takes the process furthest past its limit."""
+    rss = m.counted_bytes or 0  # what counts against the limit (model.MemorySnapshot)
     found = [(tm, name) for name, tm in view.table_memories.items()
              # the signature overstates compressed chunks: measured only
              if tm.measured and tm.projected_bytes is not None
@@ -90,9 +133,13 @@ def _span(low: float, high: float, spec: str) -> str:
 
 
 def is_memory_leak(view: TargetView, th: Thresholds, now: float) -> Finding | None:
-    """The process's memory rose through a stretch in which no table grew (memory.py)."""
+    """The process's memory rose through a stretch in which no table grew (memory.py). Not
+    while a checkpoint is written: the write keeps the items removed meanwhile alive, growth
+    that memory_exhaustion judges against the limit."""
     m = view.memory[-1] if view.memory else None
     if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
+        return None
+    if cw.checkpoint_running(view, th, now) is not None:
         return None
     tables = {name: view.fill(name) for name in view.tables}
     since = mem.flat_since(list(tables.values()), now)
