@@ -5,7 +5,8 @@ port and the probe's HTTP, every cycle's bundle replayed (tests/support/repro.py
   * Reverb's default checkpointer with an interval is checkpoint_unrestorable before any
     restart, and a restart of it does start empty; the printed fix (a DefaultCheckpointer
     with a directory) restores every item after a restart, and is not named;
-  * a directory the server cannot write is checkpoint_failed with Reverb's error;
+  * a directory the server cannot write is checkpoint_failed with Reverb's error, and so is a
+    write cut by a kill, once the process starts again on the same directory;
   * a restore into code with another max_size, sampler and limiter is
     restore_config_override naming both sides; the printed fix (a directory without that
     checkpoint) serves the code's settings, and is not named;
@@ -127,6 +128,27 @@ def test_a_directory_the_server_cannot_write_is_checkpoint_failed(
     assert f is not None and any(why in f.evidence["error"] for why in (
         "Read-only file system", "Permission denied")), f.evidence
     assert f.evidence["last_complete"] is None and f.evidence["failed_calls"] >= 1
+
+
+def test_a_write_cut_by_a_kill_is_checkpoint_failed_after_the_restart(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    # 300 items of 1 MiB: a write of a few seconds, killed once Reverb made its directory.
+    ckpt = tmp_path / "ckpt"
+    proc, _ = replay(spawn, "--dir", str(ckpt), "--fill", "300", "--item-kib", "1024",
+                     "--max-size", "300", "--checkpoint-once", name="replay-cut")
+    deadline = time.monotonic() + 60
+    while not (ckpt.is_dir() and any(ckpt.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    cut = [d.name for d in ckpt.iterdir() if not (d / "DONE").exists()]
+    assert cut, "the write ended before the kill: the case proves nothing"
+    _, up = replay(spawn, "--dir", str(ckpt), "--max-size", "300", name="replay-after")
+    assert up["size"] == 0  # Reverb skips a checkpoint without DONE: nothing came back
+    with watching(up["reverb"], up["replay_probe"]) as car:
+        assert tick_until(car, lambda s: found(s, Name.CHECKPOINT_FAILED) is not None,
+                          10.0) is not None
+        f = found(car.poller.tick(), Name.CHECKPOINT_FAILED)
+    assert f is not None and f.evidence["incomplete"] == cut, f.evidence
 
 
 def test_a_restore_into_other_code_is_an_override_and_a_fresh_directory_serves_the_code(
