@@ -2,10 +2,11 @@
 
 When a job hangs at 3 a.m. the person who debugs it is often not the one who was paged, and
 by then the job has been restarted. A bundle keeps the evidence: the diagnosis's own inputs
-for one target at one cycle (the view of every table's and probe's snapshots, the clock, the
-thresholds, the declared layout, the loop-dump verdicts, the findings open before the cycle)
-and what the sidecar said from them, with the stacks, the incidents' transitions, and a list
-of anything missing or dropped with the reason, so a gap is never silent.
+for one target at one cycle (the view of every table's and probe's snapshots, an RLlib job's
+snapshots, the clock, the thresholds, the declared layout, the loop-dump verdicts, the findings
+open before the cycle) and what the sidecar said from them, with the stacks, the incidents'
+transitions, and a list of anything missing or dropped with the reason, so a gap is never
+silent.
 
     inputs = Inputs(view, now, thresholds, layout, stacks, active_before, held)
     doc = build(inputs, live_findings, about)        # plain data; pure
@@ -32,6 +33,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.diagnosis.window import TargetView
 from replaywatch.errors import ConfigError
 from replaywatch.model import Finding, Name, Severity
+from replaywatch.ray_model import RaySnapshot
 
 FORMAT = "replaywatch-bundle"
 FORMAT_VERSION = 1
@@ -137,6 +139,8 @@ def build(inputs: Inputs, live: Sequence[Finding], about: About) -> dict[str, An
             "stacks": inputs.stacks,
             "active_before": [f.to_document() for f in inputs.active_before],
             "held": [f.to_document() for f in inputs.held],
+            # An RLlib job's snapshots over the look-back: what its rules judged
+            "ray": inputs.ray,
         },
         "verdict": verdict_document(view.target, inputs.now, live),
         "incident": about.incident,
@@ -206,8 +210,9 @@ def dedupe_stacks(taken: Mapping[str, Any] | None
 
 def fit(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
     """The document as JSON within `max_bytes`: over it, the oldest coarse snapshots (the
-    throughput baselines' look-back), then the stacks, then the oldest incident events are
-    dropped, each counted in `dropped` with the reason; the verdict may then differ."""
+    throughput baselines' look-back), then an RLlib job's oldest snapshots, then the stacks,
+    then the oldest incident events are dropped, each counted in `dropped` with the reason;
+    the verdict may then differ."""
     text = _dumps(doc)
     if len(text.encode()) <= max_bytes:
         return text
@@ -221,6 +226,11 @@ def fit(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
                 cut = len(series) // 2
                 view[field][name] = series[cut:]
                 dropped[field] = dropped.get(field, 0) + cut
+    ray = doc["inputs"].get("ray") or []
+    while len(_dumps(doc).encode()) > max_bytes and len(ray) > 2:
+        cut = len(ray) // 2  # an RLlib job's oldest snapshots: its rhythm is learned from them
+        del ray[:cut]
+        dropped["ray"] = dropped.get("ray", 0) + cut
     if len(_dumps(doc).encode()) > max_bytes and doc.get("stacks"):
         dropped["stacks"] = len(doc["stacks"])
         doc["stacks"] = None
@@ -269,7 +279,9 @@ def parse(text: str | bytes, name: str) -> Bundle:
             stacks=codec.decode(dict[str, StackVerdict], raw.get("stacks") or {},
                                 "inputs.stacks"),
             active_before=tuple(finding_from_document(f) for f in raw["active_before"]),
-            held=tuple(finding_from_document(f) for f in raw.get("held", [])))
+            held=tuple(finding_from_document(f) for f in raw.get("held", [])),
+            ray=(None if raw.get("ray") is None else
+                 codec.decode(tuple[RaySnapshot, ...], raw["ray"], "inputs.ray")))
         live = doc["verdict"]
         if not isinstance(live, dict) or not isinstance(live.get("findings"), list):
             raise codec.DecodeError("verdict: no findings list")

@@ -1,5 +1,6 @@
 """The evidence a cycle's transitions call for: written to the incident log with the snapshots
-around them, and, when a critical finding opens, the trainer's thread stacks and a bundle.
+around them, and, when a critical finding opens, the trainer's thread stacks (an RLlib job's:
+the stacks of the processes it names, by its dashboard) and a bundle.
 
 The findings keeper hands each cycle's verdict here. The stacks are the `StackTaker`'s
 business (replaywatch/stack_taker.py: the I/O, off the poller's thread): this module decides
@@ -69,7 +70,10 @@ class Evidence:
         # With no new transitions this retries what a failed write left queued.
         self._incidents.apply(transitions, _context(transitions, history, targets))
         for f in openings:
-            if self._wants_loop_dumps(f):
+            if (workers := _ray_workers(f, last)) is not None:
+                self._bundle(f, last, expect_stacks=self.stacks.will_capture_ray(workers))
+                self.stacks.capture_ray(f.finding_id, f.target, workers, self._attach)
+            elif self._wants_loop_dumps(f):
                 self._bundle(f, last, expect_stacks=True)  # its two dumps attach when taken
             elif f.evidence.get("from_stacks"):
                 self._bundle(f, last, expect_stacks=True)
@@ -98,6 +102,22 @@ class Evidence:
         return (self.stacks.can_dump_loop() and finding.kind == Name.SAMPLE_BLOCKED
                 and str(finding.evidence.get("layout", "")).startswith("sync")
                 and not finding.evidence.get("trainer_probes"))
+
+
+def _ray_workers(finding: Finding, last: Last) -> list[tuple[int, str | None]] | None:
+    """The processes an RLlib finding names (its hung calls', its learners', runners' and
+    driver's pids), each with its node where an actor of the job's newest snapshot runs
+    there; None for a Reverb target's finding."""
+    cycle = last.get(finding.target)
+    if cycle is None or not cycle[0].ray:
+        return None
+    ev = finding.evidence
+    named = [*(c.get("pid") for c in ev.get("calls") or () if isinstance(c, dict)),
+             *(ev.get("learner_pids") or ()), *(ev.get("runner_pids") or ()),
+             ev.get("driver_pid")]
+    nodes = {a.pid: a.node_id for a in cycle[0].ray[-1].actors if a.pid}
+    pids = list(dict.fromkeys(p for p in named if isinstance(p, int) and p > 0))
+    return [(p, nodes.get(p)) for p in pids]
 
 
 def _context(transitions: list[Transition], history: History,

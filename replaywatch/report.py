@@ -17,6 +17,7 @@ from replaywatch import bundle as bd
 from replaywatch.diagnosis import ratelimiter as rl
 from replaywatch.errors import ConfigError
 from replaywatch.model import Finding, TableSnapshot
+from replaywatch.ray_model import RaySnapshot
 
 ROWS = 12  # counters over time: at most this many rows per table
 # Where a stuck learner or actor sits: an iterator's next() (tf.data's), a writer's call.
@@ -55,10 +56,13 @@ def render(b: bd.Bundle) -> str:
              f" on `{_md(d.get('host'))}` ({_md(d.get('reason'))}). "
              f"Re-derive it with `replaywatch analyze <this bundle>`.", ""]
     lines += _verdict(findings)
-    lines += _limiter(view.tables)
-    for name in sorted({f.table for f in findings if f.table} & set(view.tables)):
-        lines += _counters(name, view.tables[name], b.inputs.now)
-    lines += _probes(b)
+    if b.inputs.ray:  # an RLlib job: its actors, calls and counters, not a Reverb table's
+        lines += _ray(b.inputs.ray)
+    else:
+        lines += _limiter(view.tables)
+        for name in sorted({f.table for f in findings if f.table} & set(view.tables)):
+            lines += _counters(name, view.tables[name], b.inputs.now)
+        lines += _probes(b)
     lines += _stack(d.get("stacks"))
     lines += _missing(d)
     lines += ["## Versions", "",
@@ -127,6 +131,39 @@ def _counters(name: str, points: Sequence[TableSnapshot], now: float) -> list[st
     return [*out, ""]
 
 
+def _ray(history: Sequence[RaySnapshot]) -> list[str]:
+    """The RLlib job at the last poll: its actors, the calls running, the counters, and the
+    newest result row; every part the poll could not read, said."""
+    last = history[-1]
+    out = [f"## RLlib job {_md(last.job_id or '(none found)')}, last poll", "",
+           f"{len(history)} snapshots in this bundle, from {_utc(history[0].observed_at)}; Ray "
+           f"{_md(last.ray_version or '?')}, driver pid {_md(last.driver_pid or '?')}.", "",
+           "| actor | role | state | restarts | pid | death cause |",
+           "| --- | --- | --- | ---: | ---: | --- |"]
+    out += [f"| {_md(a.class_name)} | {a.role} | {a.state} | {a.num_restarts} | "
+            f"{_md(a.pid or '-')} | {_md(a.death_cause or '')} |" for a in last.actors]
+    out += ["", "| call running | pid | for s |", "| --- | ---: | ---: |"]
+    out += [f"| {_md(t.name)} | {_md(t.worker_pid or '-')} | "
+            f"{'-' if t.running_for_s is None else _num(t.running_for_s)} |"
+            for t in last.tasks] or ["| (none) | | |"]
+    out += ["", "| counters of | role | env steps sampled | env steps trained | dropped |",
+            "| --- | --- | ---: | ---: | ---: |"]
+    out += [f"| {_md(c.rllib)} | {c.role} | {_opt(c.env_steps_sampled)} | "
+            f"{_opt(c.env_steps_trained)} | {_opt(c.env_steps_dropped)} |"
+            for c in last.counters if c.joined]
+    if last.results:
+        row = last.results[-1]
+        out += ["", f"Newest result row: iteration {_md(row.iteration)}, "
+                f"{_md(last.result_file or '?')}."]
+    if last.errors:
+        out += ["", "Not read at the last poll:", "", *[f"- {_md(e)}" for e in last.errors]]
+    return [*out, ""]
+
+
+def _opt(value: float | None) -> str:
+    return "-" if value is None else _num(value)
+
+
 def _probes(b: bd.Bundle) -> list[str]:
     view = b.inputs.view
     rows = []
@@ -176,8 +213,21 @@ def _blocked_score(frames: Sequence[dict[str, Any]], threads: Sequence[str]) -> 
     return 1 if "MainThread" in threads else 0
 
 
+TEXT_LINES = 60  # of each worker's py-spy text: its threads' innermost frames come first
+
+
 def _stack(stacks: dict[str, Any] | None) -> list[str]:
     picked = blocked_stack(stacks)
+    texts = [(where, str(doc["text"])) for where, doc in sorted((stacks or {}).items())
+             if isinstance(doc, dict) and isinstance(doc.get("text"), str)]
+    if picked is None and texts:  # py-spy's text (an RLlib worker's, by its dashboard)
+        out = ["## The blocked thread", ""]
+        for where, said in texts:
+            lines = said.strip().splitlines()
+            out += [f"From `{_md(where)}` (py-spy's text, {len(lines)} lines):", "", "```text",
+                    *lines[:TEXT_LINES], *(["..."] if len(lines) > TEXT_LINES else []),
+                    "```", ""]
+        return out
     if picked is None:
         return ["## The blocked thread", "", "No stacks in this bundle (see Missing).", ""]
     where, group = picked

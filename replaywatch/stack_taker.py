@@ -1,5 +1,6 @@
 """Stack capture, the edge where replaywatch reads a trainer's threads: a probe's /stacks
-over HTTP, or `py-spy dump` of `--trainer-pid`.
+over HTTP, or `py-spy dump` of `--trainer-pid`; and an RLlib job's workers, by its Ray
+dashboard's py-spy (`capture_ray`).
 
 The findings keeper is handed a `StackTaker` and asks it for two things. When a critical
 finding opens, the trainer's stacks as evidence (`capture`). When a `sample_blocked` opens
@@ -38,6 +39,8 @@ StackFetcher = Callable[[Sequence[str], int | None], dict[str, Any] | None]
 StackDumper = Callable[[int], dict[str, Any]]
 # Where dumps go once taken: (finding id, {where: stacks}) -> stored.
 Attach = Callable[[str, dict[str, Any]], bool]
+# (Ray target, [(pid, node id or None)]) -> {"ray:PID": its stacks}, or None: no such cluster.
+RayStacks = Callable[[str, Sequence[tuple[int, str | None]]], dict[str, Any] | None]
 # Two dumps this far apart both inside next() are a loop that stays there, not a passing call.
 DUMP_GAP_S = 1.0
 TIMEOUT_S = 5.0
@@ -81,8 +84,10 @@ class StackTaker:
     """
 
     def __init__(self, trainer_pid: int | None = None, fetcher: StackFetcher = fetch_stacks,
-                 dumper: StackDumper = py_spy_dump, gap_s: float = DUMP_GAP_S):
+                 dumper: StackDumper = py_spy_dump, gap_s: float = DUMP_GAP_S,
+                 ray: RayStacks | None = None):
         self.trainer_pid = trainer_pid
+        self._ray = ray
         self._fetch = fetcher
         self._dump = dumper
         self._gap_s = gap_s
@@ -103,6 +108,23 @@ class StackTaker:
         # Nobody joins it: it ends when the fetch does (every fetch has a timeout),
         # and a daemon thread never holds up the sidecar's exit.
         threading.Thread(target=capture, name="replaywatch-stacks", daemon=True).start()
+
+    def capture_ray(self, finding_id: str, target: str,
+                    workers: Sequence[tuple[int, str | None]], attach: Attach) -> None:
+        """An RLlib job's workers' stacks, by its dashboard's py-spy, attached once taken."""
+        ray = self._ray
+        if ray is None or not workers:
+            return
+
+        def capture() -> None:
+            stacks = ray(target, workers)
+            if stacks is not None and not attach(finding_id, stacks):
+                log.warning("could not store stacks for %s", finding_id)
+
+        threading.Thread(target=capture, name="replaywatch-ray-stacks", daemon=True).start()
+
+    def will_capture_ray(self, workers: Sequence[tuple[int, str | None]]) -> bool:
+        return self._ray is not None and bool(workers)
 
     def will_capture(self, probe_urls: Sequence[str]) -> bool:
         """Whether `capture` has anywhere to take stacks from."""

@@ -16,7 +16,7 @@ import logging
 import os
 import platform
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -31,7 +31,7 @@ from replaywatch.sources.memory import MemoryWatch, is_local, port_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.ray_cluster import RayClusterSource, RaySource
 from replaywatch.sources.reverb import ReverbSource
-from replaywatch.stack_taker import StackTaker
+from replaywatch.stack_taker import StackTaker, py_spy_dump
 from replaywatch.state import Published, StateStore
 from replaywatch.targets_file import ParsedTargets, TargetsFile
 
@@ -206,8 +206,17 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
     db = incidents_path or config.db_path or default_db_path()
     store_dir = config.bundle_dir or default_directory(db)
     bundles = BundleStore(store_dir, bundle_config(config), incidents, keep=config.bundle_keep)
+
+    def ray_stacks(target: str, workers: Sequence[tuple[int, str | None]]
+                   ) -> dict[str, Any] | None:
+        assert poller is not None
+        for b in poller.bindings:
+            if isinstance(b.source, RaySource) and b.target == target:
+                return local_fallback(target, b.source.cluster.tracebacks(workers))
+        return None
+
     keeper = FindingsKeeper(current_targets, config.thresholds, config.poll.interval_s,
-                            incidents, stacks=StackTaker(config.trainer_pid),
+                            incidents, stacks=StackTaker(config.trainer_pid, ray=ray_stacks),
                             layout=config.layout, bundles=bundles)
     poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
                     timeout_s=config.poll.effective_timeout_s, reload=plan.reload,
@@ -216,6 +225,23 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
     maker = BundleMaker(bundles, keeper.last_cycle, lambda: list(current_targets()))
     return Sidecar(config=config, history=history, store=store, incidents=incidents,
                    keeper=keeper, poller=poller, bundles=maker)
+
+
+def local_fallback(dashboard: str, taken: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The dashboard's py-spy refused (Ray 2.60 serves it only with
+    RAY_DASHBOARD_ENABLE_PROFILING=1 on the head) or failed: on a cluster on this host, the
+    same pid is dumped with this host's py-spy; the dashboard's answer is kept beside it."""
+    host = dashboard.split("://", 1)[-1].rstrip("/")
+    if not is_local(host):
+        return dict(taken)
+    out: dict[str, Any] = {}
+    for where, doc in taken.items():
+        pid = doc.get("pid")
+        if "error" in doc and isinstance(pid, int) and os.path.isdir(f"/proc/{pid}"):
+            out[where] = {**py_spy_dump(pid), "pid": pid, "dashboard_error": doc["error"]}
+        else:
+            out[where] = doc
+    return out
 
 
 def bundle_config(config: WatchConfig) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -694,3 +695,71 @@ def test_the_engine_never_runs_a_ray_job_rule(monkeypatch: pytest.MonkeyPatch) -
                                                          Shape.RAY_JOB)))
     view = target_view([table_history(seconds(20), 100, 50)])
     assert diagnose(view, TH, 1019.0).rule_errors == ()
+
+
+# -- a bundle of an RLlib job's cycle ----------------------------------------------------------
+
+def test_a_bundle_of_a_ray_target_replays_the_rllib_verdict_offline() -> None:
+    # What the sidecar judged (the job's snapshots over the look-back) travels in the bundle:
+    # `replaywatch analyze` on it names the same hung learner, not an empty verdict.
+    from replaywatch import bundle as bd
+    from replaywatch.diagnosis.cycle import Inputs
+    from replaywatch.diagnosis.window import TargetView
+
+    history = tuple(dqn_learner_hung().history(300.0))
+    now = history[-1].observed_at
+    inputs = Inputs(TargetView(TARGET, (), {}, {}, {}), now, TH, ray=history)
+    live = bd.verdict(inputs)
+    assert Name.LEARNER_STALLED in {f.kind for f in live}
+    about = bd.About("opened critical x", now, "host", 1, "0", {})
+    text = bd.fit(bd.build(inputs, live, about))
+    back = bd.parse(text, "b.json")
+    assert back.inputs.ray == history
+    assert [f.to_document() for f in bd.verdict(back.inputs)] == [
+        f.to_document() for f in live]
+    # Over the size limit, the oldest snapshots go first, counted in `dropped`.
+    small = bd.parse(bd.fit(bd.build(inputs, live, about), max_bytes=len(text) // 3), "b.json")
+    kept = small.inputs.ray or ()
+    assert 2 <= len(kept) < len(history) and kept == history[-len(kept):]
+    assert small.doc["dropped"]["ray"] == len(history) - len(kept)
+    # Its report shows the job, not a Reverb table: the actors, the hung call with its pid.
+    from replaywatch import report
+    text = report.render(back)
+    assert "## RLlib job 02000000, last poll" in text and "rate limiter" not in text
+    assert "| _WrappedExecutable.apply | 6700 | 100 |" in text, text
+
+
+def test_a_critical_rllib_finding_asks_for_the_stacks_of_the_processes_it_names() -> None:
+    # The hung Learner's pid, on the node its actor runs on: the dashboard's py-spy is asked
+    # there, off the poller's thread, and what it says goes to the incident and the bundle.
+    from replaywatch.diagnosis.cycle import Inputs
+    from replaywatch.diagnosis.window import TargetView
+    from replaywatch.evidence import _ray_workers
+    from replaywatch.stack_taker import StackTaker
+
+    history = tuple(dqn_learner_hung().history(300.0))
+    f = judged(dqn_learner_hung(), 300.0)[Name.LEARNER_STALLED]
+    last = {TARGET: (Inputs(TargetView(TARGET, (), {}, {}, {}), history[-1].observed_at, TH,
+                            ray=history), (f,))}
+    node = next(a.node_id for a in history[-1].actors if a.pid == 6700)
+    assert _ray_workers(f, last) == [(6700, node)]
+    assert _ray_workers(dataclasses.replace(f, target="other:8000"), last) is None
+    asked, attached = [], []
+    done = threading.Event()
+
+    def stacks(target: str, workers: Any) -> dict[str, Any]:
+        asked.append((target, list(workers)))
+        return {"ray:6700": {"text": "Thread 6700 (idle): MainThread\n    compute_losses"}}
+
+    def attach(finding_id: str, taken: dict[str, Any]) -> bool:
+        attached.append((finding_id, taken))
+        done.set()
+        return True
+
+    taker = StackTaker(ray=stacks)
+    assert taker.will_capture_ray([(6700, node)]) and not StackTaker().will_capture_ray(
+        [(6700, node)])
+    taker.capture_ray(f.finding_id, TARGET, [(6700, node)], attach)
+    assert done.wait(5.0)
+    assert asked == [(TARGET, [(6700, node)])]
+    assert attached[0][0] == f.finding_id and "compute_losses" in attached[0][1]["ray:6700"]["text"]

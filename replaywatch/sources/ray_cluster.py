@@ -31,8 +31,9 @@ import os
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,11 @@ DEFAULT_TEMP_DIR = "/tmp/ray"
 ACTORS = "/api/v0/actors?limit=10000&detail=1"
 _EQ = "&filter_predicates=%3D"
 RUNNING_TASKS = f"/api/v0/tasks?detail=1&limit=10000&filter_keys=state{_EQ}&filter_values=RUNNING"
+NODES = "/api/v0/nodes?limit=1000"
+# The dashboard's py-spy of a worker, on the worker's node (Ray's reporter agent): text
+TRACEBACK = "/worker/traceback"
+TRACEBACK_TIMEOUT_S = 15.0  # py-spy attaches, walks every thread, and Ray relays it
+_MAX_TRACEBACK = 2 * 1024 * 1024
 _MAX_STATE = 32 * 1024 * 1024  # 10,000 actors in detail
 _MAX_METRICS = 64 * 1024 * 1024  # the node's page grows with every job the cluster ran
 _TEXT = 300
@@ -126,6 +132,13 @@ def state_rows(doc: Any) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     if isinstance(total, int) and isinstance(kept, int) and kept < total:
         warnings.append(f"truncated to {kept} of {total} rows")
     return [r for r in rows if isinstance(r, dict)], tuple(warnings)
+
+
+def head_node(doc: Any) -> str | None:
+    """The head node's id from a state API nodes answer (None: none marked head)."""
+    rows, _ = state_rows(doc)
+    return next((str(r["node_id"]) for r in rows
+                 if r.get("is_head_node") and r.get("node_id")), None)
 
 
 def _death_cause(cause: Any) -> str | None:
@@ -396,6 +409,41 @@ class RayClusterSource:
             raise
         except ValueError:
             raise SourceProtocolError("answer is not JSON") from None
+
+    def tracebacks(self, workers: Sequence[tuple[int, str | None]]
+                   ) -> dict[str, dict[str, Any]]:
+        """Each worker's stacks by the dashboard's py-spy (`/worker/traceback`), keyed
+        `ray:PID`: `{"text": ...}`, or `{"error": ...}` saying why not. A worker of no known
+        node (the driver, which is no actor) is read on the head node, where `ray.init` runs
+        a driver unless it joined from elsewhere. Called off the poller's thread."""
+        head, no_head = None, "no node known for it"
+        if any(node is None for _, node in workers):
+            try:
+                head = head_node(self._state(NODES))
+            except SourceError as e:
+                no_head = f"no node known for it ({self.target}{NODES}: {e})"
+        taken: dict[str, dict[str, Any]] = {}
+        for pid, node in workers:
+            on = node or head
+            if on is None:
+                taken[f"ray:{pid}"] = {"error": no_head, "pid": pid}
+                continue
+            query = urllib.parse.urlencode({"pid": pid, "node_id": on})
+            try:
+                taken[f"ray:{pid}"] = {"text": self._get_text(f"{TRACEBACK}?{query}"),
+                                       "pid": pid, "node_id": on}
+            except SourceError as e:
+                taken[f"ray:{pid}"] = {"error": f"{self.target}{TRACEBACK}: {e}", "pid": pid,
+                                       "node_id": on}
+        return taken
+
+    def _get_text(self, path: str) -> str:
+        if self._token is None:
+            home = self._home if self._home is not None else Path.home()
+            self._token, self._token_from = find_token(self._flag_token, self._environ, home)
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        return http_get(self.target + path, TRACEBACK_TIMEOUT_S, _MAX_TRACEBACK,
+                        headers).decode("utf-8", "replace")
 
     def _actors(self, now: float, errors: list[str]) -> tuple[RayActor, ...] | None:
         try:

@@ -32,10 +32,11 @@ def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: st
 
 
 def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
-          until: Callable[[Finding], bool] = lambda f: False
+          until: Callable[[Finding], bool] = lambda f: False, bundle_within_s: float = 0.0
           ) -> tuple[list[tuple[float, Finding]], list[float], float]:
     """(findings seen at warning or worse with the time, the times the job's trained counter
-    was seen to move, the time watching began)."""
+    was seen to move, the time watching began). `bundle_within_s`: once `until` holds, the
+    sidecar goes on that long or until a bundle is written (tmp_path/bundles)."""
     target = RayTarget(announced["dashboard_url"], temp_dir=str(temp),
                        results=announced["logdir"])
     config = WatchConfig(targets=(), ray=(target,),
@@ -58,6 +59,10 @@ def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
             if any(until(f) for _, f in paged):
                 break
             time.sleep(max(0.0, INTERVAL_S - (time.time() - began) % INTERVAL_S))
+        deadline = time.time() + bundle_within_s
+        while time.time() < deadline and not list((tmp_path / "bundles").glob("*.json")):
+            car.poller.tick()
+            time.sleep(INTERVAL_S)
     return paged, moved, began
 
 
