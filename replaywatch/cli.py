@@ -32,6 +32,7 @@ from replaywatch.predict import run_predict
 from replaywatch.probe.protocol import Gate, Layout
 from replaywatch.report import add_arguments as add_report_arguments
 from replaywatch.report import run_report
+from replaywatch.shards import parse_shard
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--db", metavar="PATH", help="incident log (SQLite) path")
     watch.add_argument("--targets-file", metavar="PATH",
                        help="more targets in Prometheus file_sd format (JSON/YAML), reloaded")
+    watch.add_argument("--shard", metavar="I/N",
+                       help="poll only the targets whose stable hash is I mod N: N sidecars "
+                            "given the same list split it, each target polled once")
     watch.add_argument("--bundle-dir", metavar="DIR",
                        help="where a bundle is written when a critical finding opens "
                             "(default: bundles/ next to --db)")
@@ -205,6 +209,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
         bundle_keep=getattr(args, "bundle_keep", 20),
         reverb_pids=cfg.reverb_pids(getattr(args, "reverb_pid", []), targets),
         ray=ray_targets(args),
+        shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
     )
 
 

@@ -14,6 +14,7 @@ from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.errors import ConfigError
 from replaywatch.model import DeclaredLayout
 from replaywatch.probe.protocol import Layout
+from replaywatch.shards import Shard
 
 
 def parse_address(address: str, what: str = "address") -> str:
@@ -186,6 +187,7 @@ class WatchConfig:
     # target's is found by its port (sources/memory.py)
     reverb_pids: tuple[tuple[str, int], ...] = ()
     ray: tuple[RayTarget, ...] = ()  # RLlib jobs' clusters (--ray)
+    shard: Shard | None = None  # --shard I/N: the targets whose hash is I mod N (shards.py)
 
     def __post_init__(self) -> None:
         if self.bundle_keep < 0:

@@ -147,6 +147,13 @@ RULE_ERRORS = gauge("rule_errors",
                     "(the others still judge); /api/v1/findings and the log say which.")
 LATE_CYCLES = counter("late_poll_cycles",
                       "Poll cycles that overran the interval (the next one started late).")
+SHARD_INDEX = gauge("shard_index", "This sidecar's shard I of --shard I/N (absent without it).")
+SHARD_COUNT = gauge("shard_count", "N of --shard I/N: the shards the targets are split over.")
+TARGETS = gauge("targets",
+                "Targets of the list (flags and targets file) this shard polls (state=owned) "
+                "and leaves to the other shards (state=others); with --shard only. Summed "
+                "over the shards, owned equals the list only when every shard runs.",
+                ("state",))
 
 
 def families(state: Published) -> Group:
@@ -174,6 +181,11 @@ def families(state: Published) -> Group:
     yield BUNDLE_FAILURES, [((), state.bundle_failures)]
     yield RULE_ERRORS, [((), float(len(state.rule_errors)))]
     yield LATE_CYCLES, [((), state.late_cycles)]
+    if state.shard is not None:
+        yield SHARD_INDEX, [((), float(state.shard.shard.index))]
+        yield SHARD_COUNT, [((), float(state.shard.shard.count))]
+        yield TARGETS, [(("owned",), float(state.shard.owned)),
+                        (("others",), float(state.shard.others))]
 
 
 def _memory_rows(state: Published) -> Group:

@@ -21,6 +21,7 @@ from typing import Protocol
 from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.history import History
 from replaywatch.model import Finding, PollOutcome, SourceKind
+from replaywatch.shards import ShardCounts
 from replaywatch.sources import Source
 from replaywatch.state import Published, SourceStatus, StateStore
 
@@ -106,8 +107,10 @@ class Poller:
         config_errors: Callable[[], tuple[str, ...]] = tuple,
         before_publish: Callable[[Published], None] = lambda _: None,
         after_publish: Callable[[Published], None] = lambda _: None,
+        shard: Callable[[], ShardCounts] | None = None,
     ):
         self._bindings = list(bindings)
+        self._shard = shard
         self._reload = reload
         self._config_errors = config_errors
         self._before_publish = before_publish
@@ -250,6 +253,7 @@ class Poller:
             figures=found.figures,
             late_cycles=self.late_cycles,
             config_errors=self._config_errors(),
+            shard=self._shard() if self._shard is not None else None,
             cycle_duration_s=self._perf() - t0,
         )
         try:

@@ -20,6 +20,7 @@ from replaywatch.model import (
     TableSnapshot,
 )
 from replaywatch.ray_model import RaySnapshot
+from replaywatch.shards import ShardCounts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Published:
     config_errors: tuple[str, ...] = ()
     incident_log_dropped: int = 0  # transitions the incident log lost to a full queue
     late_cycles: int = 0  # poll cycles that overran the interval
+    shard: ShardCounts | None = None  # --shard: this sidecar's part of the list
     bundles_written: int = 0  # incident bundles written since the sidecar started
     bundle_failures: int = 0  # bundles that could not be written
     # "target: rule: error" for each rule that raised in this cycle: its finding is missing

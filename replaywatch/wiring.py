@@ -27,6 +27,7 @@ from replaywatch.findings import FindingsKeeper
 from replaywatch.history import COARSE_EVERY_S, History
 from replaywatch.incidents import IncidentLog
 from replaywatch.poller import Poller, SourceBinding, targets_of
+from replaywatch.shards import Sharding
 from replaywatch.sources.memory import MemoryWatch, is_local, port_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.ray_cluster import RayClusterSource, RaySource
@@ -128,6 +129,24 @@ def plan_targets(config: WatchConfig, static: list[SourceBinding]) -> TargetsPla
     return TargetsPlan(static + bindings_from_file(parsed, timeout), reload, errors)
 
 
+def sharded(plan: TargetsPlan, sharding: Sharding) -> TargetsPlan:
+    """The plan with only the targets this shard owns, and their probes (a probe's target is
+    its server), at start and at each reload."""
+    def keep(bindings: list[SourceBinding]) -> list[SourceBinding]:
+        targets = {b.target for b in bindings}
+        owned = sharding.keep(targets)
+        return [b for b in bindings if b.target in owned]
+
+    reload = plan.reload
+
+    def reloaded() -> list[SourceBinding] | None:
+        fresh = reload() if reload is not None else None
+        return None if fresh is None else keep(fresh)
+
+    return TargetsPlan(keep(plan.bindings), reloaded if reload is not None else None,
+                       plan.errors)
+
+
 def open_incident_log(path: str) -> IncidentLog:
     """The incident log at `path` (":memory:" for none on disk); its directory is made here."""
     if path != ":memory:":
@@ -194,6 +213,9 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
                       coarse_age_s=th.throughput_lookback_s + coarse_every_s)
     store = StateStore()
     plan = plan_targets(config, make_bindings(config))
+    sharding = Sharding(config.shard) if config.shard is not None else None
+    if sharding is not None:
+        plan = sharded(plan, sharding)
     incidents = open_incident_log(incidents_path or config.db_path or default_db_path())
     poller: Poller | None = None
 
@@ -221,7 +243,8 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
     poller = Poller(plan.bindings, history, store, keeper, interval_s=config.poll.interval_s,
                     timeout_s=config.poll.effective_timeout_s, reload=plan.reload,
                     config_errors=plan.errors, before_publish=before_publish,
-                    after_publish=after_publish)
+                    after_publish=after_publish,
+                    shard=(lambda: sharding.counts) if sharding is not None else None)
     maker = BundleMaker(bundles, keeper.last_cycle, lambda: list(current_targets()))
     return Sidecar(config=config, history=history, store=store, incidents=incidents,
                    keeper=keeper, poller=poller, bundles=maker)

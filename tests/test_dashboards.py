@@ -50,7 +50,7 @@ COMPOSE_YML = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 # Runbooks of the sidecar's own alerts, beside one per finding kind.
-SIDECAR_RUNBOOKS = {"sidecar_down", "rule_errors"}
+SIDECAR_RUNBOOKS = {"sidecar_down", "rule_errors", "shards_disagree"}
 # Where every alert's runbook_url points (_config.runbookBase in dashboards/mixin/).
 RUNBOOK_BASE = "https://github.com/replaywatch/replaywatch/blob/main/docs/runbooks/"
 GRID_COLUMNS = 24

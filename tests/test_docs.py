@@ -24,6 +24,7 @@ from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.metrics import make_registry, render
 from replaywatch.model import BatchStats, Finding, MemorySnapshot, PriorityUpdates, Severity
 from replaywatch.ray_model import ActorRole, RayActor, RaySnapshot, RayTask, RllibCounters
+from replaywatch.shards import Shard, ShardCounts
 from replaywatch.state import Published, SourceStatus
 from tests.builders import ACTOR, actor_snapshot, probe_snapshot, table_history
 
@@ -91,6 +92,7 @@ def full_picture() -> Published:
                      figures={key: figures}, probes={url: probe},
                      actors={ACTOR: actor_snapshot(2.0, 30, in_call="flush", blocked_for=1.0)},
                      findings=(finding,), late_cycles=1, incident_log_dropped=1,
+                     shard=ShardCounts(Shard(0, 2), 3, 4),
                      memory={target: MemorySnapshot(target, 2.0, 77, 300 << 20, 1 << 30,
                                                     "cgroup v1", 350 << 20, 0,
                                                     "listening on port 8000", 280 << 20)})

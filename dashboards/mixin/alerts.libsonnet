@@ -75,6 +75,19 @@
     // A rule that raises costs its own finding (the others still judge): the verdicts this
     // sidecar sends are then incomplete, which must not stay silent. A replaywatch bug, not
     // the job's: a warning, not a page.
+    // Sidecars sharding one list (--shard I/N): summed over them, the targets they own must be
+    // the list. Less: a shard is down or was given another N or another list; more: two own
+    // the same target. Either way some target is watched twice or not at all.
+    {
+      name: 'ShardsDisagree',
+      expr: 'sum(replaywatch_targets{%s, state="owned"}) != max(sum by (instance) (replaywatch_targets{%s}))' % [c.replaywatchSelector, c.replaywatchSelector],
+      severity: 'warning',
+      'for': c.warningFor,
+      runbook: 'shards_disagree',
+      dashboardVars: [],
+      summary: 'replaywatch shards own {{ $value }} targets, not their list',
+      description: 'The replaywatch sidecars run with --shard own, summed over them, another number of targets than the list they were given: a shard is down, or the shards were given another N or another list. Some target is watched by no sidecar, or by two. Compare replaywatch_shard_index, replaywatch_shard_count and replaywatch_targets across the instances.',
+    },
     {
       name: 'RuleErrors',
       expr: 'replaywatch_rule_errors{%s} > 0' % c.replaywatchSelector,
