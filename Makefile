@@ -33,7 +33,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints bench-checkpoint-memory system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -238,6 +238,11 @@ bench-checkpoints: $(STAMP)
 # shapes (3.5 minutes).
 bench-checkpoint-memory: $(STAMP)
 	$(PY) -m bench.checkpoint_memory --results bench/RESULTS.md
+
+# 32 Reverb servers and 512 probes in a targets file under one sidecar at 1 Hz, then split over
+# two shards (about 3 minutes).
+bench-fleet: $(STAMP)
+	$(PY) -m bench.fleet --results bench/RESULTS.md
 
 # One real RLlib DQN job in windows unwatched and watched by `watch --ray`, paired inside the
 # job: what the sidecar costs it (about 6 minutes).
