@@ -100,6 +100,7 @@ def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
     probes: list[Any] = []
     learned = dict(rhythms or {})
     paged: list[tuple[float, Finding]] = []
+    answered = polls([start + i for i in range(seconds + 1)])  # every poll answered, made once
     for i in range(seconds + 1):
         t = start + i
         s = job(float(i))
@@ -113,7 +114,8 @@ def run(job: Job, seconds: int, th: Thresholds = TH, probe: bool = True,
         recent = [x for x in tables if x.observed_at >= t - reach]
         view = make_view([tuple(recent)],
                          [tuple(p for p in probes if p.observed_at >= t - reach)] if probe
-                         else [])
+                         else [],
+                         target_polls=answered[len(tables) - len(recent):len(tables)])
         if not probe:
             view = dataclasses.replace(view, probe_polls={})
         if coarse:  # the keeper's copy for the throughput rule: a snapshot per 10 s
