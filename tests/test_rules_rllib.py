@@ -763,3 +763,32 @@ def test_a_critical_rllib_finding_asks_for_the_stacks_of_the_processes_it_names(
     assert done.wait(5.0)
     assert asked == [(TARGET, [(6700, node)])]
     assert attached[0][0] == f.finding_id and "compute_losses" in attached[0][1]["ray:6700"]["text"]
+
+
+def dqn_env_hung_sampled_reported_late(h: float = 200.0, lag: float = 15.0,
+                                       algo: str = "DQN") -> Job:
+    """As seen on a loaded host: the env hangs at `h`, the learner's last update is reported
+    at once but the runners' last env steps only `lag` s later (each process reports on its own
+    10 s clock), so for a while env steps look sampled after training stopped."""
+    return Job(algo=algo,
+               sampled=lambda n, t: 17.0 * reported(min(t, T0 + h + lag) - T0),
+               trained=lambda t: 500.0 + 528.0 * reported(min(t, T0 + h) - T0),
+               iterations=lambda t: 5 + math.floor(reported(min(t, T0 + h) - T0) / 30),
+               steps=lambda t: 2500 + 16.0 * reported(min(t, T0 + h) - T0),
+               rows_until=T0 + h,
+               calls=lambda t: ([call(ActorRole.ENV_RUNNER, 1, t - T0 - h, T0 + h)]
+                                if t > T0 + h else healthy_calls(t)))
+
+
+@pytest.mark.parametrize("algo", ["DQN", "SomeNewAlgo"])
+def test_a_runners_report_arriving_after_the_learners_never_names_the_learner(
+        algo: str) -> None:
+    # make test's real DQN once named learner_stalled ("env steps are still sampled") a poll
+    # before env_runner_stalled: DQN samples and trains in one loop, so steps sampled after
+    # training stopped are a report's lag, never a learner that takes nothing. Where the
+    # algorithm is not known, only sampling that goes on past two report intervals counts.
+    job = dqn_env_hung_sampled_reported_late(algo=algo)
+    for until in range(210, 400, 5):
+        found = judged(job, float(until))
+        assert Name.LEARNER_STALLED not in found, (until, found[Name.LEARNER_STALLED].summary)
+    assert Name.ENV_RUNNER_STALLED in judged(job, 400.0)

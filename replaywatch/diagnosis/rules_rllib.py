@@ -61,7 +61,7 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     trained = job.trained
     if trained is not None and not trained.stalled(job.now):
         return None
-    flowing = job.sampled is not None and job.sampled.moving(job.now) and trained is not None
+    flowing = _sampled_without_training(job, trained)
     if not hung and not flowing:
         return None
     learners = [a for a in job.latest.actors if a.role is ActorRole.LEARNER and a.alive]
@@ -85,6 +85,24 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     learned = trained is not None and trained.learned
     return rj.held(job.finding(kinds.LEARNER_STALLED, summary, evidence, fix, since),
                    rj.grace(job, learned), th, job.now)
+
+
+def _sampled_without_training(job: RllibJob, trained: rp.Progress | None) -> bool:
+    """Env steps still sampled while the trained counter rests: an asynchronous algorithm's
+    samples going nowhere. A synchronous one (DQN) samples and trains in one loop, so what it
+    sampled after its last update is a report's lag (each process reports on its own 10 s
+    clock: a DQN whose env hung showed env steps 15 s after its last update on a loaded
+    host), never a learner taking nothing; where the algorithm is not known, only sampling
+    that went on past two report intervals after training stopped counts."""
+    sampled = job.sampled
+    if sampled is None or trained is None or not sampled.moving(job.now):
+        return False
+    algo = job.algorithm()
+    if algo in rj.SYNCHRONOUS:
+        return False
+    if algo in rj.ASYNCHRONOUS:
+        return True
+    return sampled.moved_at is not None and sampled.moved_at - trained.since > 2 * rp.REPORT_S
 
 
 # The counter whose rhythm, before a call began, bounds how long the call may run.
