@@ -150,12 +150,13 @@ test-memory: $(STAMP)
 # The Ray tier, apart from make test's budget (a Ray head takes about a minute to start
 # here, and each case is a real job of 2 to 4 minutes: about 25 minutes in all): real RLlib
 # jobs watched from outside with --ray (tests/test_rllib_tier.py, a local cluster per case,
-# .venv-rllib, 25 s to build from this machine's caches) and the distributed agent joining a
-# `ray start --head`.
+# .venv-rllib, 12 s to build from this machine's caches), the distributed agent joining a
+# `ray start --head`, and a multi-node cluster losing its actor node.
 test-ray: $(STAMP) rllib-venv
 	REPLAYWATCH_RAY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -rP $(PYTEST_ARGS) \
 		tests/test_rllib_tier.py \
-		tests/test_ray_cluster.py::test_a_ray_start_head_on_this_machine_is_joined_with_no_auth_variable
+		tests/test_ray_cluster.py::test_a_ray_start_head_on_this_machine_is_joined_with_no_auth_variable \
+		tests/test_ray_cluster.py::test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers
 
 # Two xdist workers: 840 tests in 37 s against 59 s in one process on this 2-core machine.
 test-fast: $(STAMP)
