@@ -76,6 +76,19 @@ def py_spy_dump(pid: int, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
         return {"text": done.stdout[:200_000]}
 
 
+def _attach_off_thread(finding_id: str, fetch: Callable[[], dict[str, Any] | None],
+                       attach: Attach, name: str) -> None:
+    """`fetch` on a thread of its own, what it took attached to the finding. Nobody joins it:
+    it ends when the fetch does (every fetch has a timeout), and a daemon thread never holds
+    up the sidecar's exit."""
+    def run() -> None:
+        stacks = fetch()
+        if stacks is not None and not attach(finding_id, stacks):
+            log.warning("could not store stacks for %s", finding_id)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+
+
 class StackTaker:
     """Takes the trainer's stacks off the poller's thread and keeps the loop-dump verdicts.
 
@@ -97,31 +110,17 @@ class StackTaker:
 
     def capture(self, finding_id: str, probe_urls: list[str], attach: Attach) -> None:
         """The trainer's stacks, from its probes and py-spy, attached once fetched."""
-        if not self.will_capture(probe_urls):
-            return
-
-        def capture() -> None:
-            stacks = self._fetch(probe_urls, self.trainer_pid)
-            if stacks is not None and not attach(finding_id, stacks):
-                log.warning("could not store stacks for %s", finding_id)
-
-        # Nobody joins it: it ends when the fetch does (every fetch has a timeout),
-        # and a daemon thread never holds up the sidecar's exit.
-        threading.Thread(target=capture, name="replaywatch-stacks", daemon=True).start()
+        if self.will_capture(probe_urls):
+            _attach_off_thread(finding_id, lambda: self._fetch(probe_urls, self.trainer_pid),
+                               attach, "replaywatch-stacks")
 
     def capture_ray(self, finding_id: str, target: str,
                     workers: Sequence[tuple[int, str | None]], attach: Attach) -> None:
         """An RLlib job's workers' stacks, by its dashboard's py-spy, attached once taken."""
         ray = self._ray
-        if ray is None or not workers:
-            return
-
-        def capture() -> None:
-            stacks = ray(target, workers)
-            if stacks is not None and not attach(finding_id, stacks):
-                log.warning("could not store stacks for %s", finding_id)
-
-        threading.Thread(target=capture, name="replaywatch-ray-stacks", daemon=True).start()
+        if ray is not None and workers:
+            _attach_off_thread(finding_id, lambda: ray(target, workers), attach,
+                               "replaywatch-ray-stacks")
 
     def will_capture_ray(self, workers: Sequence[tuple[int, str | None]]) -> bool:
         return self._ray is not None and bool(workers)

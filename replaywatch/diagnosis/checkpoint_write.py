@@ -105,22 +105,15 @@ def kept_alive(view: TargetView, th: Thresholds, now: float) -> KeptAlive | None
     if running is None:
         return None
     call, began, code = running
-    removals: list[tuple[int, float, str]] = []  # (items, over_s, table)
-    for name, history in view.tables.items():
-        points = since_last_reset(history)
-        before = [p for p in points if p.observed_at <= began]
-        if not before or points[-1].observed_at <= before[-1].observed_at:
-            continue
-        start, end = before[-1], points[-1]
-        inserted = end.rate_limiter.inserts - start.rate_limiter.inserts
-        removals.append((max(0, inserted - (end.current_size - start.current_size)),
-                         end.observed_at - start.observed_at, name))
-    if not removals:
+    by_table = _removed_by_poll(view, began)
+    # Each table's newest poll: its removals since the write began, and over how long.
+    newest = {name: polls[-1] for name, polls in by_table.items() if polls}
+    if not newest:
         return None
-    items = sum(r[0] for r in removals)
-    over = max(r[1] for r in removals)
-    table = max(removals)[2]
-    per = _bytes_per_removed(view, began, items, table)
+    items = sum(n for _, n, _ in newest.values())
+    over = max(span for _, _, span in newest.values())
+    table = max(newest, key=lambda name: (newest[name][1], name))
+    per = _bytes_per_removed(view, by_table, items, table)
     if per is None:
         return None
     took = previous_writes_s(code)
@@ -132,15 +125,18 @@ def kept_alive(view: TargetView, th: Thresholds, now: float) -> KeptAlive | None
                      None if m is None else m.limit_bytes, None if m is None else m.limit_from)
 
 
-def _bytes_per_removed(view: TargetView, began: float, items: int, table: str
-                       ) -> tuple[float, str, bool] | None:
+def _bytes_per_removed(view: TargetView, by_table: dict[str, list[tuple[float, int, float]]],
+                       items: int, table: str) -> tuple[float, str, bool] | None:
     """An item's bytes as the write keeps it: the slope of the process's memory against the
     items removed since the write began, poll by poll (its high end: the allocator's free
     lists absorb the first removals, so the growth so far over the items so far reads low;
     measured on Reverb 0.14 at 0.8 of the slope 4 s into a write), else the fill's."""
-    removed = _removed_by_poll(view, began)
+    totals: dict[float, int] = {}  # every table's removals at each poll time
+    for polls in by_table.values():
+        for at, n, _ in polls:
+            totals[at] = totals.get(at, 0) + n
     times = [m.observed_at for m in view.memory]
-    pairs = [(float(n), float(b)) for at, n in removed
+    pairs = [(float(n), float(b)) for at, n in sorted(totals.items())
              if (b := mem.read_with(at, times, view.memory)) is not None]
     if len(pairs) >= mem.MIN_READINGS and items >= mem.MIN_ITEMS:
         fit = mem.fit_line(pairs)
@@ -156,22 +152,22 @@ def _bytes_per_removed(view: TargetView, began: float, items: int, table: str
     return tm.bytes_per_item_high or tm.bytes_per_item, tm.source, tm.measured
 
 
-def _removed_by_poll(view: TargetView, began: float) -> list[tuple[float, int]]:
-    """(poll time, items removed from every table since the write began) for each poll
-    since, summed over the tables polled at that time."""
-    totals: dict[float, int] = {}
-    for history in view.tables.values():
+def _removed_by_poll(view: TargetView, began: float
+                     ) -> dict[str, list[tuple[float, int, float]]]:
+    """By table, each poll since the write began: (its time, the items removed since then:
+    inserted minus grown, the seconds since the table's last poll before the write)."""
+    out: dict[str, list[tuple[float, int, float]]] = {}
+    for name, history in view.tables.items():
         points = since_last_reset(history)
         before = [p for p in points if p.observed_at <= began]
         if not before:
             continue
         start = before[-1]
-        for p in points:
-            if p.observed_at > began:
-                grown = p.current_size - start.current_size
-                totals[p.observed_at] = totals.get(p.observed_at, 0) + max(
-                    0, p.rate_limiter.inserts - start.rate_limiter.inserts - grown)
-    return sorted(totals.items())
+        out[name] = [(p.observed_at, max(0, p.rate_limiter.inserts - start.rate_limiter.inserts
+                                         - (p.current_size - start.current_size)),
+                      p.observed_at - start.observed_at)
+                     for p in points if p.observed_at > began]
+    return out
 
 
 def _memory(memory: Sequence[MemorySnapshot]) -> MemorySnapshot | None:

@@ -392,12 +392,7 @@ class RayClusterSource:
 
     def _state(self, path: str) -> Any:
         """A state API document, with the token; SourceError names what went wrong."""
-        if self._token is None:
-            home = self._home if self._home is not None else Path.home()
-            self._token, self._token_from = find_token(self._flag_token, self._environ, home)
-        headers = {"Accept": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
+        headers = {"Accept": "application/json", **self._auth()}
         try:
             return json.loads(http_get(self.target + path, self._timeout_s, _MAX_STATE, headers))
         except SourceProtocolError as e:
@@ -438,12 +433,15 @@ class RayClusterSource:
         return taken
 
     def _get_text(self, path: str) -> str:
+        return http_get(self.target + path, TRACEBACK_TIMEOUT_S, _MAX_TRACEBACK,
+                        self._auth()).decode("utf-8", "replace")
+
+    def _auth(self) -> dict[str, str]:
+        """The token's header (found as Ray finds it, at the first call); none without one."""
         if self._token is None:
             home = self._home if self._home is not None else Path.home()
             self._token, self._token_from = find_token(self._flag_token, self._environ, home)
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        return http_get(self.target + path, TRACEBACK_TIMEOUT_S, _MAX_TRACEBACK,
-                        headers).decode("utf-8", "replace")
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     def _actors(self, now: float, errors: list[str]) -> tuple[RayActor, ...] | None:
         try:
