@@ -62,12 +62,22 @@ def test_the_flag_refuses_a_bad_shard_with_one_line_and_exit_2(tmp_path: Path) -
     assert len(lines) == 1 and "--shard '3/3'" in lines[0], done.stderr
 
 
-def polled(config: WatchConfig, tmp_path: Path, name: str) -> tuple[set[str], bytes]:
-    """The Reverb targets one sidecar polled in one cycle, and its /metrics text."""
+def polled(config: WatchConfig, tmp_path: Path, name: str,
+           expected: set[str]) -> tuple[set[str], bytes]:
+    """The Reverb targets one sidecar has polled, and its /metrics text.
+
+    Ticks until it has polled `expected` or ten cycles have passed: on a loaded host a
+    server's first answer can miss its cycle's deadline (it counts as late, not polled), and
+    ownership is about which targets a shard ever polls, not how fast.
+    """
     with build_sidecar(config, incidents_path=str(tmp_path / f"{name}.db")) as car:
-        state = car.poller.tick()
-    return ({s.target for s in state.sources.values() if s.kind == SourceKind.REVERB
-             and s.polls_total}, render_published(state))
+        for _ in range(10):
+            state = car.poller.tick()
+            done = {s.target for s in state.sources.values() if s.kind == SourceKind.REVERB
+                    and s.polls_total}
+            if done >= expected:
+                break
+    return done, render_published(state)
 
 
 def test_two_shards_poll_every_target_of_a_file_once_and_follow_its_edits(
@@ -80,7 +90,8 @@ def test_two_shards_poll_every_target_of_a_file_once_and_follow_its_edits(
         return WatchConfig(targets=(), targets_file=str(listed), shard=Shard(i, 2),
                            poll=PollConfig(interval_s=0.5))
 
-    seen = [polled(shard(i), tmp_path, f"s{i}") for i in (0, 1)]
+    seen = [polled(shard(i), tmp_path, f"s{i}", {t for t in servers[:8] if owner(t, 2) == i})
+            for i in (0, 1)]
     (a, text_a), (b, text_b) = seen
     assert a | b == set(servers[:8]) and not a & b, (a, b)
     assert a == {t for t in servers[:8] if owner(t, 2) == 0}
