@@ -251,14 +251,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# REPLAYWATCH_LANE_LOG=FILE: each test's worker, start and end (seconds since the epoch),
-# one line each, so that make test's critical path can be read lane by lane
-# (tools/lanes.py prints it).
+# REPLAYWATCH_LANE_LOG=FILE: each test's worker, start and end (seconds since the epoch) and
+# the CPU seconds it cost, one line each, so that make test's critical path can be read lane
+# by lane and its cost test by test (tools/lanes.py prints both). Wall time on 2 shared cores
+# says little about cost: as root on cgroup v1 each worker moves into a cpuacct group of its
+# own, which also charges the processes its tests start (servers, jobs, Ray) to the test.
+_CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+_lane_cpu: list[Path] = []
+
+
+def _lane_cpu_s() -> float | None:
+    if not _lane_cpu:
+        group = _CPUACCT / f"replaywatch-lane-{os.getpid()}"
+        for stale in _CPUACCT.glob("replaywatch-lane-*"):
+            try:
+                stale.rmdir()  # an earlier run's, its worker gone; a live one's refuses
+            except OSError:
+                pass
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            return None  # not root, or cgroup v2: the log gives wall time only
+        _lane_cpu.append(group / "cpuacct.usage")
+    return int(_lane_cpu[0].read_text()) / 1e9
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    began = time.time()
+    log = os.environ.get("REPLAYWATCH_LANE_LOG")
+    began, cpu = time.time(), _lane_cpu_s() if log else None
     yield
-    if (log := os.environ.get("REPLAYWATCH_LANE_LOG")):
+    if log:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        spent = "" if cpu is None else f"{(_lane_cpu_s() or cpu) - cpu:.2f}"
         with open(log, "a") as out:
-            out.write(f"{worker}\t{began:.2f}\t{time.time():.2f}\t{item.nodeid}\n")
+            out.write(f"{worker}\t{began:.2f}\t{time.time():.2f}\t{item.nodeid}\t{spent}\n")

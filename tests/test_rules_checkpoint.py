@@ -175,8 +175,14 @@ def test_an_overdue_checkpoint_counts_from_the_last_complete_one() -> None:
     v, now = view(every_s=10.0, checkpoints=(call(T0 + 3, 2.0),))
     f = rules_checkpoint.is_checkpoint_failed(v, TH, now)
     assert f is not None
-    assert f.evidence["allowed_s"] == 14.0 and f.evidence["seconds_since_last_complete"] == 25.0
+    # every 10 s, plus the stall window (10 s), longer than twice the last write (4 s)
+    assert f.evidence["allowed_s"] == 20.0 and f.evidence["seconds_since_last_complete"] == 25.0
     assert f.since == T0 + 5
+    assert rules_checkpoint.is_checkpoint_failed(  # 10 + 16 > 25: still within the window
+        v, dataclasses.replace(TH, stall_window_s=16.0), now) is None
+    # an 8 s write: twice it (16 s) is allowed past the window, 19 s since it ended
+    wrote_long = view(every_s=10.0, checkpoints=(call(T0 + 3, 8.0),))[0]
+    assert rules_checkpoint.is_checkpoint_failed(wrote_long, TH, now) is None
 
 
 def test_a_probe_that_went_quiet_reports_nothing() -> None:
