@@ -25,9 +25,12 @@ APPO = ["--algo", "appo", "--num-learners", "1", "--num-env-runners", "2",
 
 def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: str,
               algo: list[str] = DQN) -> tuple[dict, Path]:
+    # One torch thread per process, as Ray gives its actors (OMP_NUM_THREADS=1) but not the
+    # driver, whose learner here is in the driver: a second intra-op thread bought nothing on
+    # 2 cores shared with make test's other lanes and cost the case 37 CPU-s against 27.
     job = spawn([str(RLLIB_PY), "harness/rllib_job.py", *algo, "--seconds", "400",
                  "--temp-dir", str(temp), "--logdir", str(tmp_path / "log"), *flags],
-                name="rllib-job")
+                name="rllib-job", env={"OMP_NUM_THREADS": "1"})
     return job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job"), temp
 
 
