@@ -76,6 +76,10 @@ CREATE TABLE IF NOT EXISTS rhythms (
 
 _COLUMNS = ("id", "finding_id", "kind", "severity", "target", "table_name", "summary",
             "evidence", "fix", "since", "last_seen", "resolved_at", "stacks")
+CLOSING = ("resolved", "gone")  # the transitions that close an incident
+# The transition that closed it, from its newest event (events_incident indexes the lookup).
+_CLOSED_AS = ("(SELECT transition FROM events WHERE events.incident_id = incidents.id"
+              " AND transition IN ('resolved', 'gone') ORDER BY events.id DESC LIMIT 1)")
 
 
 def jsonable(value: Any) -> Any:
@@ -174,7 +178,7 @@ class IncidentLog:
         row = conn.execute("SELECT id FROM incidents WHERE finding_id = ? AND resolved_at IS NULL",
                            (f.finding_id,)).fetchone()
         values = (f.severity.label, f.summary, dumps(f.evidence), f.fix, f.last_seen,
-                  f.resolved_at if t.kind == "resolved" else None)
+                  f.resolved_at if t.kind in CLOSING else None)
         if row is None:  # new, or an update/resolve whose opening was never written
             cur = conn.execute(
                 "INSERT INTO incidents (finding_id, kind, target, table_name, since, severity,"
@@ -185,7 +189,7 @@ class IncidentLog:
             incident_id = row[0]
             conn.execute("UPDATE incidents SET severity=?, summary=?, evidence=?, fix=?,"
                          " last_seen=?, resolved_at=? WHERE id=?", (*values, incident_id))
-        at = f.resolved_at if t.kind == "resolved" and f.resolved_at is not None else f.last_seen
+        at = f.resolved_at if t.kind in CLOSING and f.resolved_at is not None else f.last_seen
         conn.execute("INSERT INTO events (incident_id, transition, at, finding, context)"
                      " VALUES (?,?,?,?,?)", (incident_id, t.kind, at, dumps(f), context))
 
@@ -275,15 +279,15 @@ class IncidentLog:
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
-        sql = f"SELECT {', '.join(_COLUMNS)} FROM incidents"
+        sql = f"SELECT {', '.join(_COLUMNS)}, {_CLOSED_AS} FROM incidents"
         sql += f" WHERE {' AND '.join(where)}" if where else ""
         return [self._incident(r) for r in self._query(sql + " ORDER BY id DESC LIMIT ?",
                                                         (*args, limit))]
 
     def get(self, incident_id: int) -> Row | None:
         """One incident with its stacks and every event, oldest first."""
-        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM incidents WHERE id = ?",
-                           (incident_id,))
+        rows = self._query(f"SELECT {', '.join(_COLUMNS)}, {_CLOSED_AS} FROM incidents"
+                           " WHERE id = ?", (incident_id,))
         if not rows:
             return None
         incident = self._incident(rows[0], with_stacks=True)
@@ -306,7 +310,7 @@ class IncidentLog:
 
     @staticmethod
     def _incident(r: tuple[Any, ...], with_stacks: bool = False) -> Row:
-        row = dict(zip(_COLUMNS, r))
+        row = dict(zip((*_COLUMNS, "closed_as"), r))
         row["table"] = row.pop("table_name")
         row["evidence"] = json.loads(row["evidence"])
         stacks = row.pop("stacks")
@@ -314,4 +318,6 @@ class IncidentLog:
         if with_stacks:
             row["stacks"] = json.loads(stacks) if stacks is not None else None
         row["state"] = "open" if row["resolved_at"] is None else "resolved"
+        # how it closed: "resolved" (no longer found) or "gone" (its target left the watch)
+        row["closed_as"] = None if row["resolved_at"] is None else row["closed_as"] or "resolved"
         return row

@@ -61,6 +61,23 @@ def test_an_incident_opens_updates_and_resolves_in_one_row(tmp_path: Path) -> No
     assert first["context"]["tables"][0]["sampler"]["kind"] == "uniform"
 
 
+def test_an_incident_whose_target_left_the_watch_closes_as_gone_not_resolved(
+        tmp_path: Path) -> None:
+    log = opened_log(tmp_path / "incidents.db")
+    fixed = dataclasses.replace(finding(kind="deadlock_risk"), target="10.0.0.2:8000")
+    log.apply([Transition("opened", finding()), Transition("opened", fixed)], {})
+    log.apply([Transition("gone", finding(130.0, resolved_at=140.0)),
+               Transition("resolved", dataclasses.replace(fixed, resolved_at=141.0))], {})
+    rows = {r["kind"]: r for r in log.list("resolved")}
+    assert {k: (r["state"], r["closed_as"], r["resolved_at"]) for k, r in rows.items()} == {
+        "worker_starvation": ("resolved", "gone", 140.0),
+        "deadlock_risk": ("resolved", "resolved", 141.0)}
+    detail = log.get(rows["worker_starvation"]["id"])
+    assert detail is not None and detail["closed_as"] == "gone"
+    assert [e["transition"] for e in detail["events"]] == ["opened", "gone"]
+    assert log.list("open") == [] and log.open_findings() == []
+
+
 def test_list_filters_by_state_target_kind_and_severity(tmp_path: Path) -> None:
     log = opened_log(tmp_path / "incidents.db")
     warning = dataclasses.replace(finding(kind="deadlock_risk"), severity=Severity.WARNING)

@@ -149,3 +149,12 @@ def test_a_stall_open_before_an_outage_is_carried_while_reconnecting_holds_it_ba
     assert before.key in verdict.active
     assert [t.kind for t in verdict.transitions if t.finding.key == before.key] != ["resolved"]
     assert all(f.kind != "reconnecting" for f in verdict.findings), verdict.findings
+
+
+def test_an_open_finding_of_a_target_no_longer_watched_closes_as_gone() -> None:
+    # A targets file or discovery dropped the target: nothing showed its stall fixed.
+    from replaywatch.diagnosis.cycle import judge_cycle
+    before = dataclasses.replace(finding(), since=1000.0, last_seen=1010.0)
+    verdict = judge_cycle({}, {before.key: before}, 1020.0)
+    assert verdict.active == {}
+    assert [(t.kind, t.finding.resolved_at) for t in verdict.transitions] == [("gone", 1020.0)]

@@ -170,6 +170,9 @@ class IncidentOut(BaseModel):
     resolved_at: float | None
     has_stacks: bool
     state: Literal["open", "resolved"]
+    # how a closed one closed: "gone" when its target left the watch (a targets file or
+    # discovery dropped it), never shown fixed; null while open
+    closed_as: Literal["resolved", "gone"] | None = None
 
 
 class IncidentsOut(BaseModel):
@@ -179,7 +182,7 @@ class IncidentsOut(BaseModel):
 
 class EventOut(BaseModel):
     id: int
-    transition: Literal["opened", "updated", "resolved"]
+    transition: Literal["opened", "updated", "resolved", "gone"]
     at: float
     finding: dict[str, Any]
     context: dict[str, Any]

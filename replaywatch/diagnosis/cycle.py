@@ -131,10 +131,11 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
         insufficient += [f"{target} {name}" for name in d.insufficient]
         figures.update({f.key: f for f in d.figures.values()})
     result = reconcile(dict(active), found, set(inputs), now)
-    # Findings of targets no longer watched (a reloaded targets file) resolve too.
+    # Findings of targets no longer watched (a reloaded targets file) close as gone: nothing
+    # showed them fixed, and a user reading the log must not take them for resolved.
     gone = [f for f in result.active.values() if f.target not in inputs]
     transitions = (*result.transitions,
-                   *(Transition("resolved", dataclasses.replace(f, resolved_at=now))
+                   *(Transition("gone", dataclasses.replace(f, resolved_at=now))
                      for f in gone))
     kept = {k: f for k, f in result.active.items() if f.target in inputs}
     return Verdict(kept, transitions, worst_first(kept.values()), tuple(errors),

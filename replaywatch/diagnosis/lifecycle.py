@@ -18,7 +18,9 @@ from typing import Literal, NamedTuple
 from replaywatch.model import Finding
 
 Key = tuple[str, str, str]
-TransitionKind = Literal["opened", "updated", "resolved"]
+# "gone": closed because its target is no longer watched (a targets file or discovery dropped
+# it), never because what it named was fixed.
+TransitionKind = Literal["opened", "updated", "resolved", "gone"]
 
 
 @dataclasses.dataclass(frozen=True)
