@@ -85,7 +85,12 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
                    help="Ray's temp dir on this host, where the head lists its metrics "
                         "endpoints (default /tmp/ray)")
     p.add_argument("--ray-job", metavar="JOB_ID",
-                   help="the job to watch (default: the newest with a live RLlib actor)")
+                   help="the job to watch (default: the newest with a live RLlib actor); "
+                        "`all`: every RLlib job on the cluster, each a target of its own, "
+                        "found every 10 s")
+    p.add_argument("--ray-job-ttl", type=_positive_float, default=600.0, metavar="SECONDS",
+                   help="with --ray-job all: how long a job whose RLlib actors all died stays "
+                        "watched, then its incidents close as gone (default 600)")
     p.add_argument("--ray-results", metavar="PATH",
                    help="the job's result.json, or a directory holding one (Tune's)")
     p.add_argument("--reverb-pid", action="append", default=[], metavar="[TARGET=]PID",
@@ -224,8 +229,11 @@ def ray_targets(args: argparse.Namespace) -> tuple[cfg.RayTarget, ...]:
             raise ConfigError(f"--ray-token-file {args.ray_token_file}: {e.strerror}") from None
         if token is None:
             raise ConfigError(f"--ray-token-file {args.ray_token_file} is empty")
+    if args.ray_job == cfg.ALL_JOBS and args.ray_results:
+        raise ConfigError("--ray-results names one job's result rows; with --ray-job all each "
+                          "job is read from the state API and its metrics")
     return tuple(cfg.RayTarget(cfg.parse_ray(a), token, args.ray_temp_dir, args.ray_job,
-                               args.ray_results) for a in args.ray)
+                               args.ray_results, args.ray_job_ttl) for a in args.ray)
 
 
 def declared_layout(args: argparse.Namespace) -> str | None:

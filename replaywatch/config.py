@@ -131,6 +131,9 @@ class ServeConfig:
             raise ConfigError(f"--max-in-flight must be at least 1, got {self.max_in_flight}")
 
 
+ALL_JOBS = "all"  # --ray-job all
+
+
 @dataclasses.dataclass(frozen=True)
 class RayTarget:
     """An RLlib job's Ray cluster, read from outside (sources/ray_cluster.py): the dashboard's
@@ -141,8 +144,17 @@ class RayTarget:
     dashboard: str
     token: str | None = None
     temp_dir: str = "/tmp/ray"
-    job_id: str | None = None
+    job_id: str | None = None  # ALL_JOBS: every RLlib job on the cluster, each a target
     results: str | None = None
+    job_ttl_s: float = 600.0  # ALL_JOBS: how long a job whose RLlib actors died stays watched
+
+    @property
+    def every_job(self) -> bool:
+        return self.job_id == ALL_JOBS
+
+    def job_name(self, job_id: str) -> str:
+        """A discovered job's target name: the dashboard's URL and the job."""
+        return f"{self.name} job {job_id}"
 
     @property
     def name(self) -> str:

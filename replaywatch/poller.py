@@ -168,7 +168,10 @@ class Poller:
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(4, min(POLL_THREADS_MAX, 2 * len(self._bindings) + 2)),
+                # Threads start only as polls need them; where targets come and go (a file,
+                # discovery) the first cycle's count says nothing of later ones.
+                max_workers=POLL_THREADS_MAX if self._reload is not None else max(
+                    4, min(POLL_THREADS_MAX, 2 * len(self._bindings) + 2)),
                 thread_name_prefix="replaywatch-poll",
             )
         return self._executor
@@ -230,9 +233,14 @@ class Poller:
     def _publish(self, t0: float) -> Published:
         now = self._clock()
         statuses = dict(self._statuses)
-        tables = self._history.latest_tables()
+        bindings = self.bindings
+        # Only what is watched now: a target a targets file or discovery dropped keeps its
+        # history until it ages out, but /metrics and the page must not go on showing its
+        # last values as if it were alive.
+        watched = {b.target for b in bindings} | {b.source.name for b in bindings}
+        tables = {k: s for k, s in self._history.latest_tables().items() if k[0] in watched}
         probes = {}
-        for binding in self.bindings:
+        for binding in bindings:
             if binding.source.kind == SourceKind.PROBE:
                 latest = self._history.probe(binding.source.name)[-1:]
                 if latest:
@@ -245,9 +253,9 @@ class Poller:
             sources=statuses,
             tables=tables,
             probes=probes,
-            actors=self._history.latest_actors([b.source.name for b in self.bindings]),
-            memory=self._history.latest_memory(),
-            ray=self._history.latest_ray(),
+            actors=self._history.latest_actors([b.source.name for b in bindings]),
+            memory={t: m for t, m in self._history.latest_memory().items() if t in watched},
+            ray={t: r for t, r in self._history.latest_ray().items() if t in watched},
             findings=found.findings,
             insufficient=found.insufficient,
             incident_ids=found.incident_ids,

@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -28,9 +29,11 @@ from replaywatch.history import COARSE_EVERY_S, History
 from replaywatch.incidents import IncidentLog
 from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.shards import Sharding
+from replaywatch.sources import ray_jobs
 from replaywatch.sources.memory import MemoryWatch, is_local, port_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.ray_cluster import RayClusterSource, RaySource
+from replaywatch.sources.ray_jobs import RayJobs
 from replaywatch.sources.reverb import ReverbSource
 from replaywatch.stack_taker import StackTaker, py_spy_dump
 from replaywatch.state import Published, StateStore
@@ -52,19 +55,54 @@ def make_bindings(config: WatchConfig) -> list[SourceBinding]:
         bindings.append(SourceBinding(HttpProbeSource(probe.url, timeout, target=probe.target),
                                       probe.target))
     for ray in config.ray:
-        bindings.append(SourceBinding(ray_source(ray, timeout), ray.name))
+        if not ray.every_job:  # every job's: found by discovery (with_ray_jobs)
+            bindings.append(SourceBinding(ray_source(ray, timeout), ray.name))
     return bindings
 
 
-def ray_source(ray: RayTarget, timeout: float) -> RaySource:
-    """One RLlib job's cluster. Each read of a poll (the state API's two calls, each metrics
-    endpoint) has its own deadline within the poll's; a poll still running at the next
-    cycle is skipped and counted late, never stacked."""
+def ray_source(ray: RayTarget, timeout: float, job_id: str | None = None) -> RaySource:
+    """One RLlib job's cluster (`job_id`: a discovered job's). Each read of a poll (the
+    state API's two calls, each metrics endpoint) has its own deadline within the poll's; a
+    poll still running at the next cycle is skipped and counted late, never stacked."""
     each = max(0.5, timeout / 2)
     cluster = RayClusterSource(ray.name, token=ray.token, temp_dir=ray.temp_dir,
-                               job_id=ray.job_id, results=ray.results, timeout_s=each,
-                               scrape_timeout_s=each)
-    return RaySource(cluster, ray.name, timeout)
+                               job_id=job_id or ray.job_id, results=ray.results,
+                               timeout_s=each, scrape_timeout_s=each)
+    return RaySource(cluster, ray.job_name(job_id) if job_id else ray.name, timeout)
+
+
+def with_ray_jobs(plan: TargetsPlan, config: WatchConfig) -> TargetsPlan:
+    """The plan with every RLlib job of each `--ray-job all` cluster, each a target of its
+    own (sources/ray_jobs.py): found at the first cycle and every 10 s after, a job leaving
+    the watch a TTL after its RLlib actors died. The targets file's reloads go on beside."""
+    rays = [r for r in config.ray if r.every_job]
+    if not rays:
+        return plan
+    timeout = config.poll.effective_timeout_s
+    finders = [(r, RayJobs(ray_source(r, timeout).cluster.read_actors,
+                           every_s=ray_jobs.DISCOVER_EVERY_S, ttl_s=r.job_ttl_s))
+               for r in rays]
+    base = list(plan.bindings)
+    found: dict[str, list[SourceBinding]] = {r.name: [] for r in rays}
+
+    def reload() -> list[SourceBinding] | None:
+        nonlocal base
+        changed = False
+        if plan.reload is not None and (fresh := plan.reload()) is not None:
+            base, changed = list(fresh), True
+        for ray, finder in finders:
+            jobs = finder.jobs(time.time())
+            if jobs is not None:
+                found[ray.name] = [SourceBinding(s, s.name) for s in (
+                    ray_source(ray, timeout, job) for job in jobs)]
+                changed = True
+        return base + [b for bs in found.values() for b in bs] if changed else None
+
+    def errors() -> tuple[str, ...]:
+        said = tuple(e for _, f in finders if (e := f.last_error))
+        return (*plan.errors(), *said)
+
+    return TargetsPlan(base, reload, errors)
 
 
 def memory_watch(target: str, pid: int | None) -> MemoryWatch | None:
@@ -212,7 +250,7 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
                       coarse_every_s=coarse_every_s,
                       coarse_age_s=th.throughput_lookback_s + coarse_every_s)
     store = StateStore()
-    plan = plan_targets(config, make_bindings(config))
+    plan = with_ray_jobs(plan_targets(config, make_bindings(config)), config)
     sharding = Sharding(config.shard) if config.shard is not None else None
     if sharding is not None:
         plan = sharded(plan, sharding)
@@ -234,7 +272,8 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
         assert poller is not None
         for b in poller.bindings:
             if isinstance(b.source, RaySource) and b.target == target:
-                return local_fallback(target, b.source.cluster.tracebacks(workers))
+                cluster = b.source.cluster
+                return local_fallback(cluster.target, cluster.tracebacks(workers))
         return None
 
     keeper = FindingsKeeper(current_targets, config.thresholds, config.poll.interval_s,

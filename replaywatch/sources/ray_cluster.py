@@ -443,6 +443,11 @@ class RayClusterSource:
             self._token, self._token_from = find_token(self._flag_token, self._environ, home)
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
+    def read_actors(self, now: float) -> tuple[RayActor, ...]:
+        """Every actor the state API lists, of every job (discovery's read); raises
+        SourceError."""
+        return parse_actors(self._state(ACTORS), now)
+
     def _actors(self, now: float, errors: list[str]) -> tuple[RayActor, ...] | None:
         try:
             doc = self._state(ACTORS)

@@ -25,6 +25,7 @@ class Dashboard(http.server.BaseHTTPRequestHandler):
     metrics: bytes = b""
     delay_s: float = 0.0
     seen: list[tuple[str, str | None]]
+    actors: list[bytes] | None = None  # [document] in place of the recorded actors list
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self.seen.append((self.path, self.headers.get("Authorization")))
@@ -38,6 +39,8 @@ class Dashboard(http.server.BaseHTTPRequestHandler):
                                         "forbidden.txt")).read_text().split("\n", 1)
             return self._answer(int(status), body.encode(), "text/plain")
         if self.path.startswith("/api/v0/actors?"):
+            if self.actors is not None:  # a cluster whose jobs changed since the recording
+                return self._answer(200, self.actors[0], "application/json")
             name = "actors.json"
         elif "ACTOR_CREATION_TASK" in self.path:
             name = "creation_tasks.json"
@@ -67,6 +70,7 @@ class Cluster:
 
     def __init__(self, temp_dir: Path, metrics: str, delay_s: float = 0.0):
         self.seen: list[tuple[str, str | None]] = []
+        self.actors: list[bytes] = []
         handler = type("H", (Dashboard,), {"metrics": (FIXTURES / metrics).read_bytes(),
                                             "seen": self.seen, "delay_s": delay_s})
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -79,6 +83,11 @@ class Cluster:
         self.temp_dir = temp_dir
         (temp_dir / SD_FILE).write_text(json.dumps(
             [{"labels": {"job": "ray"}, "targets": [self.address, self.refused]}]))
+
+    def serve_actors(self, doc: dict[str, Any]) -> None:
+        """The state API lists these actors from now on (the recorded ones edited)."""
+        self.actors[:] = [json.dumps(doc).encode()]
+        self.server.RequestHandlerClass.actors = self.actors  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.server.shutdown()
