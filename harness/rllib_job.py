@@ -200,6 +200,7 @@ def main(argv: list[str]) -> int:
     node = ray._private.worker.global_worker.node
     print(json.dumps({
         "event": "rllib_job", "pid": os.getpid(), "algo": args.algo,
+        "job_id": ray.get_runtime_context().get_job_id(),
         "logdir": str(logdir), "result_json": str(logdir / "result.json"),
         "ray_address": context.address_info["gcs_address"],
         "dashboard_url": "http://" + context.dashboard_url if context.dashboard_url else None,

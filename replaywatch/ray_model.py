@@ -31,6 +31,14 @@ LEARNER_MARKS = ("_WrappedExecutable", "Learner")
 AGGREGATOR_CLASS = "AggregatorActor"
 
 
+_WORKER_ID_HEX = 56  # a WorkerID is 28 bytes; a driver's is its job id, then 0xff
+
+
+def driver_worker_id(job_id: str) -> str:
+    """The driver's WorkerId, the label of its series: the job id padded with `f`."""
+    return job_id + "f" * (_WORKER_ID_HEX - len(job_id))
+
+
 def role_of_class(class_name: str) -> ActorRole:
     """The role of an actor (or of the `rllib` tag of a metric, which names the same class)."""
     short = class_name.rsplit(".", 1)[-1]

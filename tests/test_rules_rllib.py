@@ -464,6 +464,22 @@ def test_a_job_stopped_by_algo_stop_is_not_down() -> None:
     assert judge_rllib(TARGET, snaps, TH, T0 + 25) == ()
 
 
+def test_actors_ended_with_their_driver_are_the_jobs_end_and_another_owners_are_down() -> None:
+    # Measured on Ray 2.60: the driver SIGKILLed, its EnvRunner's cause names it as owner.
+    def owner_died(owner: str) -> str:
+        return ("OWNER_DIED: The actor is dead because its owner has died. Owner Id: "
+                f"{owner} Owner Ip address: 127.0.0.1 Owner worker exit type: SYSTEM_ERROR "
+                "Worker exit detail: Owner's worker process has crashed.")
+    with_driver = [actor(role, n, "DEAD", cause=owner_died(driver_worker_id(JOB)))
+                   for role, n in ((ActorRole.ENV_RUNNER, 0), (ActorRole.ENV_RUNNER, 1),
+                                   (ActorRole.LEARNER, 0))]
+    assert Name.RLLIB_ACTOR_DOWN not in judged(with_actors(*with_driver), 200.0)
+    # A runner whose owner was another actor (a restarted Learner's, say) died with it: down.
+    orphan = actor(ActorRole.ENV_RUNNER, 1, "DEAD", cause=owner_died("ab" * 28))
+    assert judged(with_actors(orphan), 200.0)[Name.RLLIB_ACTOR_DOWN].evidence[
+        "env_runners_down"] == "1 of 2"
+
+
 # -- env_steps_dropped -------------------------------------------------------------------------
 
 def test_a_circular_buffer_drop_counter_first_exported_is_a_drop() -> None:

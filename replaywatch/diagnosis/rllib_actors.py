@@ -2,8 +2,10 @@
 or restarted, from Ray's state API.
 
 A job that ends as `algo.stop()` ends it (recorded on Ray 2.60: EnvRunners killed by
-`ray.kill`, the Learner exiting with INTENDED_USER_EXIT) is not down: the sidecar keeps
-watching a job whose actors all died until a newer one starts, so its end is seen.
+`ray.kill`, the Learner exiting with INTENDED_USER_EXIT) is not down, nor one whose driver
+ended, however (its actors die with it, OWNER_DIED naming the driver: measured on Ray 2.60
+with the driver SIGKILLed): that is the job's end, and the sidecar keeps watching it until a
+newer one starts (or, with `--ray-job all`, for its TTL), so its end is seen.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from replaywatch.diagnosis import rllib_progress as rp
 from replaywatch.diagnosis.rllib_job import RllibJob
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Severity
-from replaywatch.ray_model import ActorRole, RayActor
+from replaywatch.ray_model import ActorRole, RayActor, driver_worker_id
 
 WORKERS = (ActorRole.ENV_RUNNER, ActorRole.LEARNER, ActorRole.AGGREGATOR)
 DOWN_STATES = frozenset({"DEAD", "RESTARTING"})
@@ -26,9 +28,12 @@ DOWN_STATES = frozenset({"DEAD", "RESTARTING"})
 
 def ended_on_purpose(a: RayActor) -> bool:
     """How `algo.stop()` ends its actors (recorded): EnvRunners by `ray.kill`, the Learner
-    by exiting."""
+    by exiting; or the job's end: its driver, their owner, gone (Ray says "Owner Id" and the
+    driver's WorkerId). An actor another actor owns, dead with its owner, is still down."""
     cause = a.death_cause or ""
-    return a.state == "DEAD" and (cause.startswith("RAY_KILL") or "INTENDED_USER_EXIT" in cause)
+    return a.state == "DEAD" and (
+        cause.startswith("RAY_KILL") or "INTENDED_USER_EXIT" in cause
+        or cause.startswith("OWNER_DIED") and f"Owner Id: {driver_worker_id(a.job_id)}" in cause)
 
 
 def is_rllib_actor_down(job: RllibJob, th: Thresholds) -> Finding | None:

@@ -49,6 +49,7 @@ from replaywatch.ray_model import (
     RayTask,
     ResultRow,
     RllibCounters,
+    driver_worker_id,
     role_of_class,
 )
 from replaywatch.sources import PolledSource
@@ -67,7 +68,6 @@ _MAX_TRACEBACK = 2 * 1024 * 1024
 _MAX_STATE = 32 * 1024 * 1024  # 10,000 actors in detail
 _MAX_METRICS = 64 * 1024 * 1024  # the node's page grows with every job the cluster ran
 _TEXT = 300
-_WORKER_ID_HEX = 56  # a WorkerID is 28 bytes; a driver's is its job id, then 0xff
 
 # Sample name -> RllibCounters field. A histogram is read by its _count: calls completed.
 FIELD_OF = {
@@ -283,11 +283,6 @@ def newest_rllib_job(actors: Iterable[RayActor]) -> str | None:
     """The newest job with an RLlib actor (EnvRunner, Learner, aggregator) not dead."""
     live = {a.job_id for a in actors if a.role != ActorRole.OTHER and a.state != "DEAD"}
     return max(live, key=job_number, default=None)
-
-
-def driver_worker_id(job_id: str) -> str:
-    """The driver's WorkerId, the label of its series: the job id padded with `f`."""
-    return job_id + "f" * (_WORKER_ID_HEX - len(job_id))
 
 
 def join_counters(counters: Iterable[RllibCounters], live: set[str], complete: bool
