@@ -451,6 +451,20 @@ def test_page_shows_an_rllib_job_beside_the_reverb_targets(
         assert any(cluster.dashboard in t and "(Ray)" in t for t in targets), targets
         assert any("127.0.0.1:9" in t for t in targets)
         _screenshot(page, "status-page-rllib.png")
+        # "Jobs": each target a job of its own here (no job label), the worst first; the
+        # Reverb one down. Its link scopes the page to that job: the Ray job leaves it.
+        jobs = page.locator("#jobs tr[data-job]")
+        wait_until(lambda: jobs.count() == 2, timeout_s=10)
+        by_job = {jobs.nth(i).get_attribute("data-job"): jobs.nth(i).inner_text()
+                  for i in range(2)}
+        assert set(by_job) == {cluster.dashboard, "127.0.0.1:9"}, by_job
+        assert "down" in by_job["127.0.0.1:9"]
+        page.locator('#jobs tr[data-job="127.0.0.1:9"] a').click()
+        page.wait_for_url("**/?job=127.0.0.1%3A9")
+        page.locator("#job-scope").wait_for()
+        wait_until(lambda: page.locator("#ray p.empty").count() == 1, timeout_s=10)
+        targets = page.locator("#targets tr[data-target]").all_inner_texts()
+        assert targets and all("127.0.0.1:9" in t for t in targets), targets
         assert page.errors == []
     finally:
         cluster.close()

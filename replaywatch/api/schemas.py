@@ -217,3 +217,26 @@ class RayJobOut(BaseModel):
 
 class RayJobsOut(BaseModel):
     jobs: list[RayJobOut]
+
+
+class FleetWorstOut(BaseModel):
+    kind: str
+    severity: Literal["info", "warning", "critical"]
+    target: str
+    table: str
+    summary: str
+    since: float
+
+
+class FleetJobOut(BaseModel):
+    job: str  # its `job` label, else its one target's name
+    targets: list[str]
+    sources: int  # targets and probes polled for it
+    down: list[str]  # those whose last poll failed
+    findings: dict[str, int]  # active findings by severity
+    health: Literal["critical", "warning", "info", "down", "ok"]
+    worst: FleetWorstOut | None
+
+
+class FleetOut(BaseModel):
+    jobs: list[FleetJobOut]

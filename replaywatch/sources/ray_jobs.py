@@ -5,9 +5,10 @@ each is watched as a target of its own, named `{dashboard} job {job_id}`, judged
 rules as a job named with `--ray-job`. The actors list is read every `every_s` (10 s): a job
 appears within one interval of its first RLlib actor (EnvRunner, Learner, aggregator) being
 listed, alive or starting. A job whose RLlib actors are all dead is still watched for
-`ttl_s` (10 minutes) from the last read that saw one alive, so that its end is judged (dead runners, a stall) and not lost with
-it; then it leaves the watch, and its open incidents close as gone, never as fixed. A job
-first seen already dead (an earlier run the state API still lists) is not watched.
+`ttl_s` (10 minutes) from the last read that saw one alive, so that its end is judged (dead
+runners, a stall) and not lost with it; then it leaves the watch, and its open incidents
+close as gone, never as fixed. A job first seen already dead (an earlier run the state API
+still lists) is not watched.
 
 `JobBook` is the pure part: what was seen when, and which jobs are kept at `now`.
 """

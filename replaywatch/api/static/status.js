@@ -14,6 +14,8 @@
   const FLOAT_BIG = 1e300; // Reverb's "no limit": float max or -float max
   const SEVERITY = { critical: 3, warning: 2, info: 1 };
 
+  // ?job=NAME (a "Jobs" row's link): the page shows that job's targets only.
+  const JOB = new URLSearchParams(location.search).get("job");
   const stacksCache = new Map(); // incident id -> incident detail with stacks
   const openDetails = new Set(); // keys of <details> the user opened or closed
   let lastOk = null;
@@ -361,6 +363,54 @@
   }
 
   // -- sections -------------------------------------------------------------------------------
+
+  // Every job watched, the worst first (GET /api/v1/fleet); each links to its own page.
+  function renderJobs(doc) {
+    const pillOf = { ok: "up", info: "idle" };
+    const rows = doc.jobs.map((j) =>
+      el("tr", { "data-job": j.job, class: "sev-" + j.health },
+        el("td", { class: "name" }, el("a", { href: "?job=" + encodeURIComponent(j.job) }, j.job)),
+        el("td", {}, el("span", { class: "pill " + (pillOf[j.health] || "down") }, j.health)),
+        el("td", { class: "num" }, num(j.targets.length)),
+        el("td", { class: "num" }, j.down.length ? num(j.down.length) : ""),
+        el("td", {}, Object.entries(j.findings).map(([s, n]) => n + " " + s).join(", ")),
+        el("td", { class: "summary" }, j.worst ? j.worst.kind + " on " + j.worst.target
+          + ": " + j.worst.summary : "")));
+    fill("jobs", rows.length
+      ? table(["job", "health", "targets", "down", "findings", "worst"], rows, "grid jobs")
+      : el("p", { class: "empty" }, "no job watched yet"));
+    const scope = document.getElementById("job-scope");
+    scope.hidden = !JOB;
+    if (JOB) {
+      scope.replaceChildren("Showing job " + JOB + " only · ", el("a", { href: "/" }, "every job"));
+    }
+  }
+
+  // The targets of the job the page is scoped to (every target when it is not).
+  function inJob(fleet) {
+    if (!JOB) return () => true;
+    const job = fleet.jobs.find((j) => j.job === JOB);
+    const mine = new Set(job ? job.targets : []);
+    return (target) => mine.has(target);
+  }
+
+  function scoped(docs, fleet) {
+    if (!JOB) return docs;
+    const keep = inJob(fleet);
+    const [targets, tables, probes, findings, incidents, ray] = docs;
+    return [
+      Object.assign({}, targets, { targets: targets.targets.filter((t) => keep(t.target)),
+        probes: (targets.probes || []).filter((t) => keep(t.target)),
+        ray: (targets.ray || []).filter((t) => keep(t.target)) }),
+      Object.assign({}, tables, { tables: tables.tables.filter((t) => keep(t.target)) }),
+      Object.assign({}, probes, { probes: probes.probes.filter((p) => keep(p.target)) }),
+      Object.assign({}, findings, { findings: findings.findings.filter((f) => keep(f.target)) }),
+      Object.assign({}, incidents, { incidents: (incidents.incidents || []).filter(
+        (i) => keep(i.target)) }),
+      Object.assign({}, ray, { jobs: ray.jobs.filter((j) => keep(j.target)
+        || keep(j.target + " job " + j.job_id)) }),
+    ];
+  }
 
   function renderTargets(doc) {
     const rows = doc.targets.concat(doc.ray || []).map((t) =>
@@ -744,7 +794,7 @@
   }
 
   async function refresh() {
-    const [targets, tables, probes, findings, incidents, memory, ray] = await Promise.all([
+    const got = await Promise.all([
       api("/api/v1/targets"),
       api("/api/v1/tables"),
       api("/api/v1/probes"),
@@ -752,9 +802,15 @@
       api("/api/v1/incidents?limit=20"),
       api("/api/v1/memory"),
       api("/api/v1/ray"),
+      api("/api/v1/fleet"),
     ]);
+    const memory = got[5];
+    const fleet = got[7];
+    const [targets, tables, probes, findings, incidents, ray] = scoped(
+      [got[0], got[1], got[2], got[3], got[4], got[6]], fleet);
     const [hist] = await Promise.all([histories(tables.tables), loadStacks(findings.findings)]);
     const now = Date.now() / 1000;
+    renderJobs(fleet);
     renderFindings(findings, now);
     renderTables(tables, hist, now, memory);
     renderTargets(targets);
