@@ -9,9 +9,13 @@ replaywatch_poll_cycle_duration_seconds at each scrape), cycles that ran late, p
 late, and /metrics' latency (a scrape about every cycle, drifting through its phases). Then
 two sidecars with --shard 0/2 and 1/2 on the same file: the targets each polls (its
 replaywatch_target_up series), whether every target is polled by exactly one, and their
-replaywatch_targets counts.
+replaywatch_targets counts. A 33rd server runs in a process of its own, listed like the
+others; after the first measure it is stopped (SIGSTOP) for `--blocked-s` (60 s: what a server
+whose table lock a checkpoint holds is from outside) and the fleet measured again: late
+cycles, the other targets' skipped polls and their poll durations (each scrape's
+replaywatch_poll_duration_seconds), against the same figures before.
 
-    python -m bench.fleet [--seconds 60] [--results bench/RESULTS.md]
+    python -m bench.fleet [--seconds 60] [--blocked-s 60] [--results bench/RESULTS.md]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import statistics
 import tempfile
 import time
@@ -34,10 +39,13 @@ HEADING = "## A fleet: 32 servers and 512 probes, one sidecar, then two shards"
 SERVERS, FARMS, PER_FARM = 32, 16, 32
 
 
-def fleet(tmp: Path) -> tuple[list[Proc], Path, list[str]]:
-    """The servers, the probe farms, and the targets file listing them."""
+def fleet(tmp: Path) -> tuple[list[Proc], Path, list[str], Proc, str]:
+    """The servers, the probe farms, and the targets file listing them; and the server in a
+    process of its own, to be blocked, with its address."""
+    alone = Proc([PYTHON, "harness/reverb_workload.py", "--port", "0"],
+                 stdout_path=tmp / "alone.log")
     procs = [Proc([PYTHON, "harness/reverb_workload.py", "--servers", str(SERVERS),
-                   "--insert-hz", "10"], stdout_path=tmp / "reverb.log")]
+                   "--insert-hz", "10"], stdout_path=tmp / "reverb.log"), alone]
     farms = [Proc([PYTHON, "harness/probe_farm.py", "--probes", str(PER_FARM), "--name",
                    f"farm{i}"], stdout_path=tmp / f"farm{i}.log") for i in range(FARMS)]
     procs += farms
@@ -46,9 +54,11 @@ def fleet(tmp: Path) -> tuple[list[Proc], Path, list[str]]:
     per = len(urls) // len(servers)
     groups = [{"targets": [s], "labels": {"__probe_url__": ",".join(urls[i * per:(i + 1) * per])}}
               for i, s in enumerate(servers)]
+    blocked = alone.announce(timeout_s=300)["reverb"].replace("localhost", "127.0.0.1")
+    groups.append({"targets": [blocked]})
     listed = tmp / "targets.json"
     listed.write_text(json.dumps(groups))
-    return procs, listed, servers
+    return procs, listed, [*servers, blocked], alone, blocked
 
 
 def sidecar(tmp: Path, listed: Path, name: str, *flags: str) -> tuple[Proc, str]:
@@ -61,13 +71,15 @@ def sidecar(tmp: Path, listed: Path, name: str, *flags: str) -> tuple[Proc, str]
     return proc, base
 
 
-def measure(base: str, pid: int, seconds: float) -> dict[str, Any]:
+def measure(base: str, pid: int, seconds: float, blocked: str) -> dict[str, Any]:
+    """The sidecar over `seconds`; skipped polls and poll durations are the targets' other
+    than `blocked` (and their probes')."""
     cycle0 = get_json(f"{base}/readyz")[1]["cycle"]
     cpu0 = cpu_seconds(pid)
     body = _scrape(base)
     late0 = _metric(body, "replaywatch_late_poll_cycles_total")
-    skipped0 = _summed(body, "replaywatch_late_polls_total")
-    latencies, cycle_s = [], []
+    skipped0 = _summed(body, "replaywatch_late_polls_total", blocked)
+    latencies, cycle_s, polls_s = [], [], []
     began = time.monotonic()
     while time.monotonic() - began < seconds:
         time.sleep(1.05)  # drifts 50 ms a cycle: scrapes land at every phase of a cycle
@@ -75,10 +87,14 @@ def measure(base: str, pid: int, seconds: float) -> dict[str, Any]:
         body = _scrape(base)
         latencies.append(time.perf_counter() - t0)
         cycle_s.append(_metric(body, "replaywatch_poll_cycle_duration_seconds"))
+        polls_s += _values(body, "replaywatch_poll_duration_seconds", blocked)
     cycles = get_json(f"{base}/readyz")[1]["cycle"] - cycle0
     return {"cycles": cycles, "cpu_s_per_cycle": (cpu_seconds(pid) - cpu0) / max(1, cycles),
             "late_cycles": _metric(body, "replaywatch_late_poll_cycles_total") - late0,
-            "skipped_polls": _summed(body, "replaywatch_late_polls_total") - skipped0,
+            "skipped_polls": _summed(body, "replaywatch_late_polls_total", blocked) - skipped0,
+            "others_poll_p50_ms": 1000 * statistics.median(polls_s),
+            "others_poll_p99_ms": 1000 * percentile(polls_s, 0.99),
+            "others_poll_max_ms": 1000 * max(polls_s),
             "polls_per_cycle": len(re.findall(rb"^replaywatch_polls_total\{", body, re.M)),
             "cycle_p50_ms": 1000 * statistics.median(cycle_s),
             "cycle_p99_ms": 1000 * percentile(cycle_s, 0.99), "cycle_max_ms": 1000 * max(cycle_s),
@@ -87,9 +103,14 @@ def measure(base: str, pid: int, seconds: float) -> dict[str, Any]:
             "metrics_bytes": len(body)}
 
 
-def _summed(body: bytes, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in body.decode().splitlines()
-               if line.startswith(name + "{"))
+def _summed(body: bytes, name: str, but: str = "") -> float:
+    return sum(_values(body, name, but))
+
+
+def _values(body: bytes, name: str, but: str = "") -> list[float]:
+    """Each series of `name`, but those naming the target `but`."""
+    return [float(line.split()[-1]) for line in body.decode().splitlines()
+            if line.startswith(name + "{") and not (but and f'target="{but}"' in line)]
 
 
 def polled_targets(base: str) -> set[str]:
@@ -108,30 +129,43 @@ def shards(tmp: Path, listed: Path, servers: list[str]) -> dict[str, Any]:
     finally:
         for proc, _ in cars:
             proc.kill()
-    every = set(servers)
-    return {"owned": [len(o) for o in owned], "counts": counts,
+    every = set(servers)  # the blocked one's process is running again by now
+    return {"owned": [len(o) for o in owned], "counts": counts, "servers": len(every),
             "union_is_all": owned[0] | owned[1] == every, "overlap": len(owned[0] & owned[1])}
 
 
-def render(one: dict[str, Any], split: dict[str, Any], minutes: float, seconds: float) -> str:
+def render(phases: dict[str, dict[str, Any]], split: dict[str, Any], minutes: float,
+           seconds: float, blocked_s: float) -> str:
     return "\n".join([
         HEADING, "",
         f"`make bench-fleet` ({minutes:.1f} min, this 2-core machine): {SERVERS} real Reverb "
         f"servers (one process) and {FARMS * PER_FARM} trainer probes ({FARMS} processes of "
-        f"{PER_FARM}, each probe its own HTTP server), 16 probes to a server, in one targets "
-        f"file; one sidecar at 1 Hz over {seconds:.0f} s, then two with --shard 0/2 and 1/2.",
+        f"{PER_FARM}, each probe its own HTTP server), 16 probes to a server, and one more "
+        f"server in a process of its own, in one targets file; one sidecar at 1 Hz over "
+        f"{seconds:.0f} s, then with that server stopped (SIGSTOP, as a server held by a "
+        f"checkpoint is from outside) for {blocked_s:.0f} s, then two sidecars with --shard 0/2 "
+        "and 1/2. Skipped polls and poll times are the other targets' and probes'.",
         "",
-        "| sources polled a cycle | CPU s per cycle (= cores at 1 Hz) | cycle p50 / p99 / max ms "
-        "| late cycles | skipped polls | /metrics p50 / p99 ms | /metrics bytes |",
-        "| ---: | ---: | --- | ---: | ---: | --- | ---: |",
-        f"| {one['polls_per_cycle']} | {one['cpu_s_per_cycle']:.3f} | "
-        f"{one['cycle_p50_ms']:.0f} / {one['cycle_p99_ms']:.0f} / {one['cycle_max_ms']:.0f} | "
-        f"{one['late_cycles']:.0f} of {one['cycles']} | {one['skipped_polls']:.0f} | "
-        f"{one['metrics_p50_ms']:.1f} / {one['metrics_p99_ms']:.1f} ({one['scrapes']} scrapes) "
-        f"| {one['metrics_bytes']:,} |",
+        "| phase | sources polled a cycle | CPU s per cycle (= cores at 1 Hz) | cycle p50 / p99 / "
+        "max ms | late cycles | others' skipped polls | others' poll p50 / p99 / max ms "
+        "| /metrics p50 / p99 ms | /metrics bytes |",
+        "| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: |",
+        *(f"| {phase} | {one['polls_per_cycle']} | {one['cpu_s_per_cycle']:.3f} | "
+          f"{one['cycle_p50_ms']:.0f} / {one['cycle_p99_ms']:.0f} / {one['cycle_max_ms']:.0f} | "
+          f"{one['late_cycles']:.0f} of {one['cycles']} | {one['skipped_polls']:.0f} | "
+          f"{one['others_poll_p50_ms']:.1f} / {one['others_poll_p99_ms']:.1f} / "
+          f"{one['others_poll_max_ms']:.1f} | "
+          f"{one['metrics_p50_ms']:.1f} / {one['metrics_p99_ms']:.1f} ({one['scrapes']} "
+          f"scrapes) | {one['metrics_bytes']:,} |" for phase, one in phases.items()),
+        "",
+        "A cycle waits for each poll up to its deadline (0.8 of the interval) plus 0.5 s for "
+        "the poll threads to start; a poll still running at the next cycle is skipped, not "
+        "waited on. So the first cycle after the server stopped waits out its whole deadline "
+        "and margin (the blocked phase's longest cycle: "
+        f"{phases['one server blocked']['cycle_max_ms']:.0f} ms), and each later one skips it.",
         "",
         f"Two shards: they poll {split['owned'][0]} and {split['owned'][1]} of the "
-        f"{SERVERS} servers; every server by exactly one: "
+        f"{split['servers']} servers; every server by exactly one: "
         f"{'yes' if split['union_is_all'] and not split['overlap'] else 'NO'} (overlap "
         f"{split['overlap']}); replaywatch_targets owned/others: "
         f"{', '.join(f'{o:.0f}/{x:.0f}' for o, x in split['counts'])}.", ""])
@@ -140,30 +174,40 @@ def render(one: dict[str, Any], split: dict[str, Any], minutes: float, seconds: 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--blocked-s", type=float, default=60.0)
     p.add_argument("--results", type=Path, default=None)
     args = p.parse_args()
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rwfleet-") as tmp_name:
         tmp = Path(tmp_name)
-        procs, listed, servers = fleet(tmp)
+        procs, listed, servers, alone, blocked = fleet(tmp)
         try:
             car, base = sidecar(tmp, listed, "one")
             try:
-                one = measure(base, car.pid, args.seconds)
+                one = measure(base, car.pid, args.seconds, blocked)
+                print(json.dumps(one))
+                alone.signal(signal.SIGSTOP)
+                try:
+                    held = measure(base, car.pid, args.blocked_s, blocked)
+                finally:
+                    alone.signal(signal.SIGCONT)
+                print(json.dumps(held))
             finally:
                 car.kill()
-            print(json.dumps(one))
             split = shards(tmp, listed, servers)
             print(json.dumps(split))
         finally:
             for proc in procs:
                 proc.kill()
-    text = render(one, split, (time.monotonic() - began) / 60, args.seconds)
+    phases = {"all answer": one, "one server blocked": held}
+    text = render(phases, split, (time.monotonic() - began) / 60, args.seconds, args.blocked_s)
     print(text)
     if args.results:
         args.results.write_text(replace_sections(args.results.read_text(), [text]))
-    ok = (one["late_cycles"] == 0 and one["metrics_p99_ms"] < 50 and split["union_is_all"]
-          and not split["overlap"])
+    ok = (all(r["late_cycles"] == 0 and r["metrics_p99_ms"] < 50 for r in phases.values())
+          and held["skipped_polls"] == 0 and held["others_poll_p99_ms"] <= max(
+              2 * one["others_poll_p99_ms"], one["others_poll_p99_ms"] + 20)
+          and split["union_is_all"] and not split["overlap"])
     return 0 if ok else 1
 
 
