@@ -189,10 +189,15 @@ class Poller:
         skipped: list[SourceBinding] = []
         for binding in bindings:
             name = binding.source.name
-            pending = self._in_flight.get(name)
-            if pending is not None and not pending.done():
-                skipped.append(binding)
-                continue
+            pending = self._in_flight.pop(name, None)
+            if pending is not None:
+                if not pending.done():
+                    self._in_flight[name] = pending
+                    skipped.append(binding)
+                    continue
+                # It outran its cycle's wait (counted late then) and has finished since: its
+                # answer is recorded now, never dropped for the new poll's.
+                self._record(binding, self._outcome(binding, pending))
             future = pool.submit(binding.source.poll)
             self._in_flight[name] = future
             started.append((binding, future))
@@ -204,13 +209,8 @@ class Poller:
             if not future.done():
                 skipped.append(binding)
                 continue
-            try:
-                outcome = future.result()
-            except Exception as e:  # a source bug fails that source, not the cycle
-                log.exception("polling %s raised", binding.source.name)
-                outcome = PollOutcome(binding.source.name, binding.source.kind, self._clock(),
-                                      0.0, error=f"internal error: {type(e).__name__}: {e}")
-            self._record(binding, outcome)
+            self._in_flight.pop(binding.source.name, None)
+            self._record(binding, self._outcome(binding, future))
         for binding in skipped:
             prev = self._statuses.get(binding.source.name)
             if prev is not None:
@@ -218,6 +218,15 @@ class Poller:
                     prev, late_polls_total=prev.late_polls_total + 1
                 )
         return self._publish(t0)
+
+    def _outcome(self, binding: SourceBinding,
+                 future: concurrent.futures.Future[PollOutcome]) -> PollOutcome:
+        try:
+            return future.result()
+        except Exception as e:  # a source bug fails that source, not the cycle
+            log.exception("polling %s raised", binding.source.name)
+            return PollOutcome(binding.source.name, binding.source.kind, self._clock(), 0.0,
+                               error=f"internal error: {type(e).__name__}: {e}")
 
     def _record(self, binding: SourceBinding, outcome: PollOutcome) -> None:
         self._history.record(outcome)
