@@ -158,11 +158,11 @@ def render(phases: dict[str, dict[str, Any]], split: dict[str, Any], minutes: fl
           f"{one['metrics_p50_ms']:.1f} / {one['metrics_p99_ms']:.1f} ({one['scrapes']} "
           f"scrapes) | {one['metrics_bytes']:,} |" for phase, one in phases.items()),
         "",
-        "A cycle waits for each poll up to its deadline (0.8 of the interval) plus 0.5 s for "
-        "the poll threads to start; a poll still running at the next cycle is skipped, not "
-        "waited on. So the first cycle after the server stopped waits out its whole deadline "
-        "and margin (the blocked phase's longest cycle: "
-        f"{phases['one server blocked']['cycle_max_ms']:.0f} ms), and each later one skips it.",
+        "A cycle waits for each poll up to its deadline (0.8 of the interval) and a margin "
+        "(what the interval leaves after it and 0.1 s); a source whose last poll ran into its "
+        "deadline is polled but not waited on, its answer recorded at the next cycle. So only "
+        "the cycle the server stopped in waits out its deadline (the blocked phase's longest "
+        f"cycle: {phases['one server blocked']['cycle_max_ms']:.0f} ms).",
         "",
         f"Two shards: they poll {split['owned'][0]} and {split['owned'][1]} of the "
         f"{split['servers']} servers; every server by exactly one: "

@@ -40,17 +40,18 @@ class FakeSource:
         self.closed = False
 
     def poll(self) -> PollOutcome:
+        t0 = time.perf_counter()
         self.gate.wait(10)
         self.polls += 1
         if self.raises is not None:
             raise self.raises
-        at = self._clock()
+        at, took = self._clock(), time.perf_counter() - t0  # as long as it hung
         if self.error is not None:
-            return PollOutcome(self.name, self.kind, at, 0.001, error=self.error)
+            return PollOutcome(self.name, self.kind, at, took, error=self.error)
         if self.kind == "probe":
-            return PollOutcome(self.name, self.kind, at, 0.001)
+            return PollOutcome(self.name, self.kind, at, took)
         snap = table_snapshot(at, 10 * self.polls, 10 * self.polls, target=self.name)
-        return PollOutcome(self.name, self.kind, at, 0.001, tables=(snap,))
+        return PollOutcome(self.name, self.kind, at, took, tables=(snap,))
 
     def close(self) -> None:
         self.closed = True
@@ -157,6 +158,44 @@ def test_a_late_source_is_skipped_and_counted_without_delaying_the_others(
     # The poll that hung, finished since, is recorded, then the cycle's own: none dropped.
     assert (s.polls_total, s.late_polls_total) == (3, 2)
     assert len(poller._history.table("slow:1", "replay")) == 3  # type: ignore[attr-defined]
+
+
+def test_a_source_that_ran_into_its_deadline_is_polled_but_not_waited_on_until_it_answers(
+        made: list[Poller], clock: FakeClock) -> None:
+    # interval 1 s, deadline 0.5 s: a cycle waits at most 0.5 + 0.4 s for its polls.
+    fast, held = FakeSource("fast:1", clock), FakeSource("held:1", clock)
+    poller, _ = poller_of(made, fast, held, timeout_s=0.5, clock=clock)
+    try:
+        poller.tick()
+        held.gate.clear()  # held by a checkpoint: its polls hang
+        t0 = time.perf_counter()
+        poller.tick()  # it answered last time: waited on, up to the deadline and margin
+        waited = time.perf_counter() - t0
+        held.gate.set()  # the hung poll finishes; the next one hangs again
+        deadline = time.monotonic() + 5
+        while held.polls < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held.gate.clear()
+        t0 = time.perf_counter()
+        state = poller.tick()  # its late answer recorded, a new poll started, not waited on
+        assert time.perf_counter() - t0 < 0.3, "a cycle waited on a source that hangs"
+        assert waited >= 0.5
+        s = state.sources["held:1"]
+        assert (s.polls_total, s.late_polls_total) == (2, 2)
+        assert state.sources["fast:1"].polls_total == 3
+    finally:
+        held.gate.set()
+    deadline = time.monotonic() + 5
+    while held.polls < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    poller.tick()  # the hung one recorded (slow still), a quick one started
+    time.sleep(0.05)
+    poller.tick()  # the quick one recorded: waited on again from this cycle's poll on
+    held.gate.clear()
+    t0 = time.perf_counter()
+    poller.tick()
+    assert time.perf_counter() - t0 >= 0.5
+    held.gate.set()
 
 
 def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
