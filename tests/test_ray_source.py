@@ -7,7 +7,9 @@ our own (`ray start --head`, token authentication on): a DQN job (job 01000000: 
 Learner actor, 1 aggregator) ran while the documents were read. So the actors list holds
 the DQN job's dead actors beside APPO's live ones, and APPO's metrics page still exports the
 series of DQN's dead workers, as a real cluster does. The metrics pages are trimmed to the
-families the source keeps and the result rows' config to the keys it reads.
+families the source keeps and the result rows' config to the keys it reads. workers.json and
+actors_with_learner.json were read together off a later cluster of ours (a DQN job 01000000,
+one EnvRunner and one Learner actor, neither in a call at that instant).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from replaywatch.sources.ray_cluster import (
     parse_actors,
     parse_metrics,
     parse_tasks,
+    parse_workers,
 )
 from replaywatch.sources.ray_results import ResultTail, parse_result_row
 from tests.support.ray_dashboard import FIXTURES, TOKEN, Cluster
@@ -435,3 +438,30 @@ def test_a_token_revoked_mid_run_keeps_the_job_and_says_why(
     assert len(second.counters) == len(first.counters) and not any(
         c.joined for c in second.counters)
     assert "HTTP 403 Forbidden" in second.errors[0] and "(token from the flag)" in second.errors[0]
+
+
+def test_the_workers_api_names_the_worker_of_an_actor_never_seen_in_a_call() -> None:
+    workers = parse_workers(load("workers.json"))
+    actors = parse_actors(load("actors_with_learner.json"), 0.0)
+    assert len(workers) == 3 and driver_worker_id("01000000") in workers.values()
+    assert all((a.node_id, a.pid) in workers for a in actors if a.alive)
+    from replaywatch.errors import SourceProtocolError
+    with pytest.raises(SourceProtocolError):
+        parse_workers({"data": {"result": {"result": [{"pid": 1}]}}})
+
+
+def test_a_job_whose_actors_were_never_in_a_call_is_joined_through_the_workers_api(
+        cluster: Cluster, tmp_path: Path) -> None:
+    # Short calls (a DQN EnvRunner's sample) are rarely caught running: without the workers
+    # API no series could be told another job's, and a cluster's jobs were counted as one.
+    cluster.serve_actors(load("actors_with_learner.json"))
+    source = _source(cluster, tmp_path, job_id="01000000")
+    snap = source.poll(now=NOW)
+    assert all(a.worker_id for a in snap.actors if a.alive), snap.actors
+    assert not any("unjoined" in e for e in snap.errors), snap.errors
+    # Only the job's own driver's series stay; the APPO page's other workers are not its own
+    assert {c.worker_id for c in snap.counters} == {driver_worker_id("01000000")}
+    asked = [p for p, _ in cluster.seen if p.startswith("/api/v0/workers?")]
+    source.poll(now=NOW + 1)
+    again = [p for p, _ in cluster.seen if p.startswith("/api/v0/workers?")]
+    assert len(asked) == 1 and again == asked, "asked again once every WorkerId was known"

@@ -4,6 +4,8 @@ One poll reads, each with its own timeout and each failure one line of `RaySnaps
 
     actors     GET {dashboard}/api/v0/actors?limit=10000&detail=1          (the token)
     tasks      GET {dashboard}/api/v0/tasks?detail=1&... state=RUNNING     (the token)
+    workers    GET {dashboard}/api/v0/workers?... is_alive=true            (the token), only
+               while a live actor's WorkerId is unknown
     metrics    <temp dir>/prom_metrics_service_discovery.json, then GET /metrics of each
                target (no token); only the `ray_rllib_*` and `ray_actors` families kept
     results    a result.json (or the newest under a directory), tailed line by line
@@ -12,11 +14,13 @@ The state API wants `Authorization: Bearer <token>` since Ray enables token auth
 by default; the metrics endpoints want none. The job is the one named, or else the newest job
 with a live RLlib actor; Ray lists the dead actors of earlier jobs, and keeps exporting the
 series of dead workers with their last value, so both are filtered: actors by `job_id`,
-series by `WorkerId`, joined to live workers through the tasks API's `worker_id` (a running
-task's, matched to its actor by actor id or pid, and remembered) and the driver's id (the
-job id, then `ff`s). An actor never seen in a call has no known WorkerId (its creation task
-lists no worker_id); while any live actor's is unknown no series is dropped, and that is said.
-The parsers are pure and take the documents as read: `parse_actors`, `parse_tasks`,
+series by `WorkerId` (a metrics page carries no job), joined to live workers through the
+tasks API's `worker_id` (a running task's, matched to its actor by actor id or pid), else the
+workers API's (matched by node and pid), each remembered, and the driver's id (the job id,
+then `ff`s). A running call alone misses actors whose calls are short (a DQN EnvRunner's
+`sample`): on a cluster running several jobs their series were counted as every job's. While
+any live actor's WorkerId is still unknown no series is dropped, and that is said. The parsers
+are pure and take the documents as read: `parse_actors`, `parse_tasks`, `parse_workers`,
 `parse_metrics` (the result rows' own, `parse_result_row`, is in sources/ray_results.py).
 """
 
@@ -61,6 +65,7 @@ ACTORS = "/api/v0/actors?limit=10000&detail=1"
 _EQ = "&filter_predicates=%3D"
 RUNNING_TASKS = f"/api/v0/tasks?detail=1&limit=10000&filter_keys=state{_EQ}&filter_values=RUNNING"
 NODES = "/api/v0/nodes?limit=1000"
+LIVE_WORKERS = f"/api/v0/workers?limit=10000&filter_keys=is_alive{_EQ}&filter_values=true"
 # The dashboard's py-spy of a worker, on the worker's node (Ray's reporter agent): text
 TRACEBACK = "/worker/traceback"
 TRACEBACK_TIMEOUT_S = 15.0  # py-spy attaches, walks every thread, and Ray relays it
@@ -190,6 +195,17 @@ def _task(r: dict[str, Any], now: float) -> RayTask:
         running_for_s=None if not started else max(0.0, now - int(started) / 1000.0),
         actor_id=r.get("actor_id") or None, task_id=str(r.get("task_id") or ""),
         attempt=int(r.get("attempt_number") or 0))
+
+
+def parse_workers(doc: Any) -> dict[tuple[str | None, int], str]:
+    """`/api/v0/workers` as each live worker's WorkerId by (node id, pid), the key an actor
+    row carries. Raises SourceProtocolError on a wrong shape."""
+    rows, _ = state_rows(doc)
+    try:
+        return {(r.get("node_id") or None, int(r["pid"])): str(r["worker_id"])
+                for r in rows if r.get("is_alive", True) and r.get("pid")}
+    except (KeyError, TypeError, ValueError) as e:
+        raise SourceProtocolError(f"not a worker row ({e!r})"[:_TEXT]) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -475,17 +491,31 @@ class RayClusterSource:
 
     def _with_workers(self, actors: tuple[RayActor, ...], running: tuple[RayTask, ...],
                       job: str | None, now: float, errors: list[str]) -> tuple[RayActor, ...]:
-        """The job's actors with their WorkerIds: from a running task of theirs, or from
-        their creation task, asked only when a live actor's (or restart's) id is unknown."""
+        """The job's actors with their WorkerIds: from a running task of theirs, else from the
+        workers API, asked only while a live actor's (or restart's) id is unknown."""
         self._worker_of = {a.actor_id: w for a in actors
                            if (w := self._worker_of.get(a.actor_id)) is not None}
         # Creation tasks list the actor's worker_pid but no worker_id (Ray 2.60, recorded):
-        # the id comes only from a running task, matched by actor or by pid, and is kept.
+        # the id comes from a running task, matched by actor or by pid, or from the live
+        # workers by node and pid, and is kept for as long as the actor has not restarted.
         for t in running:
             for actor in actors:
                 if t.worker_id and (t.actor_id == actor.actor_id or (
                         actor.pid is not None and t.worker_pid == actor.pid)):
                     self._worker_of[actor.actor_id] = (actor.num_restarts, t.worker_id)
+        unknown = [a for a in actors if a.alive and a.pid is not None
+                   and self._worker_of.get(a.actor_id, (-1, ""))[0] != a.num_restarts]
+        if unknown:
+            try:
+                doc = self._state(LIVE_WORKERS)
+                errors += [f"state API: workers: {w}" for w in state_rows(doc)[1]]
+                by_pid = parse_workers(doc)
+            except SourceError as e:
+                errors.append(f"state API: {self.target}/api/v0/workers: {e}")
+                by_pid = {}
+            for a in unknown:
+                if (w_id := by_pid.get((a.node_id, a.pid or 0))) is not None:
+                    self._worker_of[a.actor_id] = (a.num_restarts, w_id)
         return tuple(dataclasses.replace(a, worker_id=w[1]) if (
             w := self._worker_of.get(a.actor_id)) and w[0] == a.num_restarts else a
             for a in actors)

@@ -46,6 +46,8 @@ class Dashboard(http.server.BaseHTTPRequestHandler):
             name = "creation_tasks.json"
         elif "filter_values=RUNNING" in self.path:
             name = "tasks.json"
+        elif self.path.startswith("/api/v0/workers?"):
+            name = "workers.json"  # recorded beside actors_with_learner.json, not actors.json
         else:
             return self._answer(404, b"not found", "text/plain")
         self._answer(200, (FIXTURES / name).read_bytes(), "application/json")
