@@ -5,7 +5,8 @@ plain `algo.train()` loop. Faults are switched on by flags, nothing else in the 
 `--hang-env-after N` sleeps forever in the N+1-th `step()` of one EnvRunner's environment
 (`--hang-env-runner`, 0 for every runner), `--hang-learner-after N` sleeps forever in the
 Learner's N+1-th `compute_losses` (in the Learner actor with `--num-learners 1`; in APPO that
-is its `_LearnerThread`), `--learner-step-s S` makes every update S seconds longer.
+is its `_LearnerThread`), `--learner-step-s S` makes every update S seconds longer (once
+`--learner-slow-after-s` have passed since its first: a healthy phase first).
 
 Ray 2.60 writes no result.json in a plain `algo.train()` loop: `Trainable.log_result` does
 nothing and `algo.logdir` is an empty directory under ~/ray_results (only Tune's
@@ -67,11 +68,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hang-env-after", type=int, default=0, help="env steps; 0: never")
     p.add_argument("--hang-env-runner", type=int, default=1,
                    help="the EnvRunner index whose env hangs (0: every one)")
+    p.add_argument("--env-step-s", type=float, default=0.0,
+                   help="seconds each env step takes (a simulator's pace; 0: CartPole's own)")
     p.add_argument("--hang-learner-after", type=int, default=0,
                    help="compute_losses calls; 0: never")
     p.add_argument("--learner-step-s", type=float, default=0.0,
                    help="seconds added to every compute_losses: a learner slower than its "
                         "EnvRunners (a big network on a small host)")
+    p.add_argument("--learner-slow-after-s", type=float, default=0.0,
+                   help="seconds from the learner's first update before --learner-step-s "
+                        "applies: a healthy phase, then a slow learner")
     p.add_argument("--logdir", default=None, help="default: the algorithm's own logdir")
     args = p.parse_args(argv)
     if not args.iterations and not args.seconds:
@@ -80,11 +86,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 class HangAfterSteps(gym.Wrapper):
-    """An environment whose `step()` never returns after `after` steps: a hung simulator."""
+    """An environment whose `step()` takes `step_s` and never returns after `after` steps: a
+    hung simulator."""
 
-    def __init__(self, env: gym.Env, after: int) -> None:
+    def __init__(self, env: gym.Env, after: int, step_s: float = 0.0) -> None:
         super().__init__(env)
         self._after = after
+        self._step_s = step_s
         self._steps = 0
 
     def step(self, action):  # type: ignore[no-untyped-def]
@@ -92,6 +100,8 @@ class HangAfterSteps(gym.Wrapper):
         if self._after and self._steps > self._after:
             while True:
                 time.sleep(3600)
+        if self._step_s:
+            time.sleep(self._step_s)
         return self.env.step(action)
 
 
@@ -100,22 +110,28 @@ def env_creator(env_config: Any) -> gym.Env:
     runner = getattr(env_config, "worker_index", 0)
     chosen = env_config.get("hang_env_runner", 1)
     after = env_config.get("hang_env_after", 0)
-    return HangAfterSteps(env, after if chosen in (0, runner) else 0)
+    return HangAfterSteps(env, after if chosen in (0, runner) else 0,
+                          env_config.get("env_step_s", 0.0))
 
 
-def hanging_learner(base: type, after: int, step_s: float = 0.0) -> type:
+def hanging_learner(base: type, after: int, step_s: float = 0.0,
+                    slow_after_s: float = 0.0) -> type:
     """`base` whose `compute_losses` never returns after `after` calls (0: always returns), a
-    hung learner, and takes `step_s` longer each call, a slow one."""
+    hung learner, and takes `step_s` longer each call once `slow_after_s` have passed since
+    its first, a slow one."""
 
     class HangingLearner(base):  # type: ignore[misc, valid-type]
         _calls = 0
+        _first: float | None = None
 
         def compute_losses(self, *args: Any, **kwargs: Any) -> Any:
             self._calls += 1
+            if self._first is None:
+                self._first = time.monotonic()
             if after and self._calls > after:
                 while True:
                     time.sleep(3600)
-            if step_s:
+            if step_s and time.monotonic() - self._first >= slow_after_s:
                 time.sleep(step_s)
             return super().compute_losses(*args, **kwargs)
 
@@ -156,7 +172,8 @@ def build_config(args: argparse.Namespace) -> Any:
         runners["sample_timeout_s"] = args.sample_timeout_s
     config = (
         config.environment(ENV_NAME, env_config={"hang_env_after": args.hang_env_after,
-                                                 "hang_env_runner": args.hang_env_runner})
+                                                 "hang_env_runner": args.hang_env_runner,
+                                                 "env_step_s": args.env_step_s})
         .framework("torch")
         .env_runners(**runners)
         .learners(num_learners=args.num_learners, **(
@@ -173,7 +190,8 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.hang_learner_after or args.learner_step_s:
         config.training(learner_class=hanging_learner(config.get_default_learner_class(),
                                                       args.hang_learner_after,
-                                                      args.learner_step_s))
+                                                      args.learner_step_s,
+                                                      args.learner_slow_after_s))
     return config
 
 
