@@ -149,6 +149,24 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--shard", metavar="I/N",
                        help="poll only the targets whose stable hash is I mod N: N sidecars "
                             "given the same list split it, each target polled once")
+    watch.add_argument("--kubernetes", metavar="SELECTOR",
+                       help="the Reverb servers and probes of the pods this label selector "
+                            "picks (container ports named reverb and rw-probe), followed as "
+                            "pods come and go; in a pod, through its service account")
+    watch.add_argument("--kube-namespace", metavar="NS",
+                       help="the pods' namespace (default: the sidecar pod's own; all: every "
+                            "namespace)")
+    watch.add_argument("--kube-api", metavar="URL",
+                       help="the API's URL where the sidecar is not in a pod, e.g. "
+                            "http://127.0.0.1:8001 from `kubectl proxy`")
+    watch.add_argument("--kube-token-file", metavar="FILE",
+                       help="a bearer token for --kube-api (in a pod: the service account's)")
+    watch.add_argument("--kube-job-label", default=cfg.JOB_LABEL, metavar="LABEL",
+                       help=f"the pod label that names its job (default {cfg.JOB_LABEL}; "
+                            "else the pod's controller)")
+    watch.add_argument("--kube-ttl", type=_positive_float, default=cfg.POD_TTL_S,
+                       metavar="SECONDS",
+                       help="how long a failed pod stays watched (default 600)")
     watch.add_argument("--bundle-dir", metavar="DIR",
                        help="where a bundle is written when a critical finding opens "
                             "(default: bundles/ next to --db)")
@@ -215,7 +233,21 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
         reverb_pids=cfg.reverb_pids(getattr(args, "reverb_pid", []), targets),
         ray=ray_targets(args),
         shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
+        kubernetes=kube(args),
     )
+
+
+def kube(args: argparse.Namespace) -> cfg.KubeTarget | None:
+    """--kubernetes and its options, completed from the pod's service account."""
+    if not getattr(args, "kubernetes", None):
+        for flag in ("kube_namespace", "kube_api", "kube_token_file"):
+            if getattr(args, flag, None):
+                raise ConfigError(f"--{flag.replace('_', '-')} goes with --kubernetes SELECTOR")
+        return None
+    from replaywatch.kubernetes_sd import kube_target
+
+    return kube_target(args.kubernetes, args.kube_namespace, args.kube_api,
+                       args.kube_token_file, None, args.kube_job_label, args.kube_ttl)
 
 
 def ray_targets(args: argparse.Namespace) -> tuple[cfg.RayTarget, ...]:

@@ -162,6 +162,38 @@ class RayTarget:
         return self.dashboard if "://" in self.dashboard else f"http://{self.dashboard}"
 
 
+JOB_LABEL = "app.kubernetes.io/instance"  # --kubernetes: the pod label that names its job
+POD_TTL_S = 600.0  # --kubernetes: how long a failed pod stays watched
+ALL_NAMESPACES = "all"  # --kube-namespace all
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeTarget:
+    """Where and what to discover: the API's URL (in-cluster: the service account's), its
+    bearer token file and CA, the namespace (`all`: every one), the label selector."""
+
+    selector: str
+    namespace: str
+    api: str
+    token_file: str | None = None
+    ca_file: str | None = None
+    job_label: str = JOB_LABEL
+    ttl_s: float = POD_TTL_S
+
+    @property
+    def pods_path(self) -> str:
+        query = urllib.parse.urlencode({"labelSelector": self.selector})
+        if self.namespace == ALL_NAMESPACES:
+            return f"/api/v1/pods?{query}"
+        return f"/api/v1/namespaces/{urllib.parse.quote(self.namespace)}/pods?{query}"
+
+    def describe(self) -> str:
+        where = ("every namespace" if self.namespace == ALL_NAMESPACES
+                 else f"namespace {self.namespace}")
+        return f"pods {self.selector!r} in {where} ({self.api})"
+
+
+
 def parse_ray(spec: str) -> str:
     """`--ray HOST:PORT` or `http://HOST:PORT`: the dashboard's address, as a URL."""
     text = spec.strip()
@@ -200,6 +232,7 @@ class WatchConfig:
     reverb_pids: tuple[tuple[str, int], ...] = ()
     ray: tuple[RayTarget, ...] = ()  # RLlib jobs' clusters (--ray)
     shard: Shard | None = None  # --shard I/N: the targets whose hash is I mod N (shards.py)
+    kubernetes: KubeTarget | None = None  # --kubernetes: pods found by a label selector
 
     def __post_init__(self) -> None:
         if self.bundle_keep < 0:
@@ -208,9 +241,10 @@ class WatchConfig:
             DeclaredLayout.parse(self.layout)
         except ValueError as e:
             raise ConfigError(f"--layout {self.layout!r}: {e}") from None
-        if not self.targets and not self.targets_file and not self.ray:
+        if (not self.targets and not self.targets_file and not self.ray
+                and self.kubernetes is None):
             raise ConfigError("give at least one --reverb HOST:PORT, --ray HOST:PORT (or "
-                              "--targets-file)")
+                              "--targets-file, --kubernetes SELECTOR)")
         rays = [r.name for r in self.ray]
         if len(set(rays)) != len(rays):
             raise ConfigError(f"--ray {next(r for r in rays if rays.count(r) > 1)} given twice")

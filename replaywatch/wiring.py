@@ -27,6 +27,7 @@ from replaywatch.errors import ConfigError
 from replaywatch.findings import FindingsKeeper
 from replaywatch.history import COARSE_EVERY_S, History
 from replaywatch.incidents import IncidentLog
+from replaywatch.kubernetes_sd import KubePods
 from replaywatch.poller import Poller, SourceBinding, targets_of
 from replaywatch.shards import Sharding
 from replaywatch.sources import ray_jobs
@@ -102,7 +103,48 @@ def with_ray_jobs(plan: TargetsPlan, config: WatchConfig) -> TargetsPlan:
         said = tuple(e for _, f in finders if (e := f.last_error))
         return (*plan.errors(), *said)
 
-    return TargetsPlan(base, reload, errors)
+    return TargetsPlan(base, reload, errors, plan.closers)
+
+
+def with_kubernetes(plan: TargetsPlan, config: WatchConfig) -> TargetsPlan:
+    """The plan with the replay servers and probes of the pods `--kubernetes` selects
+    (kubernetes_sd.py): listed at start (an API that refuses is a ConfigError, exit 2), then
+    followed by the API's watch; a pod's targets are added or leave at the next cycle. The
+    targets file's and the Ray jobs' reloads go on beside."""
+    if config.kubernetes is None:
+        return plan
+    timeout = config.poll.effective_timeout_s
+    pods = KubePods(config.kubernetes, timeout_s=max(5.0, timeout))
+    pods.start()
+    first = pods.targets()
+    assert first is not None  # the first call always answers
+    for error in first.errors:
+        log.warning("%s", error)
+    base = list(plan.bindings)
+
+    def apart(parsed: ParsedTargets) -> list[SourceBinding]:
+        # A server also named by a flag or the targets file is polled once, as named there.
+        named = {b.source.name for b in base}
+        return [b for b in bindings_from_file(parsed, timeout) if b.source.name not in named]
+
+    found = apart(first)
+
+    def reload() -> list[SourceBinding] | None:
+        nonlocal base, found
+        changed = False
+        if plan.reload is not None and (fresh := plan.reload()) is not None:
+            base, changed = list(fresh), True
+        discovered = pods.targets()
+        if discovered is not None:
+            for error in discovered.errors:
+                log.warning("%s", error)
+            found, changed = apart(discovered), True
+        return base + found if changed else None
+
+    def errors() -> tuple[str, ...]:
+        return (*plan.errors(), *pods.errors())
+
+    return TargetsPlan(base + found, reload, errors, (*plan.closers, pods.stop))
 
 
 def memory_watch(target: str, pid: int | None) -> MemoryWatch | None:
@@ -131,6 +173,7 @@ class TargetsPlan:
     bindings: list[SourceBinding]
     reload: Reload | None = None
     errors: Callable[[], tuple[str, ...]] = tuple
+    closers: tuple[Callable[[], None], ...] = ()  # discovery threads stopped with the sidecar
 
 
 def plan_targets(config: WatchConfig, static: list[SourceBinding]) -> TargetsPlan:
@@ -182,7 +225,7 @@ def sharded(plan: TargetsPlan, sharding: Sharding) -> TargetsPlan:
         return None if fresh is None else keep(fresh)
 
     return TargetsPlan(keep(plan.bindings), reloaded if reload is not None else None,
-                       plan.errors)
+                       plan.errors, plan.closers)
 
 
 def open_incident_log(path: str) -> IncidentLog:
@@ -208,6 +251,7 @@ class Sidecar:
     bundles: BundleMaker
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     _threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+    _closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     def start(self) -> None:
         """Polls on a background thread until `close()`."""
@@ -223,6 +267,8 @@ class Sidecar:
         for thread in self._threads:
             thread.join(timeout=poll.interval_s + poll.effective_timeout_s + 2)
         self._threads.clear()
+        for stop in self._closers:
+            stop()
         self.poller.close()
         self.incidents.close()
 
@@ -250,7 +296,8 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
                       coarse_every_s=coarse_every_s,
                       coarse_age_s=th.throughput_lookback_s + coarse_every_s)
     store = StateStore()
-    plan = with_ray_jobs(plan_targets(config, make_bindings(config)), config)
+    plan = with_kubernetes(with_ray_jobs(plan_targets(config, make_bindings(config)), config),
+                           config)
     sharding = Sharding(config.shard) if config.shard is not None else None
     if sharding is not None:
         plan = sharded(plan, sharding)
@@ -286,7 +333,7 @@ def build_sidecar(config: WatchConfig, incidents_path: str | None = None,
                     shard=(lambda: sharding.counts) if sharding is not None else None)
     maker = BundleMaker(bundles, keeper.last_cycle, lambda: list(current_targets()))
     return Sidecar(config=config, history=history, store=store, incidents=incidents,
-                   keeper=keeper, poller=poller, bundles=maker)
+                   keeper=keeper, poller=poller, bundles=maker, _closers=list(plan.closers))
 
 
 def local_fallback(dashboard: str, taken: dict[str, dict[str, Any]]) -> dict[str, Any]:
