@@ -153,8 +153,9 @@ def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`ray start --head`, two DQN jobs joining it one after the other, and one sidecar with
     `--ray-job all` and no per-job flag: each job becomes a target within one discovery
-    interval of its start, neither is paged while both train, and the first, its driver
-    killed, leaves the watch after its TTL with no page."""
+    interval of its start, neither is paged, and the first, its driver killed, leaves the
+    watch after its TTL with no page. The second is a warm-up that never trains: the nodes'
+    metrics pages name no job, and it must read none of its neighbour's trained steps."""
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "home"
@@ -172,8 +173,8 @@ def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after
            "--min-steps-per-iteration", "100", "--learning-starts", "100",
            "--address", f"127.0.0.1:{port}", "--seconds", "400"]
 
-    def start(name: str) -> dict:
-        proc = spawn([str(RLLIB_PY), "harness/rllib_job.py", *job, "--logdir",
+    def start(name: str, *flags: str) -> dict:
+        proc = spawn([str(RLLIB_PY), "harness/rllib_job.py", *job, *flags, "--logdir",
                       str(tmp_path / name)], name=name, env={"OMP_NUM_THREADS": "1"})
         started = proc.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")
         return {**started, "proc": proc, "at": time.monotonic()}
@@ -183,6 +184,7 @@ def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after
                                                     job_id=ALL_JOBS, job_ttl_s=ttl_s),),
                          poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
     paged: list[tuple[float, Finding]] = []
+    trained: dict[str, float] = {}  # each job's env steps trained, as last read
     with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
 
         def tick_until(done: Callable[[set[str]], bool], within_s: float) -> float | None:
@@ -191,6 +193,8 @@ def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after
                 state = car.poller.tick()
                 paged.extend((time.monotonic(), f) for f in state.findings
                              if f.severity >= Severity.WARNING)
+                for name, snap in state.ray.items():
+                    trained[name] = sum(c.env_steps_trained or 0.0 for c in snap.counters)
                 if done(set(state.ray)):
                     return time.monotonic()
                 time.sleep(max(0.0, INTERVAL_S - (time.monotonic() - began) % INTERVAL_S))
@@ -199,10 +203,11 @@ def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after
         first = start("first")
         a = f"{dashboard} job {first['job_id']}"
         found_a = tick_until(lambda ray: a in ray, DISCOVER_EVERY_S + 2 * INTERVAL_S + SLACK_S)
-        second = start("second")
+        second = start("second", "--learning-starts", "500000000")
         b = f"{dashboard} job {second['job_id']}"
         found_b = tick_until(lambda ray: b in ray, DISCOVER_EVERY_S + 2 * INTERVAL_S + SLACK_S)
-        tick_until(lambda ray: False, 30.0)  # both train, watched
+        tick_until(lambda ray: False, 30.0)  # one trains, one warms up, watched
+        both = dict(trained)
         first["proc"].kill()  # its driver: Ray ends its actors
         killed = time.monotonic()
         left = tick_until(lambda ray: a not in ray, ttl_s + DISCOVER_EVERY_S + 30.0)
@@ -213,6 +218,9 @@ def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after
           f"{left and left - killed:.1f} s after its driver was killed (TTL {ttl_s:g} s); "
           f"paged: {[(f.target, f.kind) for _, f in paged]}")
     assert found_a is not None and found_b is not None
+    print(f"env steps trained as read: the first {both.get(a)}, the warm-up {both.get(b)}")
+    assert (both.get(a) or 0) > 0, "the first job never trained: the case proves nothing"
+    assert both.get(b) == 0, "the warm-up read its neighbour's trained steps"
     assert left is not None and left - killed >= ttl_s - DISCOVER_EVERY_S
     assert still is None, "the second job left with the first"
     assert paged == [], [(f.target, f.kind, f.summary) for _, f in paged[:3]]
