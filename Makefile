@@ -133,7 +133,10 @@ test:
 	@# pytest rewrites the asserts of every test module and of its plugins' (hypothesis,
 	@# schemathesis: about 280 modules) in each xdist worker; with PYTHONDONTWRITEBYTECODE set it
 	@# keeps none of it, and each worker's collection took 11 s of CPU instead of 8.
+	@# The JAX agent's processes (each test's trainer, each Ray actor) compile the same
+	@# networks: XLA's executables kept in .cache/jax are read by the ones after the first.
 	$(PY) -m mypy replaywatch > .mypy.log 2>&1 & typecheck=$$!; \
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	PYTHONDONTWRITEBYTECODE= REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
 	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) REPLAYWATCH_REQUIRE_RLLIB=$(REQUIRE_RLLIB) \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS); \
