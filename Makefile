@@ -33,7 +33,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet bench-ray-reads system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -250,6 +250,10 @@ bench-checkpoint-memory: $(STAMP)
 # server stopped for 60 s beside them, then split over two shards (about 4 minutes).
 bench-fleet: $(STAMP)
 	$(PY) -m bench.fleet --results bench/RESULTS.md
+
+# N RLlib jobs of one cluster polled alone against sharing their common reads (about 2 min).
+bench-ray-reads: $(STAMP)
+	$(PY) -m bench.ray_shared_reads --results bench/RESULTS.md
 
 # One real RLlib DQN job in windows unwatched and watched by `watch --ray`, paired inside the
 # job: what the sidecar costs it (about 6 minutes).

@@ -35,6 +35,7 @@ from replaywatch.sources.memory import MemoryWatch, is_local, port_of
 from replaywatch.sources.probe_http import HttpProbeSource
 from replaywatch.sources.ray_cluster import RayClusterSource, RaySource
 from replaywatch.sources.ray_jobs import RayJobs
+from replaywatch.sources.ray_shared import ClusterReads
 from replaywatch.sources.reverb import ReverbSource
 from replaywatch.stack_taker import StackTaker, py_spy_dump
 from replaywatch.state import Published, StateStore
@@ -61,14 +62,16 @@ def make_bindings(config: WatchConfig) -> list[SourceBinding]:
     return bindings
 
 
-def ray_source(ray: RayTarget, timeout: float, job_id: str | None = None) -> RaySource:
+def ray_source(ray: RayTarget, timeout: float, job_id: str | None = None,
+               shared: ClusterReads | None = None) -> RaySource:
     """One RLlib job's cluster (`job_id`: a discovered job's). Each read of a poll (the
     state API's two calls, each metrics endpoint) has its own deadline within the poll's; a
-    poll still running at the next cycle is skipped and counted late, never stacked."""
+    poll still running at the next cycle is skipped and counted late, never stacked. The
+    jobs of one cluster share the reads that are the same for each (`shared`)."""
     each = max(0.5, timeout / 2)
     cluster = RayClusterSource(ray.name, token=ray.token, temp_dir=ray.temp_dir,
                                job_id=job_id or ray.job_id, results=ray.results,
-                               timeout_s=each, scrape_timeout_s=each)
+                               timeout_s=each, scrape_timeout_s=each, shared=shared)
     return RaySource(cluster, ray.job_name(job_id) if job_id else ray.name, timeout)
 
 
@@ -80,7 +83,10 @@ def with_ray_jobs(plan: TargetsPlan, config: WatchConfig) -> TargetsPlan:
     if not rays:
         return plan
     timeout = config.poll.effective_timeout_s
-    finders = [(r, RayJobs(ray_source(r, timeout).cluster.read_actors,
+    # A cycle's polls of one cluster's jobs start together: what each reads alike (actors,
+    # workers, every node's metrics page) is read by the first and handed to the others.
+    shared = {r.name: ClusterReads(fresh_s=config.poll.interval_s / 2) for r in rays}
+    finders = [(r, RayJobs(ray_source(r, timeout, shared=shared[r.name]).cluster.read_actors,
                            every_s=ray_jobs.DISCOVER_EVERY_S, ttl_s=r.job_ttl_s))
                for r in rays]
     base = list(plan.bindings)
@@ -95,7 +101,7 @@ def with_ray_jobs(plan: TargetsPlan, config: WatchConfig) -> TargetsPlan:
             jobs = finder.jobs(time.time())
             if jobs is not None:
                 found[ray.name] = [SourceBinding(s, s.name) for s in (
-                    ray_source(ray, timeout, job) for job in jobs)]
+                    ray_source(ray, timeout, job, shared[ray.name]) for job in jobs)]
                 changed = True
         return base + [b for bs in found.values() for b in bs] if changed else None
 

@@ -14,10 +14,12 @@ one EnvRunner and one Learner actor, neither in a call at that instant).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from replaywatch.sources.ray_cluster import (
     parse_workers,
 )
 from replaywatch.sources.ray_results import ResultTail, parse_result_row
+from replaywatch.sources.ray_shared import ClusterReads
 from tests.support.ray_dashboard import FIXTURES, TOKEN, Cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -465,3 +468,37 @@ def test_a_job_whose_actors_were_never_in_a_call_is_joined_through_the_workers_a
     source.poll(now=NOW + 1)
     again = [p for p, _ in cluster.seen if p.startswith("/api/v0/workers?")]
     assert len(asked) == 1 and again == asked, "asked again once every WorkerId was known"
+
+
+def test_the_jobs_of_one_cluster_share_the_reads_that_are_the_same_for_each(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Four job sources of one cluster polled together (as a cycle polls them): the actors
+    list, the live workers and the metrics page are read once and handed to the other three, each job's own
+    running calls are still its own read, and each snapshot is the one a source reading
+    alone makes. A dashboard that is down is one failed read for all four, said by each."""
+    shared = ClusterReads(fresh_s=0.5)
+    alone = _source(cluster, tmp_path, job_id=APPO_JOB).poll(now=NOW)
+    cluster.seen.clear()
+    sources = [_source(cluster, tmp_path, job_id=APPO_JOB, shared=shared) for _ in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        snaps = list(pool.map(lambda s: s.poll(now=NOW), sources))
+    paths = [p for p, _ in cluster.seen]
+    assert sum(p.startswith("/api/v0/actors?") for p in paths) == 1
+    assert sum(p.startswith("/api/v0/workers?") for p in paths) == 1  # the learner's id
+    assert paths.count("/metrics") == 1
+    assert sum("filter_values=RUNNING" in p for p in paths) == 4  # each job's own calls
+    assert (shared.reads, shared.handed) == (3, 9)
+    assert all(s == alone for s in snaps)
+    # Half an interval later the next cycle reads afresh.
+    time.sleep(0.5)
+    sources[0].poll(now=NOW + 1)
+    assert shared.reads == 6
+    cluster.close()
+    down = ClusterReads(fresh_s=5.0)
+    sources = [_source(cluster, tmp_path, job_id=APPO_JOB, shared=down, timeout_s=0.5)
+               for _ in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        snaps = list(pool.map(lambda s: s.poll(now=NOW), sources))
+    assert all(s.errors[0].startswith(f"state API: {cluster.dashboard}/api/v0/actors: "
+                                      "unreachable") for s in snaps), snaps[0].errors
+    assert down.reads == 2  # the actors list and the metrics, once each

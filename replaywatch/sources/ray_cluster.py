@@ -58,6 +58,7 @@ from replaywatch.ray_model import (
 )
 from replaywatch.sources import PolledSource
 from replaywatch.sources.ray_results import ResultTail
+from replaywatch.sources.ray_shared import ClusterReads
 
 SD_FILE = "prom_metrics_service_discovery.json"
 DEFAULT_TEMP_DIR = "/tmp/ray"
@@ -361,7 +362,7 @@ class RayClusterSource:
                  temp_dir: str | Path = DEFAULT_TEMP_DIR, job_id: str | None = None,
                  results: str | Path | None = None, timeout_s: float = 2.0,
                  scrape_timeout_s: float = 2.0, environ: Mapping[str, str] | None = None,
-                 home: Path | None = None):
+                 home: Path | None = None, shared: ClusterReads | None = None):
         base = dashboard if "://" in dashboard else f"http://{dashboard}"
         self.target = base.rstrip("/")
         self.name = f"ray {self.target}"
@@ -376,6 +377,9 @@ class RayClusterSource:
         self._environ = os.environ if environ is None else environ
         self._home = home
         self._worker_of: dict[str, tuple[int, str]] = {}  # actor -> (restarts, WorkerId)
+        # The reads every job of the cluster makes alike, made once a cycle for all of them
+        # (ray_shared.py); None: this source reads them itself.
+        self._shared = shared
 
     def close(self) -> None:
         """Nothing held between polls: every read opens and closes its own connection."""
@@ -454,14 +458,20 @@ class RayClusterSource:
             self._token, self._token_from = find_token(self._flag_token, self._environ, home)
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
+    def _cluster_state(self, path: str) -> Any:
+        """A state API document every job reads alike: shared where the source is."""
+        if self._shared is None:
+            return self._state(path)
+        return self._shared.read(path, lambda: self._state(path))
+
     def read_actors(self, now: float) -> tuple[RayActor, ...]:
         """Every actor the state API lists, of every job (discovery's read); raises
         SourceError."""
-        return parse_actors(self._state(ACTORS), now)
+        return parse_actors(self._cluster_state(ACTORS), now)
 
     def _actors(self, now: float, errors: list[str]) -> tuple[RayActor, ...] | None:
         try:
-            doc = self._state(ACTORS)
+            doc = self._cluster_state(ACTORS)
             errors += [f"state API: actors: {w}" for w in state_rows(doc)[1]]
             return parse_actors(doc, now)
         except SourceError as e:
@@ -507,7 +517,7 @@ class RayClusterSource:
                    and self._worker_of.get(a.actor_id, (-1, ""))[0] != a.num_restarts]
         if unknown:
             try:
-                doc = self._state(LIVE_WORKERS)
+                doc = self._cluster_state(LIVE_WORKERS)
                 errors += [f"state API: workers: {w}" for w in state_rows(doc)[1]]
                 by_pid = parse_workers(doc)
             except SourceError as e:
@@ -550,17 +560,26 @@ class RayClusterSource:
 
     def _scrape(self, errors: list[str]) -> tuple[int, int, list[MetricsPage]]:
         """Each target of the service-discovery file, read afresh each poll (the head
-        rewrites it as nodes come and go): how many, how many refused, their pages."""
+        rewrites it as nodes come and go): how many, how many refused, their pages; read once
+        a cycle for every job where the source is shared."""
+        targets, refused, pages, said = (
+            self._scrape_pages() if self._shared is None
+            else self._shared.read("metrics", self._scrape_pages))
+        errors += said
+        return targets, refused, list(pages)
+
+    def _scrape_pages(self) -> tuple[int, int, tuple[MetricsPage, ...], tuple[str, ...]]:
+        errors: list[str] = []
         try:
             groups = json.loads(self._sd_file.read_text())
             targets = [str(t) for g in groups for t in g["targets"]]
         except FileNotFoundError:
             errors.append(f"metrics: no service-discovery file at {self._sd_file}")
-            return 0, 0, []
+            return 0, 0, (), tuple(errors)
         except (OSError, ValueError, TypeError, KeyError) as e:
             errors.append(f"metrics: {self._sd_file} is not Prometheus file_sd JSON "
                           f"({type(e).__name__})")
-            return 0, 0, []
+            return 0, 0, (), tuple(errors)
         refused, pages = 0, []
         for target in targets:
             try:
@@ -572,7 +591,7 @@ class RayClusterSource:
                 errors.append(f"metrics: {target}/metrics: {e}")
         if targets and refused == len(targets):
             errors.append(f"metrics: every target of {self._sd_file} refused ({refused})")
-        return len(targets), refused, pages
+        return len(targets), refused, tuple(pages), tuple(errors)
 
 
 class RaySource(PolledSource):
