@@ -22,6 +22,7 @@ from harness.procs import ROOT, free_port
 from replaywatch.cli import build_parser
 from replaywatch.config import KubeTarget, PollConfig, WatchConfig
 from replaywatch.errors import ConfigError
+from replaywatch.fleet import fleet
 from replaywatch.kubernetes_sd import KubePods, kube_target, parse_pods, pod_ports
 from replaywatch.model import Severity
 from replaywatch.probe import TrainerProbe
@@ -156,6 +157,9 @@ def test_pods_come_and_go_and_a_deleted_one_is_never_paged(
             time.sleep(0.3)
             state = car.poller.tick()
             assert {s.target for s in state.sources.values()} == {first, third}
+            # The job's two servers are one row of the fleet.
+            [row] = fleet(state)
+            assert (row.name, row.targets) == ("pong", tuple(sorted((first, third))))
             # Deleted, then its server stopped (the pod's end): it leaves with no page.
             api.delete("replay-1")
             time.sleep(0.3)
