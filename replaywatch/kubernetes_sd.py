@@ -58,7 +58,10 @@ REVERB_PORT = "reverb"
 PROBE_PORT = "rw-probe"  # a port's name is at most 15 characters
 TARGET_ANNOTATION = "replaywatch.io/reverb"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-WATCH_TIMEOUT_S = 300  # the API ends a watch after this; it is opened again at once
+# The API ends a watch after this and it is opened again at once from the last version seen:
+# a stream that died without a word (a dropped connection, a restarted API server) is found
+# within WATCH_TIMEOUT_S + 30 s, its silence outlasting the socket's deadline.
+WATCH_TIMEOUT_S = 60
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
@@ -312,8 +315,8 @@ class KubePods:
         query = urllib.parse.urlencode({"watch": "1", "resourceVersion": self._version,
                                         "allowWatchBookmarks": "true",
                                         "timeoutSeconds": str(WATCH_TIMEOUT_S)})
-        # The socket's deadline covers the silence between two events; bookmarks come
-        # about every minute, and the API closes the stream at timeoutSeconds.
+        # The socket's deadline covers the silence between two events: the API closes the
+        # stream at timeoutSeconds, so a longer silence is a stream that died.
         with self._request(f"{self.target.pods_path}&{query}", WATCH_TIMEOUT_S + 30.0) as r:
             for line in r:
                 if self._stop.is_set():
