@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kubernetes_validate
@@ -26,6 +26,7 @@ from replaywatch.fleet import fleet
 from replaywatch.kubernetes_sd import KubePods, kube_target, parse_pods, pod_ports
 from replaywatch.model import Severity
 from replaywatch.probe import TrainerProbe
+from replaywatch.targets_file import ParsedTargets
 from replaywatch.wiring import build_sidecar
 from tests.support.kube_api import TOKEN, KubeApi, pod
 
@@ -230,3 +231,39 @@ def test_the_discovery_manifests_validate_and_grant_only_what_discovery_reads() 
     [container] = pod_spec["containers"]
     args = build_parser().parse_args(container["args"])  # the flags as the image reads them
     assert args.kubernetes == "replaywatch.io/watch=true"
+
+
+def test_a_watch_that_ends_is_opened_again_from_the_last_version(tmp_path: Path) -> None:
+    api = KubeApi([pod("replay-0", {"reverb": 8000})])
+    (tmp_path / "token").write_text(TOKEN)
+    pods = KubePods(KubeTarget("app=rl", "training", api.url, token_file=str(tmp_path / "token")))
+    try:
+        pods.start()
+        assert [e.address for e in (pods.targets() or read()).entries] == ["127.0.0.1:8000"]
+
+        def until(done: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 10
+            while not (met := done()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert met
+
+        until(lambda: api.watching() == 1)
+        api.end_watches()
+        until(lambda: api.watching() == 1 and sum("watch=1" in r for r in api.requests) == 2)
+        watches = [r for r in api.requests if "watch=1" in r]
+        assert f"resourceVersion={api.version}" in watches[-1]  # from where it was
+        assert sum("watch=1" not in r for r in api.requests) == 1  # not listed again
+        api.add(pod("replay-1", {"reverb": 8001}, ip="127.0.0.2"))
+        seen: list[ParsedTargets] = []
+
+        def changed() -> bool:
+            fresh = pods.targets()
+            seen.extend([fresh] if fresh is not None else [])
+            return fresh is not None
+
+        until(changed)
+        assert {e.address for e in seen[-1].entries} == {"127.0.0.1:8000", "127.0.0.2:8001"}
+        assert pods.errors() == ()
+    finally:
+        pods.stop()
+        api.close()

@@ -473,9 +473,10 @@ def test_a_job_whose_actors_were_never_in_a_call_is_joined_through_the_workers_a
 def test_the_jobs_of_one_cluster_share_the_reads_that_are_the_same_for_each(
         cluster: Cluster, tmp_path: Path) -> None:
     """Four job sources of one cluster polled together (as a cycle polls them): the actors
-    list, the live workers and the metrics page are read once and handed to the other three, each job's own
-    running calls are still its own read, and each snapshot is the one a source reading
-    alone makes. A dashboard that is down is one failed read for all four, said by each."""
+    list, the live workers and the metrics page are read once and handed to the other
+    three, each job's own running calls are still its own read, and each snapshot is the
+    one a source reading alone makes. A dashboard that is down is one failed read for all,
+    said by each."""
     shared = ClusterReads(fresh_s=0.5)
     alone = _source(cluster, tmp_path, job_id=APPO_JOB).poll(now=NOW)
     cluster.seen.clear()

@@ -149,6 +149,12 @@ class KubeApi:
             del self.pods[p["metadata"]["uid"]]
         self._tell("DELETED", p)
 
+    def end_watches(self) -> None:
+        """Ends every open watch, as the API does at its timeout or a restart."""
+        with self.lock:
+            for w in self.watches:
+                w.put(None)
+
     def watching(self) -> int:
         with self.lock:
             return len(self.watches)
