@@ -3,7 +3,8 @@ each job reading the cluster alone against the jobs sharing the reads that are t
 each (sources/ray_shared.py: the actors list, the live workers, every node's metrics page).
 
 The cluster is the recorded Ray 2.60 dashboard and DQN metrics page (tests/fixtures/ray/,
-115 KB) served over real HTTP by a process of its own, so the CPU counted is the sidecar
+115 KB) served over real HTTP by a process of its own (the state API's tasks of another
+recording: each job reads its own anyway), so the CPU counted is the sidecar
 side's only: N job sources polled together on N threads, once a second, as a cycle polls
 them. A real node's page holds every job's series, so there it grows with N too; here it
 does not, and the saving shown is the smaller one.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import http.server
+import json
 import multiprocessing
 import tempfile
 import time
@@ -20,28 +23,46 @@ from pathlib import Path
 from typing import Any
 
 from bench.results_md import replace_sections
-from replaywatch.sources.ray_cluster import RayClusterSource
+from replaywatch.sources.ray_cluster import SD_FILE, RayClusterSource
 from replaywatch.sources.ray_shared import ClusterReads
 
 HEADING = "## Many RLlib jobs on one cluster: reads shared per cycle"
 JOB = "01000000"
 
 
-def serve(temp_dir: str, ready: Any) -> None:
-    from tests.support.ray_dashboard import Cluster
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "ray"
+# What the recorded dashboard answers, by the start of the path; its metrics page beside it.
+ANSWERS = (("/api/v0/actors?", "actors.json"), ("/api/v0/workers?", "workers.json"),
+           ("/api/v0/tasks?", "tasks.json"), ("/metrics", "metrics_dqn.txt"))
 
-    cluster = Cluster(Path(temp_dir), "metrics_dqn.txt")
-    ready.send(cluster.dashboard)
-    while True:
-        time.sleep(3600)
+
+def serve(temp_dir: str, ready: Any) -> None:
+    """The recorded documents over real HTTP (the files are read, never imported: bench
+    takes nothing from the tests), and the service-discovery file naming this server."""
+    bodies = [(prefix, (FIXTURES / name).read_bytes()) for prefix, name in ANSWERS]
+
+    class Recorded(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = next((b for prefix, b in bodies if self.path.startswith(prefix)), None)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorded)
+    address = f"127.0.0.1:{server.server_address[1]}"
+    (Path(temp_dir) / SD_FILE).write_text(json.dumps([{"targets": [address]}]))
+    ready.send(f"http://{address}")
+    server.serve_forever()
 
 
 def measure(dashboard: str, temp_dir: str, jobs: int, shared: bool, cycles: int
             ) -> dict[str, float]:
-    from tests.support.ray_dashboard import TOKEN
-
     reads = ClusterReads(fresh_s=0.5) if shared else None
-    sources = [RayClusterSource(dashboard, token=TOKEN, temp_dir=temp_dir, job_id=JOB,
+    sources = [RayClusterSource(dashboard, token="recorded", temp_dir=temp_dir, job_id=JOB,
                                 environ={}, shared=reads) for _ in range(jobs)]
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda s: s.poll(time.time()), sources))  # connections, the token
