@@ -96,7 +96,12 @@ def test_updates_to_a_uniform_table_are_ignored_and_a_nan_is_rejected(tmp_path: 
             doc = get_json(f"{probe.url}/probe", 5.0)[1]["priority_updates"]["replay"]
             assert (doc["calls"], doc["errors"], doc["rejected_keys"]) == (2, 1, 1)
             assert doc["last_error"].startswith(type(refused.value).__name__)
-            state = sidecar.poller.tick()
+            # Within two polls, as above: on a loaded host a probe's answer can miss its
+            # poll's deadline and be recorded at the next (CI once saw none at the first).
+            for _ in range(2):
+                state = sidecar.poller.tick()
+                if any(f.target == targets[1] for f in state.findings):
+                    break
             # One call refused of two: named, as a warning (not every update was refused).
             [f] = [f for f in state.findings if f.target == targets[1]]
             assert (f.kind, f.severity) == ("priority_updates_rejected", Severity.WARNING)
