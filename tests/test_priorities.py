@@ -127,7 +127,10 @@ def test_a_learner_whose_every_update_is_refused_pages_until_its_priorities_are_
             for _ in range(3):  # a diverged loss: every TD error NaN
                 with pytest.raises(Exception, match="Priority must not be NaN"):
                     learner.mutate_priorities("replay", {k: math.nan for k in keys(client)})
-            state = sidecar.poller.tick()
+            for _ in range(2):  # within two polls: a late probe answer lands at the next
+                state = sidecar.poller.tick()
+                if named("priority_updates_rejected")(state):
+                    break
             [f] = [f for f in state.findings if f.kind == "priority_updates_rejected"]
             assert f.severity is Severity.CRITICAL and f.evidence["refused_in_window"] == 3
             assert "no priority lands" in f.summary
