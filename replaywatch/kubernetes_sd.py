@@ -36,6 +36,7 @@ watched (the API's blindness is not every pod gone).
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import logging
 import os
@@ -60,8 +61,8 @@ TARGET_ANNOTATION = "replaywatch.io/reverb"
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The API ends a watch after this and it is opened again at once from the last version seen:
 # a stream that died without a word (a dropped connection, a restarted API server) is found
-# within WATCH_TIMEOUT_S + 30 s, its silence outlasting the socket's deadline.
-WATCH_TIMEOUT_S = 60
+# within 1.5 x WATCH_TIMEOUT_S, its silence outlasting the socket's deadline.
+WATCH_TIMEOUT_S = 60.0
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
@@ -234,9 +235,11 @@ class KubePods:
     when they changed, else None."""
 
     def __init__(self, target: KubeTarget, timeout_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 watch_s: float = WATCH_TIMEOUT_S):
         self.target = target
         self._timeout_s = timeout_s
+        self._watch_s = watch_s
         self._clock = clock
         self._lock = threading.Lock()
         self._pods: dict[str, PodPorts] = {}
@@ -277,6 +280,8 @@ class KubePods:
                 doc = json.loads(response.read(64 * 1024 * 1024))
             except ValueError as e:
                 raise KubeApiError(f"the pod list is not JSON ({e})") from None
+            except (OSError, http.client.HTTPException) as e:  # the body cut or too slow
+                raise KubeApiError(f"reading the pod list: {e or type(e).__name__}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
             raise KubeApiError("the answer is not a PodList (no 'items')")
         pods = [p for p in (pod_ports(i, self.target.job_label) for i in doc["items"]) if p]
@@ -314,19 +319,24 @@ class KubePods:
     def _follow(self) -> None:
         query = urllib.parse.urlencode({"watch": "1", "resourceVersion": self._version,
                                         "allowWatchBookmarks": "true",
-                                        "timeoutSeconds": str(WATCH_TIMEOUT_S)})
+                                        "timeoutSeconds": str(max(1, round(self._watch_s)))})
         # The socket's deadline covers the silence between two events: the API closes the
         # stream at timeoutSeconds, so a longer silence is a stream that died.
-        with self._request(f"{self.target.pods_path}&{query}", WATCH_TIMEOUT_S + 30.0) as r:
-            for line in r:
-                if self._stop.is_set():
-                    return
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if not self.apply(event):
-                    raise KubeApiError(f"watch: {_event_message(event)}; listing again")
+        with self._request(f"{self.target.pods_path}&{query}", 1.5 * self._watch_s) as r:
+            try:
+                for line in r:
+                    if self._stop.is_set():
+                        return
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    if not self.apply(event):
+                        raise KubeApiError(f"watch: {_event_message(event)}; listing again")
+            except (OSError, http.client.HTTPException) as e:
+                # Raised by the read, not the request: a stream silent past its deadline or
+                # cut mid-event. Listed again; left uncaught it ended discovery for good.
+                raise KubeApiError(f"watch: {e or type(e).__name__}; listing again") from None
 
     def _run(self) -> None:
         failures = 0

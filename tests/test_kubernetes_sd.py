@@ -267,3 +267,32 @@ def test_a_watch_that_ends_is_opened_again_from_the_last_version(tmp_path: Path)
     finally:
         pods.stop()
         api.close()
+
+
+def test_a_watch_silent_past_its_deadline_is_listed_again_and_followed(tmp_path: Path) -> None:
+    """The stub API never ends its watch: past 1.5 x the watch's timeout the read itself
+    times out. Discovery says so, lists again and follows the pods that come after."""
+    api = KubeApi([pod("replay-0", {"reverb": 8000})])
+    (tmp_path / "token").write_text(TOKEN)
+    pods = KubePods(KubeTarget("app=rl", "training", api.url, token_file=str(tmp_path / "token")),
+                    watch_s=1.0)
+    said: list[str] = []
+    try:
+        pods.start()
+        pods.targets()
+        deadline = time.monotonic() + 15
+        while sum("watch=1" not in r for r in api.requests) < 2 and time.monotonic() < deadline:
+            said += [e for e in pods.errors() if e not in said]
+            time.sleep(0.05)
+        assert sum("watch=1" not in r for r in api.requests) >= 2, api.requests
+        assert any("watch:" in e and "listing again" in e for e in said), said
+        while api.watching() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        api.add(pod("replay-1", {"reverb": 8001}, ip="127.0.0.2"))
+        while (fresh := pods.targets()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fresh is not None
+        assert {e.address for e in fresh.entries} == {"127.0.0.1:8000", "127.0.0.2:8001"}
+    finally:
+        pods.stop()
+        api.close()
