@@ -246,6 +246,10 @@ class KubePods:
         self._failed_since: dict[str, float] = {}
         self._version = ""
         self._returned: ParsedTargets | None = None
+        # Bumped by every change to the pods; `targets` parses again only after one, or once
+        # a failed pod's TTL has run out (the next such moment in `_expires`).
+        self._generation = 0
+        self._parsed: tuple[int, float] | None = None  # (generation, next expiry) parsed at
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
@@ -285,15 +289,13 @@ class KubePods:
         if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
             raise KubeApiError("the answer is not a PodList (no 'items')")
         pods = [p for p in (pod_ports(i, self.target.job_label) for i in doc["items"]) if p]
+        now = self._clock()
         with self._lock:
             self._pods = {p.uid: p for p in pods}
-            self._note_failed()
+            self._failed_since = {p.uid: self._failed_since.get(p.uid, now)
+                                  for p in pods if p.phase == "Failed"}
             self._version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
-
-    def _note_failed(self) -> None:
-        now = self._clock()
-        self._failed_since = {uid: self._failed_since.get(uid, now)
-                              for uid, p in self._pods.items() if p.phase == "Failed"}
+            self._generation += 1
 
     def apply(self, event: Any) -> bool:
         """One watch event into what is known; False where the stream must be listed
@@ -306,14 +308,20 @@ class KubePods:
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         version = meta.get("resourceVersion") if isinstance(meta, dict) else None
         pod = pod_ports(obj, self.target.job_label) if kind != "BOOKMARK" else None
+        now = self._clock()
         with self._lock:
             if version:
                 self._version = str(version)
-            if pod is not None and kind in ("ADDED", "MODIFIED"):
-                self._pods[pod.uid] = pod
-            elif pod is not None and kind == "DELETED":
-                self._pods.pop(pod.uid, None)
-            self._note_failed()
+            if pod is not None and kind in ("ADDED", "MODIFIED", "DELETED"):
+                if kind == "DELETED":
+                    self._pods.pop(pod.uid, None)
+                else:
+                    self._pods[pod.uid] = pod
+                if kind != "DELETED" and pod.phase == "Failed":
+                    self._failed_since.setdefault(pod.uid, now)
+                else:
+                    self._failed_since.pop(pod.uid, None)
+                self._generation += 1
         return True
 
     def _follow(self) -> None:
@@ -377,7 +385,13 @@ class KubePods:
         """The targets at this cycle when they changed since the last call, else None."""
         now = self._clock() if now_mono is None else now_mono
         with self._lock:
+            if (self._parsed is not None and self._parsed[0] == self._generation
+                    and now <= self._parsed[1]):
+                return None  # asked every cycle: nothing changed, no pod's TTL ran out
             pods = [(p, self._failed_since.get(uid)) for uid, p in self._pods.items()]
+            expiries = [at + self.target.ttl_s for at in self._failed_since.values()
+                        if at + self.target.ttl_s >= now]
+            self._parsed = (self._generation, min(expiries, default=float("inf")))
         fresh = parse_pods(pods, now, self.target.ttl_s)
         if fresh == self._returned:
             return None
