@@ -193,7 +193,6 @@ class KubeTarget:
         return f"pods {self.selector!r} in {where} ({self.api})"
 
 
-
 def parse_ray(spec: str) -> str:
     """`--ray HOST:PORT` or `http://HOST:PORT`: the dashboard's address, as a URL."""
     text = spec.strip()
