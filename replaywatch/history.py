@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replaywatch.diagnosis.window import PollRecord, TargetView
+from replaywatch.diagnosis.window import PollRecord, TargetView, last_reset_index
 from replaywatch.model import (
     ActorSnapshot,
     MemorySnapshot,
@@ -35,6 +35,17 @@ def _append(points: collections.deque, item: Any, oldest: float,
     points.append(item)
     while points and stamp(points[0]) < oldest:
         points.popleft()
+
+
+def _since(points: Sequence[TableSnapshot], start: float) -> tuple[TableSnapshot, ...]:
+    """A table's snapshots since `start`, led by the old server's last one where a new server
+    answered after it: a restore longer than the view (a 100 GiB load takes minutes) would
+    otherwise leave no trace of the old server, and the restart could not be named."""
+    kept = [s for s in points if s.observed_at >= start]
+    older = len(points) - len(kept)
+    if kept and older and last_reset_index((points[older - 1], kept[0])) == 1:
+        return (points[older - 1], *kept)
+    return tuple(kept)
 
 
 class History:
@@ -211,11 +222,8 @@ class History:
             replay_probes = {url for url, _ in self._memory_probed.values()}
             coarse = coarse_start is not None
             cstart = coarse_start if coarse_start is not None else 0.0
-            tables = {
-                name: tuple(s for s in points if s.observed_at >= start)
-                for (tgt, name), points in self._tables.items()
-                if tgt == target
-            }
+            tables = {name: _since(points, start)
+                      for (tgt, name), points in self._tables.items() if tgt == target}
             return TargetView(
                 target=target,
                 polls=tuple(r for r in self._polls.get(target, ()) if r.at >= start),

@@ -21,7 +21,8 @@ from replaywatch.diagnosis.case import TableCase
 from replaywatch.diagnosis.engine import diagnose, stall_findings
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.model import FLOAT_MAX, Finding, Severity, TableSnapshot
+from replaywatch.history import History
+from replaywatch.model import FLOAT_MAX, Finding, PollOutcome, Severity, TableSnapshot
 from tests.builders import (
     DEFAULT,
     T20,
@@ -496,6 +497,33 @@ def test_a_restore_polled_in_its_first_second_after_a_young_server_is_a_restore(
     replaced = rules_startup.is_server_restarted(target_view([fresh]), DEFAULT, 1013.0)
     assert replaced is not None
     assert replaced.evidence["tables"]["replay"]["restored_from_checkpoint"] is False
+
+
+def test_a_restore_longer_than_the_view_is_still_a_restart_and_an_outage_is_not() -> None:
+    # A server up 8 s (800 items), checkpointed and stopped; its restore keeps the port shut
+    # for 90 s, longer than the cycle's look-back (60 s here): the view since then would hold
+    # only the new server, and the restart, with its "restored from a checkpoint", was lost.
+    old = uptime(table_history([1000.0 + i for i in range(8)], [100 * (i + 1) for i in
+                                                                 range(8)], 0),
+                 [1.0 + i for i in range(8)])
+    restored = uptime(table_history([1097.0, 1098.0], [800, 800], 0), [0.9, 1.9])
+    history = History()
+    for s in (*old, *restored):
+        history.record(PollOutcome(s.target, "reverb", s.observed_at, 0.001, tables=(s,)))
+    view = history.view(old[0].target, [], start=1098.0 - 60.0)
+    assert [s.observed_at for s in view.tables["replay"]] == [1007.0, 1097.0, 1098.0]
+    restart = rules_startup.is_server_restarted(view, DEFAULT, 1098.0)
+    assert restart is not None
+    assert restart.evidence["tables"]["replay"]["restored_from_checkpoint"] is True
+    # The same server silent for 90 s (a network cut): its uptime went on, nothing restarted,
+    # and the view is what it always was.
+    same = uptime(table_history([1097.0, 1098.0], [800, 800], 0), [97.0, 98.0])
+    history = History()
+    for s in (*old, *same):
+        history.record(PollOutcome(s.target, "reverb", s.observed_at, 0.001, tables=(s,)))
+    view = history.view(old[0].target, [], start=1098.0 - 60.0)
+    assert [s.observed_at for s in view.tables["replay"]] == [1097.0, 1098.0]
+    assert rules_startup.is_server_restarted(view, DEFAULT, 1098.0) is None
 
 
 # -- the threshold: a flag and a TOML key like the others ---------------------------------------
