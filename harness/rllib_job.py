@@ -7,6 +7,8 @@ plain `algo.train()` loop. Faults are switched on by flags, nothing else in the 
 Learner's N+1-th `compute_losses` (in the Learner actor with `--num-learners 1`; in APPO that
 is its `_LearnerThread`), `--learner-step-s S` makes every update S seconds longer (once
 `--learner-slow-after-s` have passed since its first: a healthy phase first).
+`--probe-listen HOST:PORT` attaches replaywatch's RLlibProbe through the config's callbacks,
+the one change a user makes for it.
 
 Ray 2.60 writes no result.json in a plain `algo.train()` loop: `Trainable.log_result` does
 nothing and `algo.logdir` is an empty directory under ~/ray_results (only Tune's
@@ -79,6 +81,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds from the learner's first update before --learner-step-s "
                         "applies: a healthy phase, then a slow learner")
     p.add_argument("--logdir", default=None, help="default: the algorithm's own logdir")
+    p.add_argument("--probe-listen", default=None, metavar="HOST:PORT",
+                   help="attach replaywatch's RLlibProbe (its callbacks) serving there")
+    p.add_argument("--no-rows", action="store_true",
+                   help="write no result.json (a plain loop's default: Ray writes none)")
     args = p.parse_args(argv)
     if not args.iterations and not args.seconds:
         p.error("give --iterations or --seconds")
@@ -210,6 +216,14 @@ def main(argv: list[str]) -> int:
                            _temp_dir=args.temp_dir)
     register_env(ENV_NAME, env_creator)
     config = build_config(args)
+    probe = None
+    if args.probe_listen:
+        # Only the probe, standard library only, as a user's job would import it.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from replaywatch.probe.rllib import RLlibProbe
+
+        probe = RLlibProbe(listen=args.probe_listen)
+        config.callbacks(**probe.callbacks())
     algo = config.build_algo()
     logdir = Path(args.logdir or algo.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -223,13 +237,15 @@ def main(argv: list[str]) -> int:
         "ray_address": context.address_info["gcs_address"],
         "dashboard_url": "http://" + context.dashboard_url if context.dashboard_url else None,
         "metrics_export_port": node.metrics_export_port, "session_dir": node.get_session_dir_path(),
+        "rllib_probe": probe.url if probe is not None else None,
     }), flush=True)
     start = time.monotonic()
     iteration = 0
     while True:
         result = algo.train()
         iteration += 1
-        write_row(logdir / "result.json", result)
+        if not args.no_rows:
+            write_row(logdir / "result.json", result)
         print(json.dumps({"event": "iteration", "iteration": iteration,
                           "time_this_iter_s": round(result.get("time_this_iter_s", 0.0), 3)}),
               flush=True)

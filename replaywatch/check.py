@@ -158,5 +158,17 @@ def _ray_lines(target: str, snap: RaySnapshot) -> str:
         lines.append(f"  {a.role} {a.class_name.rsplit('.', 1)[-1]} pid {a.pid}: {a.state}, "
                      f"{a.num_restarts} restarts{in_call}"
                      + (f" ({a.death_cause})" if a.death_cause else ""))
+    live = snap.live
+    if live is not None and live.env_steps_stored is not None:
+        lines.append(f"  replay buffer ({live.buffer_kind}): {live.env_steps_stored} of "
+                     f"{live.capacity} env steps stored, {live.env_steps_added} added, "
+                     f"{live.env_steps_sampled} sampled (RLlibProbe)")
+    if live is not None and live.learner_thread_alive is not None:
+        state = ("dead" if not live.learner_thread_alive
+                 else "waiting for a batch" if live.learner_waiting else "in an update")
+        lines.append(f"  learner thread: {state}, {live.queue_depth} batch(es) queued"
+                     + (f", waited {live.learner_waited_s:.0f} of {live.learner_watched_s:.0f} s"
+                        if live.learner_waited_s is not None and live.learner_watched_s
+                        else "") + " (RLlibProbe)")
     lines += [f"  unread: {e}" for e in snap.errors]
     return "\n".join(lines)

@@ -91,8 +91,9 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-job-ttl", type=_positive_float, default=600.0, metavar="SECONDS",
                    help="with --ray-job all: how long a job whose RLlib actors all died stays "
                         "watched, then its incidents close as gone (default 600)")
-    p.add_argument("--ray-results", metavar="PATH",
-                   help="the job's result.json, or a directory holding one (Tune's)")
+    p.add_argument("--ray-results", metavar="PATH|URL",
+                   help="the job's result.json, or a directory holding one (Tune's), or the "
+                        "URL of an RLlibProbe in its driver (replaywatch.probe.rllib)")
     p.add_argument("--reverb-pid", action="append", default=[], metavar="[TARGET=]PID",
                    help="the Reverb server's process, for its memory and limit (default: the "
                         "process listening on a local target's port)")

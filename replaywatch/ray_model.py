@@ -193,6 +193,30 @@ class ResultRow:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RllibLive:
+    """What an RLlib probe in the driver (replaywatch.probe.rllib, role "rllib") read when
+    polled: the replay buffer and the learner thread's queue now, in env steps. None where
+    the probe said null (no buffer, no learner thread in the driver) or did not say."""
+
+    observed_at: float  # the probe's clock
+    algorithm: str | None = None
+    buffer_kind: str | None = None
+    capacity: int | None = None
+    env_steps_stored: int | None = None
+    env_steps_added: int | None = None
+    env_steps_sampled: int | None = None
+    episodes_stored: int | None = None
+    episodes_evicted: int | None = None
+    max_priority: float | None = None
+    queue_depth: int | None = None
+    queue_maxsize: int | None = None
+    learner_thread_alive: bool | None = None
+    learner_waiting: bool | None = None  # blocked on its queue's get() when polled
+    learner_waited_s: float | None = None  # ... seconds so blocked, of learner_watched_s
+    learner_watched_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RaySnapshot:
     """One poll of a Ray cluster for one RLlib job: what could be read, and what could not.
 
@@ -208,7 +232,8 @@ class RaySnapshot:
     counters: tuple[RllibCounters, ...] = ()
     actor_counts: tuple[RayActorCount, ...] = ()  # `ray_actors` of the job
     results: tuple[ResultRow, ...] = ()  # the latest rows, oldest first
-    result_file: str | None = None  # the result.json read
+    result_file: str | None = None  # the result.json read, or the RLlib probe's URL
+    live: RllibLive | None = None  # the RLlib probe's reading, where --ray-results is one
     ray_version: str | None = None  # the metrics' `Version` label
     metrics_targets: int = 0  # in the service-discovery file
     metrics_targets_refused: int = 0  # nothing listened: normal for some of Ray's targets

@@ -34,6 +34,8 @@ WRITERS: dict[str, tuple[str, ...] | None] = {
     "trainer.py": None, "actor.py": None, "replay.py": None, "sections.py": None,
     "batch_stats.py": None, "serving.py": ("thread_counts",),
     "pipeline.py": ("read", "_not_read", "shape"),
+    # rllib.py's callbacks() spells RLlib's hook names, not the protocol's keys.
+    "rllib.py": ("snapshot", "on_train_result", "_flat", "_buffer", "_queue"),
 }
 
 

@@ -44,6 +44,13 @@ The replay server, where the sidecar cannot read its host (replay.py):
     from replaywatch.probe import ReplayProbe
     ReplayProbe(listen="0.0.0.0:8002").start()  # in the process that runs reverb.Server
 
+An RLlib driver (rllib.py: the replay buffer, the learner thread's queue, the newest row),
+attached through the config's callbacks and read by `watch --ray ... --ray-results URL`:
+
+    from replaywatch.probe import RLlibProbe
+    probe = RLlibProbe(listen="0.0.0.0:8003")
+    config = config.callbacks(**probe.callbacks())
+
 Every document carries `role`, `pid`, `name`, `table`, `started_at`, `now` (wall
 clock, seconds), `thread_count` (Python threads) and `os_threads` (the
 process's OS threads from /proc/self/task; null off Linux). The rest of each
@@ -52,6 +59,7 @@ is listed at `TrainerProbe.snapshot`, `ActorProbe.snapshot` and `ReplayProbe.sna
 
 from replaywatch.probe.actor import ActorProbe
 from replaywatch.probe.replay import ReplayProbe
+from replaywatch.probe.rllib import RLlibProbe
 from replaywatch.probe.trainer import TrainerProbe
 
-__all__ = ["ActorProbe", "ReplayProbe", "TrainerProbe"]
+__all__ = ["ActorProbe", "RLlibProbe", "ReplayProbe", "TrainerProbe"]

@@ -13,7 +13,9 @@ The nested objects have their own: `Shape` (`pipeline_shape`, what the tf.data g
 `priority_updates`), `Batches` (`batch_stats`), `SectionKeys` (`section` and each of
 `sections`), `CallKeys` (each call of `calls`), `ErrorKeys` (`last_error`), and a replay's
 `TableKeys` (each of `declared_tables`), `CheckpointerKeys`, `CheckpointKeys` (each of
-`checkpoints`), `RestoreKeys` (`restore`). A key is never
+`checkpoints`), `RestoreKeys` (`restore`). An RLlib probe's document adds `Rllib`'s: its
+`row` (`ResultKeys`, as result.json writes a row), `buffer` (`BufferKeys`) and
+`learner_queue` (`QueueKeys`). A key is never
 renamed: old probes and bundles keep the names they were written with.
 """
 
@@ -54,6 +56,7 @@ class Role(_Word):
     TRAINER = "trainer"
     ACTOR = "actor"
     REPLAY = "replay"
+    RLLIB = "rllib"  # an RLlib algorithm's driver (RLlibProbe): read by --ray-results URL
 
 
 # The writer calls an ActorProbe times: a fixed set, so they may be metric label values.
@@ -285,11 +288,97 @@ class RestoreKeys:
     READ_BYTES = "read_bytes"  # what the process has read since the load began (/proc io)
 
 
+class Rllib:
+    """Keys an RLlib probe's document adds (RLlibProbe.snapshot)."""
+
+    ALGORITHM = "algorithm"  # the Algorithm's class name: DQN, APPO, ...
+    ROW = "row"  # the newest `algo.train()` result, ResultKeys' subset of it; null before one
+    BUFFER = "buffer"  # BufferKeys, read when asked; null: no replay buffer in the driver
+    LEARNER_QUEUE = "learner_queue"  # QueueKeys; null: no learner thread in the driver
+
+
+class ResultKeys:
+    """The keys of a result row that replaywatch reads, as RLlib 2.60 names them: nested
+    dicts in result.json, "/"-joined here (the probe's `row` is flat)."""
+
+    ITERATION = "training_iteration"
+    TIMESTAMP = "timestamp"
+    TIME_THIS_ITER_S = "time_this_iter_s"
+    TIME_TOTAL_S = "time_total_s"
+    PID = "pid"
+    CONFIG = "config"
+    REPLAY_ENV_STEPS_ADDED = "replay_buffer/num_env_steps_added"
+    REPLAY_ENV_STEPS_ADDED_LIFETIME = "replay_buffer/num_env_steps_added_lifetime"
+    REPLAY_ENV_STEPS_SAMPLED = "replay_buffer/num_env_steps_sampled"
+    REPLAY_ENV_STEPS_SAMPLED_LIFETIME = "replay_buffer/num_env_steps_sampled_lifetime"
+    REPLAY_ENV_STEPS_EVICTED = "replay_buffer/num_env_steps_evicted"
+    REPLAY_ENV_STEPS_EVICTED_LIFETIME = "replay_buffer/num_env_steps_evicted_lifetime"
+    REPLAY_ENV_STEPS_STORED = "replay_buffer/num_env_steps_stored"
+    REPLAY_EPISODES_STORED = "replay_buffer/num_episodes_stored"
+    REPLAY_EPISODES_ADDED = "replay_buffer/num_episodes_added"
+    REPLAY_EPISODES_EVICTED = "replay_buffer/num_episodes_evicted"
+    REPLAY_ENV_STEP_UTILIZATION = "replay_buffer/env_step_utilization"
+    REPLAY_NUM_RESAMPLES = "replay_buffer/num_resamples"
+    ENV_STEPS_SAMPLED = "env_runners/num_env_steps_sampled"
+    ENV_STEPS_SAMPLED_LIFETIME = "env_runners/num_env_steps_sampled_lifetime"
+    ENV_STEPS_TRAINED = "learners/__all_modules__/num_env_steps_trained"
+    ENV_STEPS_TRAINED_LIFETIME = "learners/__all_modules__/num_env_steps_trained_lifetime"
+    LEARNER_GROUP_TS_DROPPED_LIFETIME = "learner_group/learner_group_ts_dropped_lifetime"
+    LEARNER_THREAD_IN_QUEUE_WAIT_TIMER = (
+        "learners/__all_modules__/learner_thread_in_queue_wait_timer")
+    LEARNER_THREAD_OUT_QUEUE_SIZE = "learners/__all_modules__/learner_thread_out_queue_size"
+    AGGREGATOR_ENV_STEPS_DROPPED_LIFETIME = "aggregator_actors/num_env_steps_dropped_lifetime"
+    NUM_HEALTHY_WORKERS = "fault_tolerance/num_healthy_workers"
+    NUM_REMOTE_WORKER_RESTARTS = "fault_tolerance/num_remote_worker_restarts"
+
+
+class ConfigKeys:
+    """The keys of a result row's `config` that replaywatch reads (AlgorithmConfig.to_dict's
+    names; the probe's `row` carries these only)."""
+
+    TRAIN_BATCH_SIZE = "train_batch_size"
+    TRAIN_BATCH_SIZE_PER_LEARNER = "train_batch_size_per_learner"
+    TRAIN_BATCH_SIZE_PER_LEARNER_ATTR = "_train_batch_size_per_learner"  # to_dict's copy
+    NUM_LEARNERS = "num_learners"
+    REPLAY_CAPACITY = "replay_buffer_config/capacity"
+    LEARNING_STARTS = "num_steps_sampled_before_learning_starts"
+    NUM_ENV_RUNNERS = "num_env_runners"
+    NUM_ENVS_PER_ENV_RUNNER = "num_envs_per_env_runner"
+    N_STEP = "n_step"
+    TRAINING_INTENSITY = "training_intensity"
+    ROLLOUT_FRAGMENT_LENGTH = "rollout_fragment_length"
+
+
+class BufferKeys:
+    """Keys of an RLlib probe's `buffer`: the driver's replay buffer when asked, env steps."""
+
+    KIND = "kind"  # its class: EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer, ...
+    CAPACITY = "capacity"
+    STORED = "env_steps_stored"
+    ADDED = "env_steps_added"  # since the buffer was made
+    SAMPLED = "env_steps_sampled"  # ... drawn into batches
+    EPISODES_STORED = "episodes_stored"
+    EPISODES_EVICTED = "episodes_evicted"
+    MAX_PRIORITY = "max_priority"  # a prioritized buffer's; null otherwise
+
+
+class QueueKeys:
+    """Keys of an RLlib probe's `learner_queue`: the driver's learner thread (IMPALA, APPO
+    with the learner in the driver) and the queue it takes its batches from."""
+
+    DEPTH = "depth"  # batches waiting now
+    MAXSIZE = "maxsize"  # learner_queue_size
+    THREAD_ALIVE = "thread_alive"
+    WAITING = "waiting"  # the thread is blocked on the queue's get() now
+    WAITED_S = "waited_s"  # ... its time so blocked, sampled every 0.1 s since the probe began
+    WATCHED_S = "watched_s"  # how long it has been sampled
+
+
 # Every key class, for the test that keeps the keys out of the code that writes and reads
 # them (tests/test_probe_protocol.py).
 KEY_CLASSES = (Doc, Shape, Trainer, Pipeline, Strides, Priorities, Batches, SectionKeys,
                Actor, CallKeys, ErrorKeys, Replay, TableKeys, CheckpointerKeys, CheckpointKeys,
-               RestoreKeys)
+               RestoreKeys, Rllib, ResultKeys, ConfigKeys, BufferKeys, QueueKeys)
 
 
 def keys() -> frozenset[str]:

@@ -57,9 +57,10 @@ from replaywatch.ray_model import (
     role_of_class,
 )
 from replaywatch.sources import PolledSource
-from replaywatch.sources.ray_results import ResultTail
+from replaywatch.sources.ray_results import ResultProbe, ResultTail
 from replaywatch.sources.ray_shared import ClusterReads
 
+URL_SCHEMES = ("http://", "https://")
 SD_FILE = "prom_metrics_service_discovery.json"
 DEFAULT_TEMP_DIR = "/tmp/ray"
 ACTORS = "/api/v0/actors?limit=10000&detail=1"
@@ -372,7 +373,11 @@ class RayClusterSource:
         self._sd_file = Path(temp_dir) / SD_FILE
         self._job = job_id
         self._pinned = job_id is not None
-        self._tail = ResultTail(Path(results)) if results is not None else None
+        # A URL is an RLlib probe in the driver (replaywatch.probe.rllib); a path, result.json.
+        self._tail: ResultTail | ResultProbe | None = (
+            None if results is None
+            else ResultProbe(str(results), timeout_s) if str(results).startswith(URL_SCHEMES)
+            else ResultTail(Path(results)))
         self._timeout_s, self._scrape_timeout_s = timeout_s, scrape_timeout_s
         self._environ = os.environ if environ is None else environ
         self._home = home
@@ -395,13 +400,15 @@ class RayClusterSource:
             job if actors is not None else None, mine, tasks, errors)
         rows: tuple[ResultRow, ...] = ()
         file = None
+        live = None
         if self._tail is not None:
             rows, file, said = self._tail.read()
             errors += said
+            live = self._tail.live if isinstance(self._tail, ResultProbe) else None
         return RaySnapshot(
             target=self.target, observed_at=now, job_id=job,
             driver_pid=rows[-1].pid if rows else None, actors=mine, tasks=tasks,
-            counters=counters, actor_counts=counts, results=rows, result_file=file,
+            counters=counters, actor_counts=counts, results=rows, result_file=file, live=live,
             ray_version=version, metrics_targets=targets, metrics_targets_refused=refused,
             series_dropped=dropped, errors=tuple(errors))
 

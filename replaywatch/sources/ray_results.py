@@ -15,7 +15,18 @@ import math
 from pathlib import Path
 from typing import Any
 
-from replaywatch.ray_model import ResultRow
+from replaywatch.errors import SourceError
+from replaywatch.probe.protocol import (
+    BufferKeys,
+    ConfigKeys,
+    Doc,
+    QueueKeys,
+    ResultKeys,
+    Rllib,
+    Role,
+)
+from replaywatch.ray_model import ResultRow, RllibLive
+from replaywatch.sources.probe_http import get_json
 
 _TEXT = 300
 
@@ -24,44 +35,45 @@ def _one_line(text: Any) -> str:
     return " ".join(str(text).split())[:_TEXT]
 
 
-# ResultRow field -> the row's key (nested dicts, written with "/").
+# ResultRow field -> the row's key (nested dicts, written with "/"), declared with the RLlib
+# probe's `row`, which carries the same keys.
+R, C = ResultKeys, ConfigKeys
 ROW_KEYS = {
-    "replay_env_steps_added": "replay_buffer/num_env_steps_added",
-    "replay_env_steps_added_lifetime": "replay_buffer/num_env_steps_added_lifetime",
-    "replay_env_steps_sampled": "replay_buffer/num_env_steps_sampled",
-    "replay_env_steps_sampled_lifetime": "replay_buffer/num_env_steps_sampled_lifetime",
-    "replay_env_steps_evicted": "replay_buffer/num_env_steps_evicted",
-    "replay_env_steps_evicted_lifetime": "replay_buffer/num_env_steps_evicted_lifetime",
-    "replay_env_steps_stored": "replay_buffer/num_env_steps_stored",
-    "replay_episodes_stored": "replay_buffer/num_episodes_stored",
-    "replay_episodes_added": "replay_buffer/num_episodes_added",
-    "replay_episodes_evicted": "replay_buffer/num_episodes_evicted",
-    "replay_env_step_utilization": "replay_buffer/env_step_utilization",
-    "replay_num_resamples": "replay_buffer/num_resamples",
-    "env_steps_sampled": "env_runners/num_env_steps_sampled",
-    "env_steps_sampled_lifetime": "env_runners/num_env_steps_sampled_lifetime",
-    "env_steps_trained": "learners/__all_modules__/num_env_steps_trained",
-    "env_steps_trained_lifetime": "learners/__all_modules__/num_env_steps_trained_lifetime",
-    "learner_group_ts_dropped_lifetime": "learner_group/learner_group_ts_dropped_lifetime",
-    "learner_thread_in_queue_wait_timer":
-        "learners/__all_modules__/learner_thread_in_queue_wait_timer",
-    "learner_thread_out_queue_size": "learners/__all_modules__/learner_thread_out_queue_size",
-    "aggregator_env_steps_dropped_lifetime": "aggregator_actors/num_env_steps_dropped_lifetime",
-    "num_healthy_workers": "fault_tolerance/num_healthy_workers",
-    "num_remote_worker_restarts": "fault_tolerance/num_remote_worker_restarts",
+    "replay_env_steps_added": R.REPLAY_ENV_STEPS_ADDED,
+    "replay_env_steps_added_lifetime": R.REPLAY_ENV_STEPS_ADDED_LIFETIME,
+    "replay_env_steps_sampled": R.REPLAY_ENV_STEPS_SAMPLED,
+    "replay_env_steps_sampled_lifetime": R.REPLAY_ENV_STEPS_SAMPLED_LIFETIME,
+    "replay_env_steps_evicted": R.REPLAY_ENV_STEPS_EVICTED,
+    "replay_env_steps_evicted_lifetime": R.REPLAY_ENV_STEPS_EVICTED_LIFETIME,
+    "replay_env_steps_stored": R.REPLAY_ENV_STEPS_STORED,
+    "replay_episodes_stored": R.REPLAY_EPISODES_STORED,
+    "replay_episodes_added": R.REPLAY_EPISODES_ADDED,
+    "replay_episodes_evicted": R.REPLAY_EPISODES_EVICTED,
+    "replay_env_step_utilization": R.REPLAY_ENV_STEP_UTILIZATION,
+    "replay_num_resamples": R.REPLAY_NUM_RESAMPLES,
+    "env_steps_sampled": R.ENV_STEPS_SAMPLED,
+    "env_steps_sampled_lifetime": R.ENV_STEPS_SAMPLED_LIFETIME,
+    "env_steps_trained": R.ENV_STEPS_TRAINED,
+    "env_steps_trained_lifetime": R.ENV_STEPS_TRAINED_LIFETIME,
+    "learner_group_ts_dropped_lifetime": R.LEARNER_GROUP_TS_DROPPED_LIFETIME,
+    "learner_thread_in_queue_wait_timer": R.LEARNER_THREAD_IN_QUEUE_WAIT_TIMER,
+    "learner_thread_out_queue_size": R.LEARNER_THREAD_OUT_QUEUE_SIZE,
+    "aggregator_env_steps_dropped_lifetime": R.AGGREGATOR_ENV_STEPS_DROPPED_LIFETIME,
+    "num_healthy_workers": R.NUM_HEALTHY_WORKERS,
+    "num_remote_worker_restarts": R.NUM_REMOTE_WORKER_RESTARTS,
 }
 # ResultRow field -> the key of the row's `config` (AlgorithmConfig.to_dict's names).
 CONFIG_INTS = {
-    "train_batch_size": "train_batch_size",
-    "num_learners": "num_learners",
-    "replay_capacity": "replay_buffer_config/capacity",
-    "num_steps_sampled_before_learning_starts": "num_steps_sampled_before_learning_starts",
-    "num_env_runners": "num_env_runners",
-    "num_envs_per_env_runner": "num_envs_per_env_runner",
-    "n_step": "n_step",
+    "train_batch_size": C.TRAIN_BATCH_SIZE,
+    "num_learners": C.NUM_LEARNERS,
+    "replay_capacity": C.REPLAY_CAPACITY,
+    "num_steps_sampled_before_learning_starts": C.LEARNING_STARTS,
+    "num_env_runners": C.NUM_ENV_RUNNERS,
+    "num_envs_per_env_runner": C.NUM_ENVS_PER_ENV_RUNNER,
+    "n_step": C.N_STEP,
 }
 # to_dict() copies the attributes, and this one is a property over `_train_batch_size_...`.
-PER_LEARNER = ("train_batch_size_per_learner", "_train_batch_size_per_learner")
+PER_LEARNER = (C.TRAIN_BATCH_SIZE_PER_LEARNER, C.TRAIN_BATCH_SIZE_PER_LEARNER_ATTR)
 
 
 def _at(obj: dict[str, Any], path: str) -> Any:
@@ -90,19 +102,19 @@ def parse_result_row(obj: Any) -> ResultRow:
     JSON object."""
     if not isinstance(obj, dict):
         raise ValueError("a result row is a JSON object")
-    config = obj.get("config")
+    config = obj.get(R.CONFIG)
     config = config if isinstance(config, dict) else {}
-    fragment = _at(config, "rollout_fragment_length")
+    fragment = _at(config, C.ROLLOUT_FRAGMENT_LENGTH)
     per_learner = next((v for k in PER_LEARNER if (v := config.get(k)) is not None), None)
     read: dict[str, Any] = {field: _number(_at(obj, key)) for field, key in ROW_KEYS.items()}
     read |= {field: _int(_number(_at(config, key))) for field, key in CONFIG_INTS.items()}
     return ResultRow(
-        iteration=_int(_number(obj.get("training_iteration"))),
-        timestamp=_number(obj.get("timestamp")),
-        time_this_iter_s=_number(obj.get("time_this_iter_s")),
-        time_total_s=_number(obj.get("time_total_s")),
-        pid=_int(_number(obj.get("pid"))),
-        training_intensity=_number(config.get("training_intensity")),
+        iteration=_int(_number(obj.get(R.ITERATION))),
+        timestamp=_number(obj.get(R.TIMESTAMP)),
+        time_this_iter_s=_number(obj.get(R.TIME_THIS_ITER_S)),
+        time_total_s=_number(obj.get(R.TIME_TOTAL_S)),
+        pid=_int(_number(obj.get(R.PID))),
+        training_intensity=_number(config.get(C.TRAINING_INTENSITY)),
         train_batch_size_per_learner=_int(_number(per_learner)),
         rollout_fragment_length=_int(_number(fragment)),
         rollout_fragment_length_auto=None if fragment is None else fragment == "auto",
@@ -180,3 +192,76 @@ class ResultTail:
             except ValueError:
                 bad += 1
         return (f"results: {file}: {bad} lines not a JSON object, skipped",) if bad else ()
+
+
+class ResultProbe:
+    """The rows and the live reading of an RLlib probe in the driver (`--ray-results URL`,
+    replaywatch.probe.rllib): its newest `train()` row is kept when its iteration is new,
+    as a result.json line is, so the rules read the same rows either way; its buffer and
+    learner queue now are `live`."""
+
+    KEEP = ResultTail.KEEP
+
+    def __init__(self, url: str, timeout_s: float = 1.0):
+        self._url = url.rstrip("/")
+        self._timeout_s = timeout_s
+        self._rows: collections.deque[ResultRow] = collections.deque(maxlen=self.KEEP)
+        self.live: RllibLive | None = None
+
+    def read(self) -> tuple[tuple[ResultRow, ...], str | None, tuple[str, ...]]:
+        """The latest rows (oldest first), the URL read, and what could not be read; `live`
+        is the reading of this read (None when it failed)."""
+        self.live = None
+        try:
+            doc = get_json(f"{self._url}/probe", self._timeout_s)
+        except SourceError as e:
+            return tuple(self._rows), self._url, (f"results: {_one_line(e)}",)
+        if doc.get(Doc.ROLE) != Role.RLLIB:
+            return tuple(self._rows), self._url, (
+                f"results: {self._url} is not an RLlib probe (role "
+                f"{_one_line(doc.get(Doc.ROLE))!r}): --ray-results takes RLlibProbe's URL",)
+        said: tuple[str, ...] = ()
+        row = doc.get(Rllib.ROW)
+        if isinstance(row, dict):
+            try:
+                read = parse_result_row(row)
+            except ValueError:
+                read = None
+            if read is not None and (not self._rows or read.iteration != self._rows[-1].iteration
+                                     or read.timestamp != self._rows[-1].timestamp):
+                self._rows.append(read)
+        elif row is not None:
+            said = (f"results: {self._url}: its row is not a JSON object",)
+        self.live = live_from_probe(doc)
+        return tuple(self._rows), self._url, said
+
+
+def live_from_probe(doc: dict[str, Any]) -> RllibLive:
+    """An RLlib probe's buffer and learner queue, each value kept only where it has its type."""
+    buffer = doc.get(Rllib.BUFFER)
+    buffer = buffer if isinstance(buffer, dict) else {}
+    queue = doc.get(Rllib.LEARNER_QUEUE)
+    queue = queue if isinstance(queue, dict) else {}
+    now = _number(doc.get(Doc.NOW))
+    kind, algorithm = buffer.get(BufferKeys.KIND), doc.get(Rllib.ALGORITHM)
+    return RllibLive(
+        observed_at=now if now is not None else 0.0,
+        algorithm=_one_line(algorithm) if isinstance(algorithm, str) else None,
+        buffer_kind=_one_line(kind) if isinstance(kind, str) else None,
+        capacity=_int(_number(buffer.get(BufferKeys.CAPACITY))),
+        env_steps_stored=_int(_number(buffer.get(BufferKeys.STORED))),
+        env_steps_added=_int(_number(buffer.get(BufferKeys.ADDED))),
+        env_steps_sampled=_int(_number(buffer.get(BufferKeys.SAMPLED))),
+        episodes_stored=_int(_number(buffer.get(BufferKeys.EPISODES_STORED))),
+        episodes_evicted=_int(_number(buffer.get(BufferKeys.EPISODES_EVICTED))),
+        max_priority=_number(buffer.get(BufferKeys.MAX_PRIORITY)),
+        queue_depth=_int(_number(queue.get(QueueKeys.DEPTH))),
+        queue_maxsize=_int(_number(queue.get(QueueKeys.MAXSIZE))),
+        learner_thread_alive=_bool(queue.get(QueueKeys.THREAD_ALIVE)),
+        learner_waiting=_bool(queue.get(QueueKeys.WAITING)),
+        learner_waited_s=_number(queue.get(QueueKeys.WAITED_S)),
+        learner_watched_s=_number(queue.get(QueueKeys.WATCHED_S)))
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
