@@ -105,6 +105,44 @@ def test_a_learner_slower_than_its_env_runners_is_env_steps_dropped(
     assert "num_learners" in f.fix
 
 
+# APPO with its learner in the driver (num_learners=0): the learner thread the probe reads.
+APPO_IN_DRIVER = ["--algo", "appo", "--num-learners", "0", "--num-env-runners", "1",
+                  "--min-time-per-iteration", "2", "--num-cpus", "2"]
+
+
+def test_with_the_rllib_probe_a_driver_stalled_on_its_hung_learner_thread_says_so(
+        spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path) -> None:
+    # APPO's learner thread in the driver hangs in its update; the driver's train() waits on
+    # it, so nothing moves and no actor call runs: driver_stalled, whose two readings (its
+    # learner, or the loop around train()) only a stack told apart. The probe tells. The one
+    # change a user makes for it: its callbacks in the config; the job writes no
+    # result.json (a plain loop's default), so the rows come from the probe too.
+    announced, temp = start_job(spawn, tmp_path, short_temp, "--hang-learner-after", "300",
+                                "--probe-listen", "127.0.0.1:0", "--no-rows",
+                                algo=APPO_IN_DRIVER)
+    url = announced["rllib_probe"]
+    assert url, announced
+    seen: list = []
+    stalled = {Name.DRIVER_STALLED, Name.LEARNER_STALLED}
+    paged, moved, began = watch(tmp_path, announced, temp, 360.0, results=url, seen=seen,
+                                until=lambda f: f.kind in stalled)
+    named = [(t, f) for t, f in paged if f.kind in stalled]
+    assert named, [(round(t - began), f.kind) for t, f in paged[:5]]
+    at, finding = named[0]
+    assert not (Path(announced["logdir"]) / "result.json").exists()
+    assert any(s.results and s.result_file == url for s in seen), "no row read from the probe"
+    waited = [s.live.learner_waited_s for s in seen if s.live and s.live.learner_waited_s]
+    assert waited, "the probe never saw the learner thread wait"
+    queue = finding.evidence.get("learner_queue")
+    print(f"\n{finding.kind} with the probe: {finding.summary}\n  queue {queue}, "
+          f"{at - began:.0f} s into watching")
+    assert queue is not None and queue["thread_alive"] is True and queue["waiting"] is False
+    assert "hangs inside an update" in finding.summary and "user's loop" not in finding.summary
+    window = max(windows_in(finding.evidence))
+    last_progress = max((t for t in moved if t < at), default=began)
+    assert at - last_progress <= window + 2 * INTERVAL_S + SLACK_S
+
+
 def test_a_training_intensity_the_job_cannot_reach_is_spi_drift(
         spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path) -> None:
     # training_intensity 4 on one EnvRunner with a batch of 32 trains at 8 (RLlib rounds its

@@ -30,6 +30,7 @@ from replaywatch.ray_model import (
     RayTask,
     ResultRow,
     RllibCounters,
+    RllibLive,
 )
 from replaywatch.sources.ray_cluster import (
     driver_worker_id,
@@ -112,6 +113,7 @@ class Job:
     dropped: Callable[[float], float | None] = lambda t: None
     row_extra: Callable[[float], dict[str, Any]] = lambda t: {}
     errors: Callable[[float], tuple[str, ...]] = lambda t: ()
+    live: Callable[[float], RllibLive | None] = lambda t: None  # an RLlibProbe's reading
 
     def snapshot(self, t: float) -> RaySnapshot:
         counters = [runner_counters(n, self.sampled(n, t)) for n in range(self.runners)]
@@ -125,7 +127,7 @@ class Job:
                   + [actor(ActorRole.LEARNER, 0)])
         return RaySnapshot(TARGET, t, JOB, DRIVER_PID if rows else None, tuple(actors),
                            tuple(self.calls(t)), tuple(counters), results=rows,
-                           errors=self.errors(t))
+                           errors=self.errors(t), live=self.live(t))
 
     def history(self, until_s: float, from_s: float = 0.0) -> list[RaySnapshot]:
         n = int((until_s - from_s) / POLL_S)
@@ -234,6 +236,41 @@ def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalle
     assert Name.DRIVER_STALLED not in found
 
 
+def appo_learner_stalled(live: RllibLive | None) -> Finding:
+    h = 200.0
+    appo = Job(algo="APPO", iteration_s=10.0,
+               iterations=lambda t: math.floor(reported(t - T0) / 10),
+               steps=lambda t: 1800.0 * reported(t - T0),
+               sampled=lambda n, t: 140.0 * reported(t - T0),
+               trained=lambda t: 280.0 * reported(min(t, T0 + h) - T0) + 1000,
+               calls=lambda t: [], live=lambda t: live)
+    return judged(appo, 320.0)[Name.LEARNER_STALLED]
+
+
+def test_an_rllib_probe_tells_a_starved_learner_thread_from_one_hung_in_its_update() -> None:
+    # Without the probe: the counters alone, and the stack to tell (unchanged).
+    plain = appo_learner_stalled(None)
+    assert "learner_queue" not in plain.evidence and "RLlibProbe" not in plain.summary
+    # Blocked on an empty in-queue when polled: starved, so the fix looks upstream.
+    starved = appo_learner_stalled(RllibLive(0.0, "APPO", queue_depth=0,
+                                             learner_thread_alive=True, learner_waiting=True,
+                                             learner_waited_s=118.0, learner_watched_s=120.0))
+    assert "starved" in starved.summary and starved.fix.startswith("Look upstream")
+    assert starved.evidence["learner_queue"]["waiting"] is True
+    assert starved.severity is plain.severity  # sharper words, the same page
+    # Not waiting for input with batches queued: it hangs inside an update.
+    hung = appo_learner_stalled(RllibLive(0.0, "APPO", queue_depth=3,
+                                          learner_thread_alive=True, learner_waiting=False))
+    assert "hangs inside an update" in hung.summary and "3 batch(es)" in hung.summary
+    assert hung.fix == plain.fix
+    # The thread died: said, with where its exception is.
+    dead = appo_learner_stalled(RllibLive(0.0, "APPO", learner_thread_alive=False))
+    assert "dead" in dead.summary and "exception" in dead.fix
+    # A probe in a DQN driver has no learner thread: nothing more is said.
+    dqn = appo_learner_stalled(RllibLive(0.0, "DQN", env_steps_stored=900, capacity=50_000))
+    assert dqn.summary == plain.summary and "learner_queue" not in dqn.evidence
+
+
 # -- env_runner_stalled ------------------------------------------------------------------------
 
 def dqn_env_hung(h: float = 200.0) -> Job:
@@ -302,6 +339,28 @@ def test_nothing_moving_and_no_call_running_is_driver_stalled_naming_the_driver(
     assert set(f.evidence) >= {"env_steps_sampled", "env_steps_trained", "iterations",
                                "result_rows"}
     assert set(found) == {Name.DRIVER_STALLED}
+
+
+def test_an_rllib_probe_says_which_of_the_two_a_stalled_driver_waits_in() -> None:
+    # APPO's learner thread in the driver hung inside its update, three batches queued (as
+    # a real job showed it, test_rllib_tier.py): the learner, not the loop.
+    job = driver_hung()
+    hung = dataclasses.replace(job, live=lambda t: RllibLive(
+        t, "APPO", queue_depth=3, learner_thread_alive=True, learner_waiting=False))
+    f = judged(hung, 320.0)[Name.DRIVER_STALLED]
+    assert "waits on its learner" in f.summary and "3 batch(es)" in f.summary
+    assert "user's loop" not in f.summary and "_LearnerThread" in f.fix
+    assert f.evidence["readings"] == ["its learner thread, in the driver"]
+    assert f.severity is Severity.CRITICAL
+    # Its learner thread blocked on an empty queue: the driver waits elsewhere.
+    starved = dataclasses.replace(job, live=lambda t: RllibLive(
+        t, "APPO", queue_depth=0, learner_thread_alive=True, learner_waiting=True))
+    g = judged(starved, 320.0)[Name.DRIVER_STALLED]
+    assert "not in its learner" in g.summary and "main thread" in g.fix
+    # A probe in a DQN driver (no learner thread): both readings, as without a probe.
+    dqn = dataclasses.replace(job, live=lambda t: RllibLive(t, "DQN", env_steps_stored=5))
+    assert judged(dqn, 320.0)[Name.DRIVER_STALLED].summary == judged(job, 320.0)[
+        Name.DRIVER_STALLED].summary
 
 
 def test_with_a_learner_actor_the_loop_is_named_first() -> None:

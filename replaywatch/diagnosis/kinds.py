@@ -450,7 +450,9 @@ DRIVER_STALLED = Kind(
             "iterations, training steps, result rows), each past its own window, and no actor "
             "call runs: the wait is in the driver, either its learner (`num_learners=0`, "
             "RLlib's default, trains in the driver) or the user's loop around `algo.train()`. "
-            "Only the driver's stack tells which.",
+            "The driver's stack tells which, or an RLlibProbe in the driver: its learner "
+            "thread not waiting for input (hung in its update) or blocked on an empty "
+            "in-queue (the driver waits elsewhere).",
     fix="`py-spy dump --pid` of the driver named: a learner's `update` on its stack is the "
         "learner, anything else the loop around `train()`.",
     alert=("RLlib driver stalled: {{ $labels.target }} {{ $labels.table }}",

@@ -28,7 +28,7 @@ from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.rllib_job import RllibJob
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Name
-from replaywatch.ray_model import ActorRole, RaySnapshot, RayTask
+from replaywatch.ray_model import ActorRole, RaySnapshot, RayTask, RllibLive
 
 WORKERS = rllib_actors.WORKERS
 
@@ -80,11 +80,62 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     summary = f"The learner of RLlib job {job.job_id} trains nothing: {how}{rest}."
     fix = (f"`py-spy dump --pid {_one(pids)}` ({where}): the stack shows where its "
            "update waits; RLlib times none of it out.")
+    said = _learner_queue_says(job.latest.live)
+    if said is not None:
+        evidence["learner_queue"], sentence = said[0], said[1]
+        fix = " ".join(part for part in (said[2], fix) if part)
+        summary = f"{summary} {sentence}"
     since = min([job.now - (t.running_for_s or 0.0) for t, _ in hung]
                 + ([trained.since] if trained is not None else []))
     learned = trained is not None and trained.learned
     return rj.held(job.finding(kinds.LEARNER_STALLED, summary, evidence, fix, since),
                    rj.grace(job, learned), th, job.now)
+
+
+def learner_thread(live: RllibLive | None) -> tuple[str, dict[str, Any]] | None:
+    """What the RLlibProbe in the driver saw of the learner thread when polled: "starved"
+    (blocked on its empty in-queue: no batch reaches it), "hung" (not waiting for input:
+    inside an update) or "dead", with its evidence. None without a probe, or where no learner
+    thread runs in the driver (DQN; learners in Ray actors): then the stack alone tells."""
+    if live is None or live.learner_thread_alive is None:
+        return None
+    evidence = {"depth": live.queue_depth, "maxsize": live.queue_maxsize,
+                "thread_alive": live.learner_thread_alive, "waiting": live.learner_waiting,
+                "waited_s": live.learner_waited_s, "watched_s": live.learner_watched_s,
+                "told_by": "RLlibProbe in the driver"}
+    if not live.learner_thread_alive:
+        return "dead", evidence
+    if live.learner_waiting and not live.queue_depth:
+        return "starved", evidence
+    if live.learner_waiting is False:
+        return "hung", evidence
+    return None
+
+
+def _queued(live: RllibLive) -> str:
+    return (f"with {live.queue_depth} batch(es) in its queue" if live.queue_depth
+            else "its queue empty")
+
+
+DEAD_FIX = "Its learner thread ended: the driver's log has its exception; restart the job."
+
+
+def _learner_queue_says(live: RllibLive | None
+                        ) -> tuple[dict[str, Any], str, str] | None:
+    """learner_thread's reading as learner_stalled words it: (evidence, sentence, fix first)."""
+    read = learner_thread(live)
+    if read is None or live is None:
+        return None
+    state, evidence = read
+    if state == "dead":
+        return evidence, "The RLlibProbe says its learner thread is dead.", DEAD_FIX
+    if state == "starved":
+        return (evidence, "The RLlibProbe says its learner thread is blocked on an empty "
+                "in-queue: it is starved (no batch reaches it), not hung in an update.",
+                "Look upstream of the learner: the EnvRunners' and aggregators' calls and "
+                "the LearnerGroup's update in the driver.")
+    return (evidence, "The RLlibProbe says its learner thread was not waiting for input "
+            f"when polled, {_queued(live)}: it hangs inside an update.", "")
 
 
 def _sampled_without_training(job: RllibJob, trained: rp.Progress | None) -> bool:
@@ -230,8 +281,33 @@ def is_driver_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
                                        for p in series if p.current}}
     summary = (f"Nothing of RLlib job {job.job_id} moves and no actor call runs: the driver "
                f"(pid {pid or 'unknown'}) waits, in {readings[0]} or in {readings[1]}.")
-    fix = (f"`py-spy dump --pid {pid or '<the driver: the process calling algo.train()>'}`: "
-           "a Learner's update on its stack is the learner, anything else the loop.")
+    dump = f"`py-spy dump --pid {pid or '<the driver: the process calling algo.train()>'}`"
+    fix = f"{dump}: a Learner's update on its stack is the learner, anything else the loop."
+    said = learner_thread(latest.live)
+    if said is not None and latest.live is not None:
+        # The RLlibProbe saw the learner thread itself: which of the two readings it is.
+        state, evidence["learner_queue"] = said
+        head = (f"Nothing of RLlib job {job.job_id} moves and no actor call runs: the driver "
+                f"(pid {pid or 'unknown'})")
+        if state == "hung":
+            evidence["readings"] = ["its learner thread, in the driver"]
+            summary = (f"{head} waits on its learner: the RLlibProbe says its learner thread "
+                       f"was not waiting for input when polled, {_queued(latest.live)}: it "
+                       "hangs inside an update.")
+            fix = (f"{dump}: the learner thread's stack (_LearnerThread) shows where its "
+                   "update hangs; RLlib times none of it out.")
+        elif state == "starved":
+            evidence["readings"] = readings = ["the user's loop around algo.train(), or "
+                                               "RLlib's code in the driver that feeds the "
+                                               "learner"]
+            summary = (f"{head} waits, not in its learner: the RLlibProbe says its learner "
+                       "thread is blocked on an empty in-queue. The loop around "
+                       "algo.train(), or RLlib's code in the driver that feeds the learner, "
+                       "holds it.")
+            fix = f"{dump}: the main thread's stack shows where the driver waits."
+        else:
+            summary = f"{head} waits: the RLlibProbe says its learner thread is dead."
+            fix = DEAD_FIX
     since = max(p.since for p in series if p.current)
     learned = all(p.learned for p in series if p.current)
     return rj.held(job.finding(kinds.DRIVER_STALLED, summary, evidence, fix, since),
@@ -254,8 +330,14 @@ def is_warmup(job: RllibJob, th: Thresholds) -> Finding | None:
         fix = ("Wait, or lower num_steps_sampled_before_learning_starts: at this sampling rate "
                "(while sampling flows RLlib's warm-up always ends; it counts steps sampled, not "
                "stored) it ends only after the time given.")
-    return job.finding(kinds.WARMUP, summary, {**said, "sampled": job.sampled.evidence(job.now),
-                                               "eta_s": eta[0]}, fix, since)
+    evidence = {**said, "sampled": job.sampled.evidence(job.now), "eta_s": eta[0]}
+    live = job.latest.live
+    if live is not None and live.env_steps_stored is not None:
+        # What the buffer holds now, from the RLlibProbe: the rows' figure is a mean.
+        evidence["buffer"] = {"env_steps_stored": live.env_steps_stored,
+                              "capacity": live.capacity, "kind": live.buffer_kind,
+                              "told_by": "RLlibProbe in the driver"}
+    return job.finding(kinds.WARMUP, summary, evidence, fix, since)
 
 
 # A warm-up this long is said in the fix: a value typed with a zero too many, or a rate far

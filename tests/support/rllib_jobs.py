@@ -35,13 +35,16 @@ def start_job(spawn: Callable[..., Proc], tmp_path: Path, temp: Path, *flags: st
 
 
 def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
-          until: Callable[[Finding], bool] = lambda f: False, bundle_within_s: float = 0.0
+          until: Callable[[Finding], bool] = lambda f: False, bundle_within_s: float = 0.0,
+          results: str | None = None, seen: list | None = None
           ) -> tuple[list[tuple[float, Finding]], list[float], float]:
     """(findings seen at warning or worse with the time, the times the job's trained counter
     was seen to move, the time watching began). `bundle_within_s`: once `until` holds, the
-    sidecar goes on that long or until a bundle is written (tmp_path/bundles)."""
+    sidecar goes on that long or until a bundle is written (tmp_path/bundles). `results`:
+    where the rows are read (default: the job's logdir; an RLlibProbe's URL); `seen` gets
+    every poll's snapshot of the job."""
     target = RayTarget(announced["dashboard_url"], temp_dir=str(temp),
-                       results=announced["logdir"])
+                       results=results or announced["logdir"])
     config = WatchConfig(targets=(), ray=(target,),
                          poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
     paged: list[tuple[float, Finding]] = []
@@ -52,6 +55,8 @@ def watch(tmp_path: Path, announced: dict, temp: Path, seconds: float,
         while time.time() - began < seconds:
             state = car.poller.tick()
             snap = state.ray.get(target.name)
+            if seen is not None and snap is not None:
+                seen.append(snap)
             trained = sum(c.env_steps_trained or 0.0 for c in snap.counters) if snap else None
             if trained is not None and trained != last:
                 moved.append(time.time())
