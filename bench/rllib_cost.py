@@ -30,6 +30,7 @@ from bench.results_md import replace_sections
 from harness.procs import PYTHON, ROOT, Proc, free_port, get_json, wait_until
 
 HEADING = "## Watching an RLlib job: its cost to the job"
+PROBE_HEADING = "## The RLlibProbe in an RLlib job: its cost to the job"
 RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
 CLK_TCK = 100.0
 
@@ -78,11 +79,11 @@ def window_figures(rows: list[dict[str, Any]], start: float, end: float) -> dict
             "iteration_s": statistics.mean(iters) if iters else None}
 
 
-def start_sidecar(where: Path, dashboard: str, temp: str, logdir: str) -> Proc:
+def start_sidecar(where: Path, dashboard: str, temp: str, results: str) -> Proc:
     port = free_port()
     proc = Proc([PYTHON, "-m", "replaywatch", "watch", "--listen", f"127.0.0.1:{port}",
                  "--ray", dashboard.removeprefix("http://"), "--ray-temp-dir", temp,
-                 "--ray-results", logdir, "--db", str(where / f"i-{port}.db")],
+                 "--ray-results", results, "--db", str(where / f"i-{port}.db")],
                 stdout_path=where / f"sidecar-{port}.log")
     wait_until(lambda: get_json(f"http://127.0.0.1:{port}/healthz", 1.0)[0] == 200,
                timeout_s=60)
@@ -94,6 +95,9 @@ def main() -> int:
     p.add_argument("--window-s", type=float, default=40.0)
     p.add_argument("--pairs", type=int, default=3, help="unwatched + watched windows")
     p.add_argument("--results", type=Path, default=None)
+    p.add_argument("--probe", action="store_true",
+                   help="the job runs the RLlibProbe, and the watched windows read the rows "
+                        "from it (--ray-results URL): what the probe adds to the driver")
     args = p.parse_args()
     if not RLLIB_PY.exists():
         print("no .venv-rllib (make rllib-venv): the RLlib bench cannot run")
@@ -106,15 +110,20 @@ def main() -> int:
                     "1", "--num-env-runners", "1", "--learning-starts", "200",
                     "--min-steps-per-iteration", "200", "--num-cpus", "4",
                     "--seconds", str(total_s), "--temp-dir", str(where / "ray"),
-                    "--logdir", str(where / "log")], stdout_path=where / "job.log")
-        windows: list[tuple[str, float, float, float | None, float]] = []
+                    "--logdir", str(where / "log"),
+                    *(["--probe-listen", "127.0.0.1:0"] if args.probe else [])],
+                   stdout_path=where / "job.log")
+        windows: list[tuple[str, float, float, float | None, float, float]] = []
         ray_temp = where / "ray"
 
+        def driver_cpu() -> float:
+            return cpu_seconds(job.popen.pid)
+
         def unwatched() -> None:
-            serving0, start = serving_cpu_seconds(ray_temp), time.time()
+            serving0, driver0, start = serving_cpu_seconds(ray_temp), driver_cpu(), time.time()
             time.sleep(args.window_s)
             windows.append(("unwatched", start, time.time(), None,
-                            serving_cpu_seconds(ray_temp) - serving0))
+                            serving_cpu_seconds(ray_temp) - serving0, driver_cpu() - driver0))
 
         try:
             announced = job.announce(timeout_s=240,
@@ -123,14 +132,16 @@ def main() -> int:
             for _ in range(args.pairs):
                 unwatched()
                 car = start_sidecar(where, announced["dashboard_url"], str(ray_temp),
-                                    announced["logdir"])
+                                    announced["rllib_probe"] if args.probe
+                                    else announced["logdir"])
                 try:
                     cpu0, serving0 = cpu_seconds(car.popen.pid), serving_cpu_seconds(ray_temp)
-                    start = time.time()
+                    driver0, start = driver_cpu(), time.time()
                     time.sleep(args.window_s)
                     windows.append(("watched", start, time.time(),
                                     cpu_seconds(car.popen.pid) - cpu0,
-                                    serving_cpu_seconds(ray_temp) - serving0))
+                                    serving_cpu_seconds(ray_temp) - serving0,
+                                    driver_cpu() - driver0))
                 finally:
                     car.kill()
             unwatched()  # each watched window between two unwatched ones: a trend cancels
@@ -139,7 +150,8 @@ def main() -> int:
         finally:
             job.kill()
     measured = [{"window": w, **window_figures(rows, s, e), "sidecar_cpu_s": cpu,
-                 "serving_cpu_s": serving} for w, s, e, cpu, serving in windows]
+                 "serving_cpu_s": serving, "driver_cpu_s": driver}
+                for w, s, e, cpu, serving, driver in windows]
     for m in measured:
         print(json.dumps(m), flush=True)
     text = render(measured, args, (time.monotonic() - began) / 60)
@@ -150,7 +162,8 @@ def main() -> int:
 
 
 def render(measured: list[dict[str, Any]], args: argparse.Namespace, minutes: float) -> str:
-    lines = [f"{HEADING} ({args.pairs} watched windows of {args.window_s:g} s between "
+    lines = [f"{PROBE_HEADING if args.probe else HEADING} ({args.pairs} watched windows of "
+             f"{args.window_s:g} s between "
              f"unwatched ones, {minutes:.1f} min, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              "`make bench-rllib-cost` (bench/rllib_cost.py): one real DQN job (Ray 2.60, torch "
@@ -159,16 +172,22 @@ def render(measured: list[dict[str, Any]], args: argparse.Namespace, minutes: fl
              "--ray` sidecar polling every second (state API, metrics endpoints, result rows); "
              "the job's figures from its own rows. The job is CPU-bound on this 2-core "
              "machine, so what the sidecar and the cluster's dashboard, agent and GCS spend "
-             "answering it is taken from the job.", "",
+             "answering it is taken from the job."
+             + (" With `--probe` (`make bench-rllib-probe-cost`) the job runs the RLlibProbe "
+                "(its callbacks in the config) throughout, and the sidecar reads the rows from "
+                "it (`--ray-results URL`): the driver's CPU is where the probe's answers "
+                "cost." if args.probe else ""), "",
              "| window | rows | env steps sampled/s | iteration (s) | sidecar CPU (s/s) "
-             "| dashboard, agent, GCS CPU (s/s) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| dashboard, agent, GCS CPU (s/s) | driver CPU (s/s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for i, m in enumerate(measured):
         cpu = "-" if m["sidecar_cpu_s"] is None else f"{m['sidecar_cpu_s'] / args.window_s:.3f}"
         it = "-" if m["iteration_s"] is None else f"{m['iteration_s']:.2f}"
         lines.append(f"| {i + 1}: {m['window']} | {m['rows']} | {m['sampled_per_s']:.1f} | "
-                     f"{it} | {cpu} | {m['serving_cpu_s'] / args.window_s:.3f} |")
+                     f"{it} | {cpu} | {m['serving_cpu_s'] / args.window_s:.3f} | "
+                     f"{m['driver_cpu_s'] / args.window_s:.3f} |")
     # Each watched window against the mean of the unwatched ones on either side of it.
-    changes, extra = [], []
+    changes, extra, driver = [], [], []
     for i, m in enumerate(measured):
         if m["window"] != "watched" or not 0 < i < len(measured) - 1:
             continue
@@ -178,6 +197,8 @@ def render(measured: list[dict[str, Any]], args: argparse.Namespace, minutes: fl
             changes.append(m["iteration_s"] / statistics.mean(base) - 1)
         extra.append(m["serving_cpu_s"] / args.window_s
                      - statistics.mean(a["serving_cpu_s"] for a in around) / args.window_s)
+        driver.append(m["driver_cpu_s"] / args.window_s
+                      - statistics.mean(a["driver_cpu_s"] for a in around) / args.window_s)
     sidecar = statistics.mean(m["sidecar_cpu_s"] for m in measured
                               if m["sidecar_cpu_s"] is not None) / args.window_s
     lines += ["", "Iteration time of each watched window against the unwatched windows either "
@@ -186,7 +207,9 @@ def render(measured: list[dict[str, Any]], args: argparse.Namespace, minutes: fl
               + f". The sidecar used {sidecar:.3f} CPU-seconds per second, and the cluster's "
               "dashboard, agent and GCS "
               + (f"{statistics.mean(extra):+.3f}" if extra else "?")
-              + " more while it polled.", ""]
+              + " more while it polled. The driver: "
+              + (f"{statistics.mean(driver):+.3f}" if driver else "?")
+              + " CPU-seconds per second watched against unwatched.", ""]
     return "\n".join(lines)
 
 
