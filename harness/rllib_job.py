@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import ray
 from ray.tune.registry import register_env
 from ray.tune.utils.util import SafeFallbackEncoder
@@ -83,6 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--logdir", default=None, help="default: the algorithm's own logdir")
     p.add_argument("--probe-listen", default=None, metavar="HOST:PORT",
                    help="attach replaywatch's RLlibProbe (its callbacks) serving there")
+    p.add_argument("--obs-kib", type=int, default=0,
+                   help="pad each observation with this many KiB of noise (0: CartPole's own)")
     p.add_argument("--no-rows", action="store_true",
                    help="write no result.json (a plain loop's default: Ray writes none)")
     args = p.parse_args(argv)
@@ -111,8 +114,27 @@ class HangAfterSteps(gym.Wrapper):
         return self.env.step(action)
 
 
+class PaddedObs(gym.ObservationWrapper):
+    """CartPole's 4 floats followed by `kib` KiB of noise: an observation the size of a
+    frame, so that the replay buffer's memory grows as an image agent's does."""
+
+    def __init__(self, env: gym.Env, kib: int) -> None:
+        super().__init__(env)
+        self._pad = kib * 256
+        self._rng = np.random.default_rng(0)
+        low = np.concatenate([env.observation_space.low, np.zeros(self._pad, np.float32)])
+        high = np.concatenate([env.observation_space.high, np.ones(self._pad, np.float32)])
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
+
+    def observation(self, observation: Any) -> Any:
+        return np.concatenate([observation.astype(np.float32),
+                               self._rng.random(self._pad, dtype=np.float32)])
+
+
 def env_creator(env_config: Any) -> gym.Env:
     env = gym.make("CartPole-v1")
+    if env_config.get("obs_kib", 0):
+        env = PaddedObs(env, env_config["obs_kib"])
     runner = getattr(env_config, "worker_index", 0)
     chosen = env_config.get("hang_env_runner", 1)
     after = env_config.get("hang_env_after", 0)
@@ -179,7 +201,8 @@ def build_config(args: argparse.Namespace) -> Any:
     config = (
         config.environment(ENV_NAME, env_config={"hang_env_after": args.hang_env_after,
                                                  "hang_env_runner": args.hang_env_runner,
-                                                 "env_step_s": args.env_step_s})
+                                                 "env_step_s": args.env_step_s,
+                                                 "obs_kib": args.obs_kib})
         .framework("torch")
         .env_runners(**runners)
         .learners(num_learners=args.num_learners, **(

@@ -214,6 +214,10 @@ class RllibLive:
     learner_waiting: bool | None = None  # blocked on its queue's get() when polled
     learner_waited_s: float | None = None  # ... seconds so blocked, of learner_watched_s
     learner_watched_s: float | None = None
+    rss_bytes: int | None = None  # the driver's resident memory, where the buffer lives
+    limit_bytes: int | None = None  # what it may use: its memory cgroup's limit, else the host's
+    limit_from: str | None = None  # "cgroup v1", "cgroup v2", "host"
+    cgroup_usage_bytes: int | None = None  # what counts against a cgroup's limit
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -295,6 +295,11 @@ class Rllib:
     ROW = "row"  # the newest `algo.train()` result, ResultKeys' subset of it; null before one
     BUFFER = "buffer"  # BufferKeys, read when asked; null: no replay buffer in the driver
     LEARNER_QUEUE = "learner_queue"  # QueueKeys; null: no learner thread in the driver
+    # The driver's memory, where its replay buffer lives, and its limit, as Replay's are read.
+    RSS_BYTES = "rss_bytes"
+    LIMIT_BYTES = "limit_bytes"
+    LIMIT_FROM = "limit_from"  # "cgroup v1", "cgroup v2" or "host"
+    CGROUP_USAGE_BYTES = "cgroup_usage_bytes"
 
 
 class ResultKeys:

@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from replaywatch.probe.process_memory import Cgroup, cgroup_of, limit_of, rss_of
 from replaywatch.probe.protocol import (
     BufferKeys,
     ConfigKeys,
@@ -62,6 +63,8 @@ class RLlibProbe(Served):
         self._static: dict[str, Any] = {Doc.ROLE: str(Role.RLLIB), Doc.NAME: name,
                                         Doc.TABLE: None}
         self._http = ProbeServer(listen, self.snapshot, self.stacks)
+        # Read once: the group a process runs in is the one it is killed in.
+        self._group: Cgroup | None = cgroup_of(os.getpid())
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -142,17 +145,23 @@ class RLlibProbe(Served):
         Algorithm has none. learner_queue: the learner thread's in-queue now (depth, maxsize),
         whether the thread lives and is blocked on the queue's get() now, and the seconds it
         was so blocked out of those sampled; null where no learner thread runs in the driver
-        (DQN; learners in Ray actors).
+        (DQN; learners in Ray actors). rss_bytes, limit_bytes, limit_from, cgroup_usage_bytes:
+        the driver's resident memory, where the buffer lives, and what it may use (its
+        memory cgroup's limit and usage, or the host's memory), read as a ReplayProbe reads
+        its own.
         """
         algorithm = self._algorithm
         with self._lock:
             row = None if self._row is None else dict(self._row)
             waited, watched = self._waited_s, self._watched_s
         doc = dict(self._static)
+        limit = limit_of(self._group)
         doc.update({Doc.PID: os.getpid(), Doc.STARTED_AT: self._started, Doc.NOW: self._clock(),
                     Rllib.ALGORITHM: None if algorithm is None else type(algorithm).__name__,
                     Rllib.ROW: row, Rllib.BUFFER: _buffer(algorithm),
-                    Rllib.LEARNER_QUEUE: _queue(algorithm, waited, watched)})
+                    Rllib.LEARNER_QUEUE: _queue(algorithm, waited, watched),
+                    Rllib.RSS_BYTES: rss_of(os.getpid()), Rllib.LIMIT_BYTES: limit.bytes,
+                    Rllib.LIMIT_FROM: limit.source, Rllib.CGROUP_USAGE_BYTES: limit.usage})
         doc.update(thread_counts())
         return doc
 

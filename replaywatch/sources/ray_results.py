@@ -260,7 +260,12 @@ def live_from_probe(doc: dict[str, Any]) -> RllibLive:
         learner_thread_alive=_bool(queue.get(QueueKeys.THREAD_ALIVE)),
         learner_waiting=_bool(queue.get(QueueKeys.WAITING)),
         learner_waited_s=_number(queue.get(QueueKeys.WAITED_S)),
-        learner_watched_s=_number(queue.get(QueueKeys.WATCHED_S)))
+        learner_watched_s=_number(queue.get(QueueKeys.WATCHED_S)),
+        rss_bytes=_int(_number(doc.get(Rllib.RSS_BYTES))),
+        limit_bytes=_int(_number(doc.get(Rllib.LIMIT_BYTES))),
+        limit_from=_one_line(source) if isinstance(source := doc.get(Rllib.LIMIT_FROM), str)
+        else None,
+        cgroup_usage_bytes=_int(_number(doc.get(Rllib.CGROUP_USAGE_BYTES))))
 
 
 def _bool(value: Any) -> bool | None:
