@@ -33,7 +33,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-rllib-probe-cost bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet bench-ray-reads system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-rllib-probe-cost bench-rllib-memory bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet bench-ray-reads system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -264,6 +264,11 @@ bench-rllib-cost: $(STAMP) rllib-venv
 # answers add to the driver (about 6 minutes).
 bench-rllib-probe-cost: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_cost --probe --results bench/RESULTS.md
+
+# Real DQN jobs with frame-sized observations: the driver's memory at its buffer's capacity,
+# projected from the RLlibProbe as the buffer fills, against what it used once full (~6 min).
+bench-rllib-memory: $(STAMP) rllib-venv
+	$(PY) -m bench.rllib_memory --results bench/RESULTS.md
 
 # TF-Agents' DQN job that hangs, on the plain and the TF-Agents recipe, its server in-process
 # and over gRPC: every fix the sidecar prints applied and trained 300 steps under its watch

@@ -867,3 +867,49 @@ def test_a_runners_report_arriving_after_the_learners_never_names_the_learner(
         found = judged(job, float(until))
         assert Name.LEARNER_STALLED not in found, (until, found[Name.LEARNER_STALLED].summary)
     assert Name.ENV_RUNNER_STALLED in judged(job, 400.0)
+
+
+# -- memory_exhaustion: the driver's replay buffer, from its RLlibProbe -----------------------
+
+MIB = 2**20
+
+
+def filling(per_step: int, limit: int, capacity: int = 8000, rate: float = 70.0,
+            base: int = 600 * MIB, cgroup: bool = False) -> Callable[[float], RllibLive]:
+    """A driver whose buffer fills at `rate` env steps/s, `per_step` bytes each, over `base`
+    (its model and libraries), polled by its probe."""
+    def live(t: float) -> RllibLive:
+        stored = min(capacity, int(rate * (t - T0)))
+        used = base + stored * per_step
+        return RllibLive(t, "DQN", buffer_kind="EpisodeReplayBuffer", capacity=capacity,
+                         env_steps_stored=stored, env_steps_added=stored, rss_bytes=used,
+                         limit_bytes=limit, limit_from="cgroup v1" if cgroup else "host",
+                         cgroup_usage_bytes=used + 300 * MIB if cgroup else None)
+    return live
+
+
+def test_a_driver_whose_buffer_will_not_fit_is_memory_exhaustion_with_the_capacity_that_fits(
+        ) -> None:
+    # 84 KB a step (a real DQN with 64 KiB observations), 8000 steps: 600 MiB + 641 MiB at
+    # capacity against a 1.4 GiB cgroup, whose usage also counts the cluster's 300 MiB.
+    limit = int(1.4 * 2**30)
+    job = Job(live=filling(84_000, limit, cgroup=True))
+    f = judged(job, 40.0)[Name.MEMORY_EXHAUSTION]
+    ev = f.evidence
+    assert f.table == f"job:{JOB}" and ev["used_from"] == "cgroup usage"
+    assert ev["bytes_per_env_step"] == 84_000.0
+    assert ev["at_capacity_bytes"] == 900 * MIB + 8000 * 84_000
+    fits = ev["capacity_that_fits"]
+    assert 900 * MIB + fits * 84_000 <= 0.85 * limit < 900 * MIB + (fits + 1) * 84_000
+    assert f"capacity'] to {fits} env steps" in f.fix
+    assert ev["seconds_left"] is not None and ev["seconds_left"] > 0
+    assert "kills it" in f.summary
+
+
+def test_a_buffer_that_fits_a_full_one_and_a_job_without_the_probe_say_nothing() -> None:
+    assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 8 << 30)), 40.0)
+    # Full at 8000 (t > 114 s): what it holds is what it will hold.
+    assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 1 << 30)), 320.0)
+    assert Name.MEMORY_EXHAUSTION not in judged(Job(), 40.0)
+    # Too short a fill to measure a step's bytes: 5 % of the capacity stored, 5 % more.
+    assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 1 << 30)), 8.0)
