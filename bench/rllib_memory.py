@@ -14,6 +14,8 @@ row, each a job of its own.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import tempfile
 import time
@@ -21,26 +23,38 @@ from pathlib import Path
 from typing import Any
 
 from bench.results_md import replace_sections
+from harness.cgroups import remove_group
 from harness.procs import ROOT, Proc
+from replaywatch.config import PollConfig, RayTarget, WatchConfig
 from replaywatch.diagnosis import rllib_job as rj
 from replaywatch.diagnosis.rllib_memory import driver_at_capacity
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.model import Name
 from replaywatch.ray_model import RaySnapshot
 from replaywatch.sources.ray_results import ResultProbe
+from replaywatch.wiring import build_sidecar
+
+V1 = Path("/sys/fs/cgroup/memory")
+LIMITED = (64, 6_000)  # the shape run into a real limit: half its remaining fill's bytes
+HOLD_S = 150.0  # how long it is watched once its limit is set
 
 HEADING = "## An RLlib driver's replay buffer: its memory at capacity, projected as it fills"
 RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
 SHAPES = ((16, 12_000), (64, 6_000))  # (observation KiB, capacity in env steps)
 
 
-def run(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
-    job = Proc([str(RLLIB_PY), "harness/rllib_job.py", "--algo", "dqn", "--num-learners", "0",
+def job_args(where: Path, obs_kib: int, capacity: int) -> list[str]:
+    return [str(RLLIB_PY), "harness/rllib_job.py", "--algo", "dqn", "--num-learners", "0",
                 "--num-env-runners", "1", "--min-steps-per-iteration", "200",
                 "--learning-starts", str(10 * capacity), "--replay-capacity", str(capacity),
                 "--uniform-replay", "--obs-kib", str(obs_kib), "--num-cpus", "2",
                 "--seconds", "900", "--temp-dir", str(where / "ray"),
-                "--logdir", str(where / "log"), "--probe-listen", "127.0.0.1:0", "--no-rows"],
-               stdout_path=where / "job.log", env={"OMP_NUM_THREADS": "1"})
+                "--logdir", str(where / "log"), "--probe-listen", "127.0.0.1:0", "--no-rows"]
+
+
+def run(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
+    job = Proc(job_args(where, obs_kib, capacity), stdout_path=where / "job.log",
+               env={"OMP_NUM_THREADS": "1"})
     try:
         url = job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")[
             "rllib_probe"]
@@ -72,6 +86,83 @@ def run(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
                             for share, s in at.items()}}
 
 
+def limited(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
+    """The job in a memory cgroup (v1, as root) whose limit, set once a tenth of the buffer
+    is stored, leaves room for half of what the rest of the fill needs; a sidecar watching it
+    through its probe (`--ray-results URL`) every second until the kernel kills it."""
+    group = V1 / f"replaywatch-bench-{os.getpid()}-rllib"
+    group.mkdir()
+    job = Proc([*job_args(where, obs_kib, capacity), "--cgroup", str(group)],
+               stdout_path=where / "job.log", env={"OMP_NUM_THREADS": "1"})
+    out: dict[str, Any] = {"obs_kib": obs_kib, "capacity": capacity}
+    try:
+        announced = job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")
+        target = RayTarget(announced["dashboard_url"], temp_dir=str(where / "ray"),
+                           results=announced["rllib_probe"])
+        config = WatchConfig(targets=(), ray=(target,),
+                             poll=PollConfig(interval_s=1.0, timeout_s=3.0))
+        th = Thresholds()
+        began = time.monotonic()
+        with build_sidecar(config, incidents_path=str(where / "i.db")) as car:
+            held = cycles = 0
+            while (time.monotonic() - began < 600 and job.popen.poll() is None
+                   and time.monotonic() - out.get("limit_set_at", time.monotonic()) < HOLD_S):
+                t0 = time.monotonic()
+                state = car.poller.tick()
+                snap = state.ray.get(target.name)
+                live = snap.live if snap is not None else None
+                if live is not None and live.env_steps_stored is not None:
+                    out["stored"] = live.env_steps_stored
+                if "limit_bytes" not in out and live is not None and live.env_steps_stored \
+                        and live.env_steps_stored >= 0.1 * capacity:
+                    job_now = rj.read_job(target.name, car.history.ray(target.name), th,
+                                          time.time())
+                    said = driver_at_capacity(job_now) if job_now is not None else None
+                    if said is not None:
+                        usage = int((group / "memory.usage_in_bytes").read_text())
+                        out["limit_bytes"] = int(usage + 0.5 * (capacity - said[
+                            "env_steps_stored"]) * said["bytes_per_env_step"])
+                        (group / "memory.limit_in_bytes").write_text(str(out["limit_bytes"]))
+                        out["limit_set_at"] = time.monotonic()
+                found = [f for f in state.findings if f.kind == Name.MEMORY_EXHAUSTION]
+                if found and "named_at" not in out:
+                    out.update(named_at=time.monotonic(), named_stored=out.get("stored"),
+                               evidence=found[0].evidence, fix=found[0].fix)
+                if "named_at" in out:
+                    cycles, held = cycles + 1, held + bool(found)
+                if "first_kill_at" not in out and _oom_kills(group):
+                    out["first_kill_at"] = time.monotonic()
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+        out["killed_at"] = time.monotonic() if job.popen.poll() is not None else None
+        out.update(oom_kills=_oom_kills(group), held=held, cycles=cycles)
+    finally:
+        job.kill()
+        _empty(group)
+    return out
+
+
+def _oom_kills(group: Path) -> int | None:
+    for line in (group / "memory.oom_control").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return None
+
+
+def _empty(group: Path) -> None:
+    """Kills what the job left in its group (the local cluster's processes), then removes it."""
+    for _ in range(50):
+        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    remove_group(group)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=None)
@@ -84,15 +175,21 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="rwrm-", dir="/tmp") as tmp:
             rows.append(run(Path(tmp), obs_kib, capacity))
             print(rows[-1], flush=True)
-    text = render(rows, (time.monotonic() - began) / 60)
+    with tempfile.TemporaryDirectory(prefix="rwrm-", dir="/tmp") as tmp:
+        killed = limited(Path(tmp), *LIMITED)
+        print({k: v for k, v in killed.items() if k != "evidence"}, flush=True)
+    text = render(rows, killed, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
         args.results.write_text(replace_sections(args.results.read_text(), [text]))
     errors = [abs(a / r["full_bytes"] - 1) for r in rows for a, _ in r["projections"].values()]
-    return 0 if errors and len(errors) == 2 * len(rows) and max(errors) <= 0.1 else 1
+    named, kill = killed.get("named_at"), killed.get("first_kill_at")
+    named_first = named is not None and (kill is None or named < kill)
+    return 0 if (errors and len(errors) == 2 * len(rows) and max(errors) <= 0.1
+                 and named_first) else 1
 
 
-def render(rows: list[dict[str, Any]], minutes: float) -> str:
+def render(rows: list[dict[str, Any]], killed: dict[str, Any], minutes: float) -> str:
     mib = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"{HEADING} ({minutes:.1f} min, {stamp})",
@@ -117,9 +214,29 @@ def render(rows: list[dict[str, Any]], minutes: float) -> str:
                      f"{mib(full)} | {err(q)}, {err(h)} |")
     lines += ["", "The projection is the driver's memory now plus the steps still to store at "
               "the bytes a step cost so far; `memory_exhaustion` is said when it passes the "
-              "driver's limit (its memory cgroup's, counted as the cgroup's usage, else the "
-              "host's), with the capacity that keeps it under 90 % of it. No job here was run "
-              "into a real limit.", ""]
+              "driver's limit (its memory cgroup's, weighed against the group's anonymous memory, "
+              "else the host's), or while the group OOM-kills during the fill, with the "
+              "capacity that keeps it under 85 % of it as projected.", ""]
+    k = killed
+    if k.get("limit_bytes"):
+        named, kill = k.get("named_at"), k.get("first_kill_at")
+        before = ("never named" if not named else "before any OOM kill" if not kill else
+                  f"{kill - named:.0f} s before the first OOM kill" if named < kill else
+                  f"{named - kill:.0f} s after the first OOM kill")
+        fits = (k.get("evidence") or {}).get("capacity_that_fits")
+        lines += [f"Into a real limit: the {k['obs_kib']} KiB job of {k['capacity']:,} steps in "
+                  f"a memory cgroup (v1) whose limit, set once a tenth was stored, was "
+                  f"{k['limit_bytes'] / 2**20:,.0f} MiB (its usage then plus half of what the "
+                  f"rest of the fill needs), watched {HOLD_S:g} s from then: "
+                  "`memory_exhaustion` was named "
+                  + (f"{named - k['limit_set_at']:.0f} s after the limit was set, at "
+                     f"{k.get('named_stored')} steps stored, {before}, and held in "
+                     f"{k.get('held')} of the {k.get('cycles')} cycles after" if named
+                     else before)
+                  + f"; the cgroup counted {k.get('oom_kills')} OOM kills"
+                  + (" (the driver was killed)" if k.get("killed_at") else
+                     " (the kernel killed the EnvRunner, which Ray restarted, not the driver)")
+                  + f"; the capacity it printed: {fits} env steps.", ""]
     return "\n".join(lines)
 
 

@@ -86,6 +86,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="attach replaywatch's RLlibProbe (its callbacks) serving there")
     p.add_argument("--obs-kib", type=int, default=0,
                    help="pad each observation with this many KiB of noise (0: CartPole's own)")
+    p.add_argument("--cgroup", default=None, metavar="DIR",
+                   help="join this cgroup (v1 memory, as root) before the cluster starts")
     p.add_argument("--no-rows", action="store_true",
                    help="write no result.json (a plain loop's default: Ray writes none)")
     args = p.parse_args(argv)
@@ -232,6 +234,9 @@ def write_row(path: Path, result: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.cgroup:  # before ray.init: the local cluster's processes join it with the driver
+        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
     if args.address:
         context = ray.init(address=args.address)
     else:

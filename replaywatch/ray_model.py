@@ -218,6 +218,8 @@ class RllibLive:
     limit_bytes: int | None = None  # what it may use: its memory cgroup's limit, else the host's
     limit_from: str | None = None  # "cgroup v1", "cgroup v2", "host"
     cgroup_usage_bytes: int | None = None  # what counts against a cgroup's limit
+    cgroup_anon_bytes: int | None = None  # ... of it anonymous: what cannot be reclaimed
+    oom_kills: int | None = None  # the cgroup's OOM kills so far
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

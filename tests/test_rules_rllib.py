@@ -884,26 +884,32 @@ def filling(per_step: int, limit: int, capacity: int = 8000, rate: float = 70.0,
         return RllibLive(t, "DQN", buffer_kind="EpisodeReplayBuffer", capacity=capacity,
                          env_steps_stored=stored, env_steps_added=stored, rss_bytes=used,
                          limit_bytes=limit, limit_from="cgroup v1" if cgroup else "host",
-                         cgroup_usage_bytes=used + 300 * MIB if cgroup else None)
+                         cgroup_usage_bytes=used + 300 * MIB if cgroup else None,
+                         cgroup_anon_bytes=used + 100 * MIB if cgroup else None,
+                         oom_kills=0 if cgroup else None)
     return live
 
 
 def test_a_driver_whose_buffer_will_not_fit_is_memory_exhaustion_with_the_capacity_that_fits(
         ) -> None:
     # 84 KB a step (a real DQN with 64 KiB observations), 8000 steps: 600 MiB + 641 MiB at
-    # capacity against a 1.4 GiB cgroup, whose usage also counts the cluster's 300 MiB.
-    limit = int(1.4 * 2**30)
+    # capacity against a 1.25 GiB cgroup, whose anonymous memory also counts the cluster's
+    # 100 MiB (and its usage 200 MiB of page cache more, which the kernel reclaims first).
+    limit = int(1.25 * 2**30)
     job = Job(live=filling(84_000, limit, cgroup=True))
     f = judged(job, 40.0)[Name.MEMORY_EXHAUSTION]
     ev = f.evidence
-    assert f.table == f"job:{JOB}" and ev["used_from"] == "cgroup usage"
+    assert f.table == f"job:{JOB}" and ev["used_from"] == "cgroup anon"
     assert ev["bytes_per_env_step"] == 84_000.0
-    assert ev["at_capacity_bytes"] == 900 * MIB + 8000 * 84_000
+    assert ev["at_capacity_bytes"] == 700 * MIB + 8000 * 84_000
     fits = ev["capacity_that_fits"]
-    assert 900 * MIB + fits * 84_000 <= 0.85 * limit < 900 * MIB + (fits + 1) * 84_000
+    assert 700 * MIB + fits * 84_000 <= 0.85 * limit < 700 * MIB + (fits + 1) * 84_000
     assert f"capacity'] to {fits} env steps" in f.fix
     assert ev["seconds_left"] is not None and ev["seconds_left"] > 0
-    assert "kills it" in f.summary
+    assert "kills a process of its memory cgroup" in f.summary and "limit reached in" in f.summary
+    # At the limit the words say so, not a time.
+    at_limit = judged(Job(live=filling(84_000, int(0.9 * 2**30), cgroup=True)), 40.0)
+    assert "at its limit now" in at_limit[Name.MEMORY_EXHAUSTION].summary
 
 
 def test_a_buffer_that_fits_a_full_one_and_a_job_without_the_probe_say_nothing() -> None:
@@ -911,5 +917,23 @@ def test_a_buffer_that_fits_a_full_one_and_a_job_without_the_probe_say_nothing()
     # Full at 8000 (t > 114 s): what it holds is what it will hold.
     assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 1 << 30)), 320.0)
     assert Name.MEMORY_EXHAUSTION not in judged(Job(), 40.0)
+    # A worker of its cgroup killed and restarted while the buffer fills: the projection
+    # swings with the worker's memory, the kills say the limit is hit; it stays named.
+    def killing(t: float) -> RllibLive:
+        live = filling(84_000, int(1.25 * 2**30), cgroup=True)(t)
+        kills = int(max(0.0, t - T0 - 20.0) // 5)
+        return dataclasses.replace(live, oom_kills=kills, cgroup_anon_bytes=(
+            live.cgroup_anon_bytes or 0) - (300 * MIB if kills % 2 else 0))
+    swung = judged(Job(live=killing), 65.0)[Name.MEMORY_EXHAUSTION]
+    assert swung.evidence["oom_kills_while_filling"] == 9 and "OOM-killed 9" in swung.summary
+    assert swung.evidence["at_capacity_bytes"] < swung.evidence["limit_bytes"]  # the swing
+    # A swing below where the fill was first measured: no step's bytes, still named.
+    def deeper(t: float) -> RllibLive:
+        live = killing(t)
+        return dataclasses.replace(live, cgroup_anon_bytes=(live.cgroup_anon_bytes or 0) - (
+            400 * MIB if live.oom_kills and live.oom_kills % 2 else 0))
+    deep = judged(Job(live=deeper), 65.0)[Name.MEMORY_EXHAUSTION]
+    assert deep.evidence["bytes_per_env_step"] is None and "OOM-killed 9" in deep.summary
+    assert deep.fix.startswith("Lower replay_buffer_config['capacity'] or raise")
     # Too short a fill to measure a step's bytes: 5 % of the capacity stored, 5 % more.
     assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 1 << 30)), 8.0)

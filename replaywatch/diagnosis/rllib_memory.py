@@ -14,9 +14,13 @@ fills; the bytes one env step costs are measured from them, as a Reverb table's 
     at capacity memory now + (capacity - stored now) x per step
     fits        stored now + (85 % of the limit - memory now) / per step, in env steps
 
-The memory is the cgroup's usage where the driver runs under a memory cgroup's limit (what
-the kernel kills on: a local cluster's processes share the driver's group), else the
-driver's resident memory against the host's memory. A real DQN with 64 KiB observations
+The memory is the cgroup's anonymous memory where the driver runs under a memory cgroup's
+limit (a local cluster's processes share the driver's group, and the kernel's OOM killer
+picks among them: in a real run it killed the EnvRunner, again and again, not the driver),
+else the driver's resident memory against the host's memory. Once the group OOM-kills while
+the buffer fills, the finding holds whatever the projection says: a killed worker's memory,
+back when Ray restarts it, swings what is measured (a real run's projection crossed the
+limit back and forth with its EnvRunner's 27 kills). A real DQN with 64 KiB observations
 (bench/RESULTS.md, "An RLlib driver's replay buffer") grew 82 KB a step, linearly; its
 projection from a quarter of the fill was 4.9 % under what it used once full, and 3.4 % with
 16 KiB observations.
@@ -44,7 +48,14 @@ def _in_cgroup(live: RllibLive) -> bool:
 
 
 def _used(live: RllibLive) -> int | None:
-    return live.cgroup_usage_bytes if _in_cgroup(live) else live.rss_bytes
+    """What the limit is weighed against: the cgroup's anonymous memory (its page cache is
+    reclaimed before anything is killed, and near the limit it shrinks as the buffer grows:
+    a real job's usage then gave 40 to 260 KiB a step for 82), else its usage, else the
+    driver's resident memory against the host's."""
+    if _in_cgroup(live):
+        return live.cgroup_anon_bytes if live.cgroup_anon_bytes is not None \
+            else live.cgroup_usage_bytes
+    return live.rss_bytes
 
 
 def _readings(job: RllibJob) -> list[RllibLive]:
@@ -75,24 +86,36 @@ def driver_at_capacity(job: RllibJob) -> dict[str, Any] | None:
     used_now, used_then = _used(now), _used(first)
     if grown < MIN_GROWTH_SHARE * capacity or used_now is None or used_then is None:
         return None
+    kills = [r.oom_kills for r in readings if r.oom_kills is not None]
+    killed = kills[-1] - kills[0] if len(kills) >= 2 else 0
     per_step = (used_now - used_then) / grown
-    if per_step <= 0:
+    if per_step <= 0 and not killed:
         return None
     limit = int(now.limit_bytes or 0)
-    at_capacity = used_now + (capacity - stored) * per_step
+    if per_step <= 0:
+        # A worker the kernel just killed took its memory with it: no step's bytes now, and
+        # the kills say the limit is hit.
+        per_step = float("nan")
+    measured = per_step == per_step  # not NaN
+    at_capacity = used_now + (capacity - stored) * per_step if measured else None
     span = now.observed_at - first.observed_at
     rate = grown / span if span > 0 else None
-    seconds_left = ((limit - used_now) / (per_step * rate)
-                    if rate and used_now < limit else 0.0 if used_now >= limit else None)
+    seconds_left = (0.0 if used_now >= limit or killed else
+                    (limit - used_now) / (per_step * rate) if rate and measured else None)
     return {"capacity": capacity, "env_steps_stored": stored, "used_bytes": used_now,
-            "used_from": "cgroup usage" if _in_cgroup(now) else "driver rss",
+            "used_from": ("driver rss" if not _in_cgroup(now) else "cgroup anon"
+                          if now.cgroup_anon_bytes is not None else "cgroup usage"),
+            "oom_kills": now.oom_kills,
+            # The kernel killed in the group while the buffer filled: the limit is being hit
+            # (a killed worker's memory, back when Ray restarts it, swings what is measured).
+            "oom_kills_while_filling": killed,
             "measured_since": first.observed_at,
             "limit_bytes": limit, "limit_from": now.limit_from,
-            "bytes_per_env_step": round(per_step, 1),
+            "bytes_per_env_step": round(per_step, 1) if measured else None,
             "measured_over_env_steps": grown, "measured_from_stored": first.env_steps_stored,
-            "at_capacity_bytes": int(at_capacity),
-            "capacity_that_fits": max(0, int(stored + (FITS_SHARE * limit - used_now)
-                                             / per_step)),
+            "at_capacity_bytes": None if at_capacity is None else int(at_capacity),
+            "capacity_that_fits": None if not measured else max(
+                0, int(stored + (FITS_SHARE * limit - used_now) / per_step)),
             "env_steps_added_per_s": None if rate is None else round(rate, 1),
             "seconds_left": None if seconds_left is None else round(seconds_left, 1),
             "buffer_kind": now.buffer_kind, "told_by": "RLlibProbe in the driver"}
@@ -101,20 +124,34 @@ def driver_at_capacity(job: RllibJob) -> dict[str, Any] | None:
 def is_driver_memory_exhausted(job: RllibJob, th: Thresholds) -> Finding | None:
     """The driver's replay buffer, filled to its capacity, takes it past its limit."""
     said = driver_at_capacity(job)
-    if said is None or said["at_capacity_bytes"] <= said["limit_bytes"]:
+    if said is None or (not said["oom_kills_while_filling"]
+                        and said["at_capacity_bytes"] <= said["limit_bytes"]):
         return None
+    where = ("the kernel then kills a process of its memory cgroup: the driver, and the job "
+             "with it, or a worker beside it in the group, restarted again and again (an "
+             "EnvRunner, in a real run)" if (said["limit_from"] or "").startswith("cgroup")
+             else "the host then runs out of memory")
+    if said["oom_kills_while_filling"]:
+        where += (f"; its cgroup has OOM-killed {said['oom_kills_while_filling']} time(s) while "
+                  "the buffer filled")
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     left = said["seconds_left"]
-    when = ("" if left is None else
-            f", in about {left / 60:.0f} min at {said['env_steps_added_per_s']:.0f} env steps/s")
-    summary = (f"The driver of RLlib job {job.job_id} will not hold its replay buffer: at "
-               f"its capacity of {said['capacity']} env steps it would use "
-               f"{gib(said['at_capacity_bytes'])} against its limit of "
-               f"{gib(said['limit_bytes'])} ({said['limit_from']}), "
-               f"{said['bytes_per_env_step'] / 1024:.1f} KiB a step as it filled; the kernel "
-               f"kills it, and the job with it{when}.")
-    fix = (f"Lower replay_buffer_config['capacity'] to {said['capacity_that_fits']} env steps "
-           f"(the driver then stays under {FITS_SHARE:.0%} of its limit), or raise the "
-           f"driver's limit above {gib(said['at_capacity_bytes'])}.")
+    when = ("" if left is None else ", at its limit now" if left <= 0 else
+            f", its limit reached in about {left / 60:.1f} min at "
+            f"{said['env_steps_added_per_s']:.0f} env steps/s")
+    at, fits = said["at_capacity_bytes"], said["capacity_that_fits"]
+    projected = ("" if at is None else
+                 f"at its capacity of {said['capacity']} env steps it would use {gib(at)} "
+                 f"against its limit of {gib(said['limit_bytes'])} ({said['limit_from']}), "
+                 f"{said['bytes_per_env_step'] / 1024:.1f} KiB a step as it filled{when}; ")
+    summary = (f"The driver of RLlib job {job.job_id} will not hold its replay buffer: "
+               f"{projected}{where}.")
+    fix = (f"Lower replay_buffer_config['capacity'] to {fits} env steps (the driver then "
+           f"stays under {FITS_SHARE:.0%} of its limit as projected), or raise the driver's "
+           f"limit above {gib(at)}." if fits is not None and at is not None else
+           "Lower replay_buffer_config['capacity'] or raise the group's memory limit: the "
+           "bytes a step could not be measured while the kernel kills in the group (a "
+           "killed worker's memory swings it); the capacity that fits is given once it is "
+           "measured again.")
     since = float(said["measured_since"])
     return job.finding(kinds.MEMORY_EXHAUSTION, summary, said, fix, since)

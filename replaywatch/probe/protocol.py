@@ -300,6 +300,8 @@ class Rllib:
     LIMIT_BYTES = "limit_bytes"
     LIMIT_FROM = "limit_from"  # "cgroup v1", "cgroup v2" or "host"
     CGROUP_USAGE_BYTES = "cgroup_usage_bytes"
+    CGROUP_ANON_BYTES = "cgroup_anon_bytes"  # what the OOM killer weighs: no page cache
+    OOM_KILLS = "oom_kills"
 
 
 class ResultKeys:

@@ -147,8 +147,8 @@ class RLlibProbe(Served):
         was so blocked out of those sampled; null where no learner thread runs in the driver
         (DQN; learners in Ray actors). rss_bytes, limit_bytes, limit_from, cgroup_usage_bytes:
         the driver's resident memory, where the buffer lives, and what it may use (its
-        memory cgroup's limit and usage, or the host's memory), read as a ReplayProbe reads
-        its own.
+        memory cgroup's limit, usage, anonymous memory and OOM kills, or the host's memory),
+        read as a ReplayProbe reads its own.
         """
         algorithm = self._algorithm
         with self._lock:
@@ -161,7 +161,8 @@ class RLlibProbe(Served):
                     Rllib.ROW: row, Rllib.BUFFER: _buffer(algorithm),
                     Rllib.LEARNER_QUEUE: _queue(algorithm, waited, watched),
                     Rllib.RSS_BYTES: rss_of(os.getpid()), Rllib.LIMIT_BYTES: limit.bytes,
-                    Rllib.LIMIT_FROM: limit.source, Rllib.CGROUP_USAGE_BYTES: limit.usage})
+                    Rllib.LIMIT_FROM: limit.source, Rllib.CGROUP_USAGE_BYTES: limit.usage,
+                    Rllib.CGROUP_ANON_BYTES: limit.anon, Rllib.OOM_KILLS: limit.oom_kills})
         doc.update(thread_counts())
         return doc
 

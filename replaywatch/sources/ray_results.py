@@ -265,7 +265,9 @@ def live_from_probe(doc: dict[str, Any]) -> RllibLive:
         limit_bytes=_int(_number(doc.get(Rllib.LIMIT_BYTES))),
         limit_from=_one_line(source) if isinstance(source := doc.get(Rllib.LIMIT_FROM), str)
         else None,
-        cgroup_usage_bytes=_int(_number(doc.get(Rllib.CGROUP_USAGE_BYTES))))
+        cgroup_usage_bytes=_int(_number(doc.get(Rllib.CGROUP_USAGE_BYTES))),
+        cgroup_anon_bytes=_int(_number(doc.get(Rllib.CGROUP_ANON_BYTES))),
+        oom_kills=_int(_number(doc.get(Rllib.OOM_KILLS))))
 
 
 def _bool(value: Any) -> bool | None:
