@@ -212,18 +212,23 @@ def test_a_learner_call_within_its_window_is_not_yet_stalled() -> None:
     assert Name.LEARNER_STALLED not in judged(dqn_learner_hung(), 215.0)
 
 
-def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalled() -> None:
-    # The APPO learner actor hangs: iterations and rows go on, EnvRunners sample, the
-    # learner's counter stops and the learner group drops what it cannot send: nearly all.
-    h = 200.0
-    appo = Job(algo="APPO", iteration_s=10.0,
+def appo_learner_hung(h: float = 200.0, **kw: Any) -> Job:
+    """APPO whose learner trains nothing from `h` on while iterations go on and EnvRunners
+    sample."""
+    return Job(algo="APPO", iteration_s=10.0,
                iterations=lambda t: math.floor(reported(t - T0) / 10),
                steps=lambda t: 1800.0 * reported(t - T0),
                sampled=lambda n, t: 140.0 * reported(t - T0),
                trained=lambda t: 280.0 * reported(min(t, T0 + h) - T0) + 1000,
-               calls=lambda t: [],
-               row_extra=lambda at: {"learner_group_ts_dropped_lifetime":
-                                     max(0.0, at - T0 - h) * 250.0})
+               calls=lambda t: [], **kw)
+
+
+def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalled() -> None:
+    # The APPO learner actor hangs: iterations and rows go on, EnvRunners sample, the
+    # learner's counter stops and the learner group drops what it cannot send: nearly all.
+    h = 200.0
+    appo = appo_learner_hung(h, row_extra=lambda at: {"learner_group_ts_dropped_lifetime":
+                                                      max(0.0, at - T0 - h) * 250.0})
     found = judged(appo, 320.0)
     f = found[Name.LEARNER_STALLED]
     assert f.severity is Severity.CRITICAL and f.evidence["calls"] == []
@@ -237,14 +242,7 @@ def test_appo_samples_flowing_while_the_learner_trains_nothing_is_learner_stalle
 
 
 def appo_learner_stalled(live: RllibLive | None) -> Finding:
-    h = 200.0
-    appo = Job(algo="APPO", iteration_s=10.0,
-               iterations=lambda t: math.floor(reported(t - T0) / 10),
-               steps=lambda t: 1800.0 * reported(t - T0),
-               sampled=lambda n, t: 140.0 * reported(t - T0),
-               trained=lambda t: 280.0 * reported(min(t, T0 + h) - T0) + 1000,
-               calls=lambda t: [], live=lambda t: live)
-    return judged(appo, 320.0)[Name.LEARNER_STALLED]
+    return judged(appo_learner_hung(live=lambda t: live), 320.0)[Name.LEARNER_STALLED]
 
 
 def test_an_rllib_probe_tells_a_starved_learner_thread_from_one_hung_in_its_update() -> None:
