@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 
 from replaywatch.bundle_store import BundleStore
 from replaywatch.config import RATE_WINDOW_S
-from replaywatch.diagnosis.cycle import Inputs, Key, judge_cycle
+from replaywatch.diagnosis.cycle import Inputs, Key, judge_cycle, with_job_peers
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.evidence import Evidence
+from replaywatch.fleet import jobs_of
 from replaywatch.history import History
 from replaywatch.incidents import IncidentLog
 from replaywatch.model import Finding
@@ -58,8 +59,7 @@ class FindingsKeeper:
         self._bundles = bundles
         self._active: dict[Key, Finding] = {}
         self._resumed = False
-        # Rules that raised, each logged once: a bug in one rule costs its finding, not the
-        # cycle, and must not fill the log at every poll.
+        # Rules that raised, each logged once: a rule's bug must not fill the log each poll.
         self._rule_errors_logged: set[str] = set()
         # A restarted sidecar knows nothing for a while (a target_down needs several failed
         # polls, a stall a whole window): until then a resumed incident is held open.
@@ -107,8 +107,8 @@ class FindingsKeeper:
             self._resume(now)
         targets = self._targets()
         open_by_target = _by_target(self._active.values())
-        inputs = {t: self._inputs(history, t, probes, now, open_by_target.get(t, ()))
-                  for t, probes in targets.items()}
+        inputs = with_job_peers({t: self._inputs(history, t, probes, now, open_by_target.get(
+            t, ())) for t, probes in targets.items()}, jobs_of(sources.values()))
         self.rhythms.save(now)
         verdict = judge_cycle(inputs, self._active, now)
         self._held = set() if now >= self._hold_until else self._held - verdict.diagnosed

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.model import Finding, Severity
-from replaywatch.state import Published
+from replaywatch.state import Published, SourceStatus
 
 JOB_LABEL = "job"
 
@@ -50,8 +51,13 @@ class FleetJob:
 
 def job_of_targets(state: Published) -> dict[str, str]:
     """Each target's job: the `job` label its sources carry, else the target itself."""
+    return jobs_of(state.sources.values())
+
+
+def jobs_of(sources: Iterable[SourceStatus]) -> dict[str, str]:
+    """Each target's job, from its sources' `job` labels (else the target itself)."""
     jobs: dict[str, str] = {}
-    for s in state.sources.values():
+    for s in sources:
         label = dict(s.labels).get(JOB_LABEL)
         if label:
             jobs[s.target] = label

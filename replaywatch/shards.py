@@ -2,10 +2,12 @@
 is I modulo N, so N sidecars given the same list (flags or a targets file) poll every target
 exactly once between them, each with 1/N of the work.
 
-The hash is MD5 of the target's name (a Reverb target's HOST:PORT as written, a Ray target's
-dashboard URL), read as a big-endian integer: the same on every host and every Python, with no
-seed (Python's hash() changes per process). A probe follows its target, so a job's server and
-its probes are judged by the one sidecar that owns the server. Each sidecar exports how many
+The hash is MD5 of the target's job where it has one (its `job` label: the servers a job
+shards its experience over are judged against each other, so one sidecar owns them all), else
+of its name (a Reverb target's HOST:PORT as written, a Ray target's dashboard URL), read as a
+big-endian integer: the same on every host and every Python, with no seed (Python's hash()
+changes per process). A probe follows its target, so a job's servers and their probes are
+judged by the one sidecar that owns them. Each sidecar exports how many
 targets of the list it owns and how many it leaves to the others (`replaywatch_targets`), and
 its shard (`replaywatch_shard_index`, `replaywatch_shard_count`): summed over the shards,
 the owned count equals the list's size only when every shard runs with the same N and the
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from collections.abc import Mapping
 
 from replaywatch.errors import ConfigError
 
@@ -31,8 +34,9 @@ class Shard:
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
-    def owns(self, target: str) -> bool:
-        return owner(target, self.count) == self.index
+    def owns(self, key: str) -> bool:
+        """Whether this shard polls the targets hashed by `key` (a job, else a target)."""
+        return owner(key, self.count) == self.index
 
 
 def parse_shard(spec: str) -> Shard:
@@ -47,9 +51,9 @@ def parse_shard(spec: str) -> Shard:
     return Shard(index, count)
 
 
-def owner(target: str, count: int) -> int:
-    """The shard (0 to count-1) that polls `target`."""
-    digest = hashlib.md5(target.encode(), usedforsecurity=False).digest()
+def owner(key: str, count: int) -> int:
+    """The shard (0 to count-1) that polls the targets hashed by `key`."""
+    digest = hashlib.md5(key.encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[:8], "big") % count
 
 
@@ -70,8 +74,9 @@ class Sharding:
         self.shard = shard
         self.counts = ShardCounts(shard, 0, 0)
 
-    def keep(self, targets: set[str]) -> set[str]:
-        """The targets of the list this shard owns; counts both sides."""
-        owned = {t for t in targets if self.shard.owns(t)}
+    def keep(self, targets: Mapping[str, str]) -> set[str]:
+        """The targets of the list (each with the key it is hashed by: its job, else
+        itself) this shard owns; counts both sides."""
+        owned = {t for t, key in targets.items() if self.shard.owns(key)}
         self.counts = ShardCounts(self.shard, len(owned), len(targets) - len(owned))
         return owned

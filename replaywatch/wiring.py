@@ -25,6 +25,7 @@ from replaywatch.bundle_store import BundleMaker, BundleStore, default_directory
 from replaywatch.config import RayTarget, WatchConfig, default_db_path
 from replaywatch.errors import ConfigError
 from replaywatch.findings import FindingsKeeper
+from replaywatch.fleet import JOB_LABEL
 from replaywatch.history import COARSE_EVERY_S, History
 from replaywatch.incidents import IncidentLog
 from replaywatch.kubernetes_sd import KubePods
@@ -217,10 +218,11 @@ def plan_targets(config: WatchConfig, static: list[SourceBinding]) -> TargetsPla
 
 
 def sharded(plan: TargetsPlan, sharding: Sharding) -> TargetsPlan:
-    """The plan with only the targets this shard owns, and their probes (a probe's target is
-    its server), at start and at each reload."""
+    """The plan with only the targets this shard owns (a job's servers together), and their
+    probes (a probe's target is its server), at start and at each reload."""
     def keep(bindings: list[SourceBinding]) -> list[SourceBinding]:
-        targets = {b.target for b in bindings}
+        # A job's servers are hashed by their job, so that one sidecar judges them together
+        targets = {b.target: dict(b.labels).get(JOB_LABEL) or b.target for b in bindings}
         owned = sharding.keep(targets)
         return [b for b in bindings if b.target in owned]
 

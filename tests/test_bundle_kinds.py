@@ -64,6 +64,9 @@ REPRODUCED_ELSEWHERE = {
     # tests/test_checkpoints.py replays each cycle that names them, on replay processes
     # whose probe was handed the server
     "restoring", "checkpoint_failed", "checkpoint_unrestorable", "restore_config_override",
+    # tests/test_repro_shards.py replays each cycle whose findings change, on servers of one
+    # job in a targets file
+    "shard_not_sampled", "waits_on_shard", "shard_config_differs",
     # An RLlib job's, judged by rules_rllib.judge_rllib on a Ray cluster's snapshots, not by
     # diagnose on a Reverb table: tests/test_rules_rllib.py holds them, on documents recorded
     # off real Ray jobs among others

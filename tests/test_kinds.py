@@ -14,6 +14,7 @@ from tests import test_rules_liveness as lv
 from tests import test_rules_memory as mm
 from tests import test_rules_queue as q
 from tests import test_rules_rllib as rl
+from tests import test_rules_shards as sh
 from tests import test_rules_stalls as st
 from tests import test_rules_startup as s
 from tests import test_rules_throughput as tp
@@ -79,7 +80,8 @@ def test_every_declared_kind_is_produced_by_some_rule_case() -> None:
                                 *s.STARTUP_CASES, *s.STARTUP_VIEW_CASES,
                                 *q.QUEUE_CASES, *tp.THROUGHPUT_CASES, *w.WINDOW_CASES,
                                 *mm.MEMORY_CASES, *mm.LEAK_CASES, *h.HEALTH_CASES,
-                                *rl.RLLIB_CASES, *ck.CHECKPOINT_CASES]}
+                                *rl.RLLIB_CASES, *ck.CHECKPOINT_CASES,
+                                *sh.SHARD_CASES]}
     assert expected - {None} == set(BY_NAME)
 
 

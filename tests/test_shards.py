@@ -42,9 +42,19 @@ def test_each_target_has_one_owner_the_same_everywhere_and_the_shards_balance() 
 def test_sharding_keeps_the_owned_targets_and_counts_both_sides() -> None:
     sharding = Sharding(Shard(1, 2))
     targets = {f"h:{p}" for p in range(8000, 8010)}
-    kept = sharding.keep(targets)
+    kept = sharding.keep({t: t for t in targets})
     assert kept == {t for t in targets if owner(t, 2) == 1}
     assert (sharding.counts.owned, sharding.counts.others) == (len(kept), 10 - len(kept))
+
+
+def test_a_jobs_servers_are_owned_together_by_the_shard_its_job_hashes_to() -> None:
+    # a job sharded over ten servers is judged as one (rules_shards): one sidecar polls all
+    jobs = {f"h:{p}": "pong" if p < 8010 else f"h:{p}" for p in range(8000, 8020)}
+    kept = [Sharding(Shard(i, 2)).keep(jobs) for i in (0, 1)]
+    pong = {t for t, j in jobs.items() if j == "pong"}
+    mine = owner("pong", 2)
+    assert pong <= kept[mine] and not pong & kept[1 - mine]
+    assert kept[0] | kept[1] == set(jobs) and not kept[0] & kept[1]
 
 
 @pytest.mark.parametrize("spec", ["2/2", "1/0", "-1/2", "a/b", "1", "1/2/3", ""])

@@ -27,6 +27,11 @@
     description: 'The rate limiter of table {{ $labels.table }} on {{ $labels.target }} refuses samples and no actor inserts: the actors are dead, stuck or too slow, and the learner waits. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
   },
   {
+    kind: 'shard_not_sampled',
+    summary: 'A shard nobody samples: {{ $labels.target }} table {{ $labels.table }}',
+    description: 'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} and nothing samples it, while the other servers of its job are sampled. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',
+  },
+  {
     kind: 'insert_blocked',
     summary: 'Inserts blocked at max_diff, sampling stopped: {{ $labels.target }} table {{ $labels.table }}',
     description: 'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} and the learner draws nothing: the learner stopped consuming. Evidence and the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.',

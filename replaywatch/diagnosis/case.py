@@ -16,6 +16,7 @@ from replaywatch.diagnosis.ratelimiter import cursor
 from replaywatch.diagnosis.rhythm import Window
 from replaywatch.diagnosis.stacks import StackVerdict
 from replaywatch.diagnosis.thresholds import Thresholds
+from replaywatch.diagnosis.window import PeerTable
 from replaywatch.model import Finding, ProbeSnapshot, TableSnapshot
 
 Probe = tuple[ProbeSnapshot, ...]
@@ -41,6 +42,9 @@ class TableCase:
     # When its counters last moved, as its rhythms saw it: a rest longer than the view holds
     # (a learner living on a deep pipeline's fill) is still proven.
     rested_since: float | None = None
+    # Its job's other servers' tables of this name, when the job shards (diagnosis/peers.py).
+    job: str | None = None
+    peers: tuple[PeerTable, ...] = ()
 
     @property
     def latest(self) -> TableSnapshot:

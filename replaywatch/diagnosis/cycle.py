@@ -22,6 +22,7 @@ from replaywatch.diagnosis.engine import diagnose
 from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Transition, reconcile
+from replaywatch.diagnosis.peers import with_peers
 from replaywatch.diagnosis.rules_rllib import judge_rllib
 from replaywatch.diagnosis.rules_throughput import held_baselines
 from replaywatch.diagnosis.stacks import StackVerdict
@@ -102,6 +103,15 @@ def with_held_baselines(inputs: Inputs) -> TargetView:
     held = {f.table: held_baselines(f.evidence) for f in inputs.active_before
             if f.kind == Name.THROUGHPUT_DROP and f.table}
     return dataclasses.replace(inputs.view, held_baselines=held) if held else inputs.view
+
+
+def with_job_peers(inputs: Mapping[str, Inputs], jobs: Mapping[str, str]) -> dict[str, Inputs]:
+    """Each Reverb target of a job sharded over several servers, its view given the others'
+    tables (peers.with_peers): before the cycle is judged, so that a bundle of one target
+    carries what its verdict was made from."""
+    views = with_peers({t: i.view for t, i in inputs.items() if i.ray is None}, jobs)
+    return {t: i if i.ray is not None or views[t] is i.view
+            else dataclasses.replace(i, view=views[t]) for t, i in inputs.items()}
 
 
 def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now: float,

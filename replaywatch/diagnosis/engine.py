@@ -130,7 +130,8 @@ def diagnose(view: TargetView, thresholds: Thresholds, now: float,
         case = TableCase(view.target, history, tuple(probes), now,
                          actors=tuple(actors.get(name, ())), stacks=(stacks or {}).get(name),
                          declared_layout=layout, came_back_at=came_back and came_back[0],
-                         came_back_how=came_back and came_back[1])
+                         came_back_how=came_back and came_back[1], job=view.job,
+                         peers=tuple(p for p in view.peers if p.name == name))
         window = sw.table_window(view, case, th)
         case = dataclasses.replace(case, window=window,
                                    rested_since=sw.rested_since(view, name))

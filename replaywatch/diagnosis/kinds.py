@@ -118,6 +118,31 @@ INSERT_BLOCKED = Kind(
            'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} '
            'and the learner draws nothing: the learner stopped consuming. Evidence and the '
            'fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.'))
+SHARD_NOT_SAMPLED = Kind(
+    Name.SHARD_NOT_SAMPLED, Severity.CRITICAL, needs_probe=False,
+    meaning="A job shards its experience over several servers (one `job` label): this "
+            "server's inserts wait at `max_diff` and nothing samples it, while the job's other "
+            "servers go on being sampled. The learner does not read this server (its datasets "
+            "list the others; said when the table was never sampled), or its reader of this "
+            "server (a dataset, or a learner of its own) hangs or died while the others go on.",
+    fix="Make the learner read every shard (a dataset per server address, interleaved), or "
+        "stop writing to this one; where it read it before, find its reader's stack.",
+    supersedes=(Name.INSERT_BLOCKED,),
+    alert=('A shard nobody samples: {{ $labels.target }} table {{ $labels.table }}',
+           'Actors wait at max_diff on table {{ $labels.table }} of {{ $labels.target }} and '
+           'nothing samples it, while the other servers of its job are sampled. Evidence and '
+           'the fix: GET /api/v1/findings on the sidecar {{ $labels.instance }}.'))
+WAITS_ON_SHARD = Kind(
+    Name.WAITS_ON_SHARD, Severity.WARNING, needs_probe=False,
+    meaning="A job shards its experience over several servers: this server's inserts wait at "
+            "`max_diff` and nothing samples any of the job's servers, while another server of "
+            "the job lets no sample through (below `min_size_to_sample`, or its cursor at "
+            "`min_diff`) and takes no inserts. A learner that reads its shards in turn waits "
+            "on that one; a learner that stopped reads the same from Reverb, and the "
+            "learner's stack tells them apart.",
+    fix="Fix the shard it waits on (its own finding says why its inserts stopped); this "
+        "server is sampled again when the learner is.",
+    supersedes=(Name.INSERT_BLOCKED,))
 WRITER_STALLED = Kind(
     Name.WRITER_STALLED, Severity.CRITICAL, needs_probe=True,
     meaning="An actor has been inside a Reverb writer call (`create_item`, `flush`, "
@@ -351,6 +376,18 @@ RESTORE_CONFIG_OVERRIDE = Kind(
             "blocks sampling with the inserts it waits for.",
     fix="Start on a directory without that checkpoint to run the code's settings, or write "
         "the served settings into the code to keep the items.")
+SHARD_CONFIG_DIFFERS = Kind(
+    Name.SHARD_CONFIG_DIFFERS, Severity.WARNING, needs_probe=False,
+    meaning="A job shards its experience over several servers (one `job` label) and a table "
+            "of the same name is not the same table on all of them: a rate limiter "
+            "(`samples_per_insert`, `min_size_to_sample`, `min_diff`, `max_diff`), `max_size`, "
+            "`max_times_sampled`, sampler or remover differs. Named on the servers whose "
+            "setting is not the one most of them serve (on each of them when no value is), "
+            "each differing setting with its value here and on the others. The job's replay "
+            "ratio is then a mix of the shards', not the one its code asks for.",
+    fix="Start every shard from the same `reverb.Table` (one code path, one config); a "
+        "server restored from a checkpoint serves the checkpoint's settings "
+        "(restore_config_override).")
 MEMORY_LEAK = Kind(
     Name.MEMORY_LEAK, Severity.WARNING, needs_probe=False,
     meaning="The replay server's memory rose through five minutes or more while every table "
@@ -484,12 +521,12 @@ WARMUP = Kind(
 # Precedence, worst first.
 ALL: tuple[Kind, ...] = (
     WORKER_STARVATION, LEARNER_STALLED, WARMUP_IMPOSSIBLE, WRITER_STALLED, SAMPLE_BLOCKED,
-    INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM, PRIORITY_UPDATES_REJECTED, RLLIB_ACTOR_DOWN,
-    ENV_RUNNER_STALLED, DRIVER_STALLED,
-    TARGET_DOWN, PROBE_DOWN, DEADLOCK_RISK, MEMORY_EXHAUSTION, CHECKPOINT_FAILED,
-    CHECKPOINT_UNRESTORABLE, RESTORE_CONFIG_OVERRIDE, MEMORY_LEAK, PRIORITY_COLLAPSE,
-    PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE, ENV_STEPS_DROPPED, SPI_DRIFT,
-    STALE_DATA, THROUGHPUT_DROP,
+    SHARD_NOT_SAMPLED, INSERT_BLOCKED, BATCH_EXCEEDS_HEADROOM, PRIORITY_UPDATES_REJECTED,
+    RLLIB_ACTOR_DOWN, ENV_RUNNER_STALLED, DRIVER_STALLED,
+    TARGET_DOWN, PROBE_DOWN, WAITS_ON_SHARD, DEADLOCK_RISK, MEMORY_EXHAUSTION,
+    CHECKPOINT_FAILED, CHECKPOINT_UNRESTORABLE, RESTORE_CONFIG_OVERRIDE, SHARD_CONFIG_DIFFERS,
+    MEMORY_LEAK, PRIORITY_COLLAPSE, PRIORITIES_IGNORED, REPEATED_BATCHES, WASTED_EXPERIENCE,
+    ENV_STEPS_DROPPED, SPI_DRIFT, STALE_DATA, THROUGHPUT_DROP,
     TOO_MANY_THREADS,
     LEARNER_STARTING, CHECKPOINTING, RESTORING, RECONNECTING, SERVER_RESTARTED, DRAINED, WARMUP,
     DECLARED_PIPELINE_DIFFERS, IN_SECTION, PIPELINE_DRAINING,

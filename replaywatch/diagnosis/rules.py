@@ -18,6 +18,7 @@ shape):
     rules_memory     the replay process's memory against its limit
     rules_checkpoint checkpoints and restores, as the replay process's probe sees them
     rules_health     what the learner's replay does: its priorities
+    rules_shards     a job sharded over several servers, each judged against the others
     rules_rllib      RLlib jobs on a Ray cluster (Shape.RAY_JOB: judge_rllib runs them, the
                      engine never does)
 
@@ -42,6 +43,7 @@ from replaywatch.diagnosis import (
     rules_memory,
     rules_queue,
     rules_rllib,
+    rules_shards,
     rules_stalls,
     rules_startup,
     rules_throughput,
@@ -54,7 +56,7 @@ ALL: tuple[Rule, ...] = (*rules_stalls.RULES, *rules_learner.RULES, *rules_actor
                          *rules_config.RULES, *rules_liveness.RULES, *rules_startup.RULES,
                          *rules_queue.RULES, *rules_throughput.RULES, *rules_windows.RULES,
                          *rules_memory.RULES, *rules_checkpoint.RULES, *rules_health.RULES,
-                         *rules_rllib.RULES)
+                         *rules_shards.RULES, *rules_rllib.RULES)
 
 
 def _by_kind(registered: tuple[Rule, ...]) -> dict[Kind, Callable[..., Any]]:

@@ -230,7 +230,8 @@ def settings_of(t: DeclaredTable | TableSnapshot) -> dict[str, Any]:
             else None, "remover": remover, **_limiter(t)}
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_setting(a: Any, b: Any) -> bool:
+    """Two settings are the same (floats to a millionth: read back through protobuf)."""
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
     return bool(a == b)
@@ -251,7 +252,7 @@ def is_restore_config_override(view: TargetView, th: Thresholds, now: float
             continue
         served = points[-1]
         wrote, serves = settings_of(declared), settings_of(served)
-        changed = sorted(k for k in wrote if not _same(wrote[k], serves[k]))
+        changed = sorted(k for k in wrote if not same_setting(wrote[k], serves[k]))
         if changed:
             return _override(view, code, m, declared, served, changed, now)
     return None

@@ -48,6 +48,21 @@ class PollRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class PeerTable:
+    """A table of the same name on another server of the same job (its experience sharded
+    over several servers that do not know each other), as that server's view held it: the
+    newest snapshot, and its counters since its last reset over the view's reach."""
+
+    target: str
+    latest: TableSnapshot
+    points: tuple[tuple[float, float, float], ...]  # (observed_at, inserts, samples)
+
+    @property
+    def name(self) -> str:
+        return self.latest.name
+
+
+@dataclasses.dataclass(frozen=True)
 class TargetView:
     """An immutable slice of one Reverb target's history for the diagnosis."""
 
@@ -70,6 +85,10 @@ class TargetView:
     rhythms: dict[str, Rhythm] = dataclasses.field(default_factory=dict)
     # The Reverb server's process memory and its limit, where its host could be read.
     memory: tuple[MemorySnapshot, ...] = ()
+    # Its job (the `job` label of a targets file or discovery) when it shards over several
+    # servers: the other servers' tables of the same names (diagnosis/peers.py).
+    job: str | None = None
+    peers: tuple[PeerTable, ...] = ()
 
     def fill(self, name: str) -> tuple[TableSnapshot, ...]:
         """A table's snapshots over its fill: the coarse copy (one per 10 s, over the

@@ -21,6 +21,7 @@ from replaywatch import bundle as bd
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Severity
+from replaywatch.poller import targets_of
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
@@ -89,7 +90,8 @@ def assert_replays(sidecar: Sidecar, state: Published) -> list[bd.Bundle]:
     """Each target's bundle of this cycle, through JSON, gives the verdict the sidecar
     published, byte for byte, and fits the bundle's size limit."""
     out = []
-    for target in sidecar.config.targets:
+    # Targets named by flags, else those a targets file (or discovery) bound
+    for target in sidecar.config.targets or sorted(targets_of(sidecar.poller.bindings)):
         text = bd.fit(sidecar.bundles.now(target))
         assert len(text.encode()) <= bd.MAX_BYTES
         b = bd.parse(text, f"bundle of {target}")
