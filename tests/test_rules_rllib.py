@@ -923,15 +923,23 @@ def test_a_buffer_that_fits_a_full_one_and_a_job_without_the_probe_say_nothing()
         return dataclasses.replace(live, oom_kills=kills, cgroup_anon_bytes=(
             live.cgroup_anon_bytes or 0) - (300 * MIB if kills % 2 else 0))
     swung = judged(Job(live=killing), 65.0)[Name.MEMORY_EXHAUSTION]
-    assert swung.evidence["oom_kills_while_filling"] == 9 and "OOM-killed 9" in swung.summary
+    assert swung.evidence["oom_kills_in_look_back"] == 9 and "OOM-killed 9" in swung.summary
     assert swung.evidence["at_capacity_bytes"] < swung.evidence["limit_bytes"]  # the swing
-    # A swing below where the fill was first measured: no step's bytes, still named.
+    # A step's bytes are the driver's own growth, which a worker's kill does not swing.
     def deeper(t: float) -> RllibLive:
         live = killing(t)
         return dataclasses.replace(live, cgroup_anon_bytes=(live.cgroup_anon_bytes or 0) - (
             400 * MIB if live.oom_kills and live.oom_kills % 2 else 0))
     deep = judged(Job(live=deeper), 65.0)[Name.MEMORY_EXHAUSTION]
-    assert deep.evidence["bytes_per_env_step"] is None and "OOM-killed 9" in deep.summary
-    assert deep.fix.startswith("Lower replay_buffer_config['capacity'] or raise")
+    assert deep.evidence["bytes_per_env_step"] == 84_000.0 and "OOM-killed 9" in deep.summary
+    assert deep.evidence["step_bytes_from"] == "driver rss"
+    # Full, its group still killing the worker beside the driver: held, said as full.
+    full = judged(Job(live=killing), 300.0)[Name.MEMORY_EXHAUSTION]
+    assert full.evidence["full"] and "full at its capacity of 8000" in full.summary
+    assert full.evidence["oom_kills_in_look_back"] > 0
+    # Full with no kill in the look-back: it fits; nothing.
+    def stopped(t: float) -> RllibLive:
+        return dataclasses.replace(killing(t), oom_kills=3)
+    assert Name.MEMORY_EXHAUSTION not in judged(Job(live=stopped), 300.0)
     # Too short a fill to measure a step's bytes: 5 % of the capacity stored, 5 % more.
     assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 1 << 30)), 8.0)

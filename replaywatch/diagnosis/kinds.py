@@ -345,8 +345,9 @@ MEMORY_EXHAUSTION = Kind(
             "three, keeps enough removed items alive to take the process past its limit "
             "(cause `checkpoint`: Reverb holds what it copied until the write ends). On "
             "RLlib, the driver whose replay buffer, filled to its capacity, takes it past "
-            "its limit (an env step's bytes measured as it fills; needs the RLlibProbe; the "
-            "capacity given fits under 85% of the limit as projected).",
+            "its limit, or whose cgroup OOM-kills while it fills or once it is full (an env "
+            "step's bytes measured from the driver's memory as it fills; needs the "
+            "RLlibProbe; the capacity given fits under 85% of the limit as projected).",
     fix="Lower `max_size` (RLlib: `replay_buffer_config['capacity']`) to the value given "
         "(it fits under 90% of the limit), or raise the limit to the value given.")
 CHECKPOINT_FAILED = Kind(

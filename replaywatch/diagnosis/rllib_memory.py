@@ -14,13 +14,16 @@ fills; the bytes one env step costs are measured from them, as a Reverb table's 
     at capacity memory now + (capacity - stored now) x per step
     fits        stored now + (85 % of the limit - memory now) / per step, in env steps
 
-The memory is the cgroup's anonymous memory where the driver runs under a memory cgroup's
-limit (a local cluster's processes share the driver's group, and the kernel's OOM killer
-picks among them: in a real run it killed the EnvRunner, again and again, not the driver),
-else the driver's resident memory against the host's memory. Once the group OOM-kills while
-the buffer fills, the finding holds whatever the projection says: a killed worker's memory,
-back when Ray restarts it, swings what is measured (a real run's projection crossed the
-limit back and forth with its EnvRunner's 27 kills). A real DQN with 64 KiB observations
+An env step's bytes are the driver's resident memory's growth: the buffer is the driver's.
+What is weighed against the limit is the cgroup's anonymous memory where the driver runs under
+a memory cgroup's limit (a local cluster's processes share the driver's group, and the
+kernel's OOM killer picks among them: in a real run it killed the EnvRunner, again and again,
+not the driver), else the driver's resident memory against the host's memory. The group's
+memory is no measure of a step: a killed worker's memory leaves it and comes back when Ray
+restarts the worker (a real run measured 100 to 650 KiB a step from it for 80). While the
+group OOM-kills (a kill within the look-back), the finding holds whatever the projection
+says, the buffer filling or full: a full buffer whose group keeps killing the workers beside
+the driver is the same memory that does not fit. A real DQN with 64 KiB observations
 (bench/RESULTS.md, "An RLlib driver's replay buffer") grew 82 KB a step, linearly; its
 projection from a quarter of the fill was 4.9 % under what it used once full, and 3.4 % with
 16 KiB observations.
@@ -58,6 +61,12 @@ def _used(live: RllibLive) -> int | None:
     return live.rss_bytes
 
 
+def _step_bytes(live: RllibLive) -> int | None:
+    """What an env step's bytes are measured from: the driver's resident memory, where the
+    buffer lives (else what the limit is weighed against)."""
+    return live.rss_bytes if live.rss_bytes is not None else _used(live)
+
+
 def _readings(job: RllibJob) -> list[RllibLive]:
     out = []
     for s in job.history:
@@ -76,39 +85,46 @@ def driver_at_capacity(job: RllibJob) -> dict[str, Any] | None:
         return None
     now = readings[-1]
     capacity, stored = int(now.capacity or 0), int(now.env_steps_stored or 0)
-    if stored >= capacity:
-        return None  # full: it evicts; what it holds is what it will hold
-    fill = [r for r in readings if (r.env_steps_stored or 0) >= MIN_SHARE * capacity]
-    if len(fill) < 2 or fill[0].capacity != now.capacity:
-        return None
-    first = fill[0]
-    grown = stored - int(first.env_steps_stored or 0)
-    used_now, used_then = _used(now), _used(first)
-    if grown < MIN_GROWTH_SHARE * capacity or used_now is None or used_then is None:
-        return None
     kills = [r.oom_kills for r in readings if r.oom_kills is not None]
     killed = kills[-1] - kills[0] if len(kills) >= 2 else 0
-    per_step = (used_now - used_then) / grown
+    full = stored >= capacity
+    if full and not killed:
+        return None  # full: it evicts; what it holds is what it will hold, and it fits
+    fill = [r for r in readings if (r.env_steps_stored or 0) >= MIN_SHARE * capacity
+            and r.env_steps_stored != capacity]
+    if fill and fill[0].capacity != now.capacity:
+        return None
+    first = fill[0] if fill else now
+    last = fill[-1] if fill else now
+    grown = int(last.env_steps_stored or 0) - int(first.env_steps_stored or 0)
+    used_now, then, later = _used(now), _step_bytes(first), _step_bytes(last)
+    if used_now is None or (not killed and (
+            grown < MIN_GROWTH_SHARE * capacity or then is None or later is None)):
+        return None
+    per_step = ((later - then) / grown if grown >= MIN_GROWTH_SHARE * capacity
+                and then is not None and later is not None else 0.0)
     if per_step <= 0 and not killed:
         return None
     limit = int(now.limit_bytes or 0)
     if per_step <= 0:
-        # A worker the kernel just killed took its memory with it: no step's bytes now, and
-        # the kills say the limit is hit.
+        # Full before the look-back, or no fill long enough in it: no step's bytes now,
+        # and the kills say the limit is hit.
         per_step = float("nan")
     measured = per_step == per_step  # not NaN
-    at_capacity = used_now + (capacity - stored) * per_step if measured else None
-    span = now.observed_at - first.observed_at
+    at_capacity = used_now + max(0, capacity - stored) * per_step if measured else None
+    span = last.observed_at - first.observed_at
     rate = grown / span if span > 0 else None
     seconds_left = (0.0 if used_now >= limit or killed else
                     (limit - used_now) / (per_step * rate) if rate and measured else None)
-    return {"capacity": capacity, "env_steps_stored": stored, "used_bytes": used_now,
+    return {"capacity": capacity, "env_steps_stored": stored, "full": full,
+            "used_bytes": used_now,
             "used_from": ("driver rss" if not _in_cgroup(now) else "cgroup anon"
                           if now.cgroup_anon_bytes is not None else "cgroup usage"),
             "oom_kills": now.oom_kills,
             # The kernel killed in the group while the buffer filled: the limit is being hit
             # (a killed worker's memory, back when Ray restarts it, swings what is measured).
-            "oom_kills_while_filling": killed,
+            "oom_kills_in_look_back": killed,
+            "step_bytes_from": "driver rss" if now.rss_bytes is not None else "limit's",
             "measured_since": first.observed_at,
             "limit_bytes": limit, "limit_from": now.limit_from,
             "bytes_per_env_step": round(per_step, 1) if measured else None,
@@ -122,36 +138,44 @@ def driver_at_capacity(job: RllibJob) -> dict[str, Any] | None:
 
 
 def is_driver_memory_exhausted(job: RllibJob, th: Thresholds) -> Finding | None:
-    """The driver's replay buffer, filled to its capacity, takes it past its limit."""
+    """The driver's replay buffer, filled to its capacity, takes it past its limit; or its
+    memory cgroup OOM-kills while the buffer fills or once it is full."""
     said = driver_at_capacity(job)
-    if said is None or (not said["oom_kills_while_filling"]
-                        and said["at_capacity_bytes"] <= said["limit_bytes"]):
+    killed = said["oom_kills_in_look_back"] if said is not None else 0
+    if said is None or (not killed and said["at_capacity_bytes"] <= said["limit_bytes"]):
         return None
     where = ("the kernel then kills a process of its memory cgroup: the driver, and the job "
              "with it, or a worker beside it in the group, restarted again and again (an "
              "EnvRunner, in a real run)" if (said["limit_from"] or "").startswith("cgroup")
              else "the host then runs out of memory")
-    if said["oom_kills_while_filling"]:
-        where += (f"; its cgroup has OOM-killed {said['oom_kills_while_filling']} time(s) while "
-                  "the buffer filled")
+    if killed:
+        span = job.now - job.history[0].observed_at
+        where += f"; its cgroup OOM-killed {killed} time(s) in the last {span:.0f} s"
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     left = said["seconds_left"]
     when = ("" if left is None else ", at its limit now" if left <= 0 else
             f", its limit reached in about {left / 60:.1f} min at "
             f"{said['env_steps_added_per_s']:.0f} env steps/s")
     at, fits = said["at_capacity_bytes"], said["capacity_that_fits"]
-    projected = ("" if at is None else
-                 f"at its capacity of {said['capacity']} env steps it would use {gib(at)} "
-                 f"against its limit of {gib(said['limit_bytes'])} ({said['limit_from']}), "
-                 f"{said['bytes_per_env_step'] / 1024:.1f} KiB a step as it filled{when}; ")
+    step = ("" if said["bytes_per_env_step"] is None else
+            f", {said['bytes_per_env_step'] / 1024:.1f} KiB a step as it filled")
+    if said["full"]:
+        projected = (f"full at its capacity of {said['capacity']} env steps, its group uses "
+                     f"{gib(said['used_bytes'])} against its limit of "
+                     f"{gib(said['limit_bytes'])} ({said['limit_from']}){step}; ")
+    else:
+        projected = ("" if at is None else
+                     f"at its capacity of {said['capacity']} env steps it would use {gib(at)} "
+                     f"against its limit of {gib(said['limit_bytes'])} "
+                     f"({said['limit_from']}){step}{when}; ")
     summary = (f"The driver of RLlib job {job.job_id} will not hold its replay buffer: "
                f"{projected}{where}.")
     fix = (f"Lower replay_buffer_config['capacity'] to {fits} env steps (the driver then "
            f"stays under {FITS_SHARE:.0%} of its limit as projected), or raise the driver's "
-           f"limit above {gib(at)}." if fits is not None and at is not None else
-           "Lower replay_buffer_config['capacity'] or raise the group's memory limit: the "
-           "bytes a step could not be measured while the kernel kills in the group (a "
-           "killed worker's memory swings it); the capacity that fits is given once it is "
-           "measured again.")
+           f"limit above {gib(max(at, said['limit_bytes']))}."
+           if fits is not None and at is not None else
+           "Lower replay_buffer_config['capacity'] or raise the group's memory limit: an env "
+           "step's bytes were not measured over the look-back (the buffer filled before it); "
+           "the capacity that fits is given while it fills.")
     since = float(said["measured_since"])
     return job.finding(kinds.MEMORY_EXHAUSTION, summary, said, fix, since)
