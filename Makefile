@@ -33,7 +33,7 @@ TEST_WORKERS ?= 4
 # build the monitoring mixin (dashboards/mixin/).
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium docker-compose jsonnet
 
-.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-rllib-probe-cost bench-rllib-memory bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet bench-ray-reads system-deps venv launchpad-venv rllib-venv clean
+.PHONY: demo test test-memory test-ray test-fast lint typecheck bench bench-grid bench-grid-shapes bench-grid-fixes bench-long bench-bundles bench-memory bench-batch-stats bench-waste bench-rhythms bench-rllib-ratio bench-rllib-cost bench-rllib-probe-cost bench-rllib-memory bench-rllib-waste bench-poll-deadline bench-checkpoints bench-checkpoint-memory bench-fleet bench-ray-reads system-deps venv launchpad-venv rllib-venv clean
 
 venv: $(STAMP)
 
@@ -266,9 +266,16 @@ bench-rllib-probe-cost: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_cost --probe --results bench/RESULTS.md
 
 # Real DQN jobs with frame-sized observations: the driver's memory at its buffer's capacity,
-# projected from the RLlibProbe as the buffer fills, against what it used once full (~6 min).
+# projected from the RLlibProbe as the buffer fills, against what it used once full; then one
+# run into a real cgroup limit, and the capacity it printed run in that limit (~12 min).
 bench-rllib-memory: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_memory --results bench/RESULTS.md
+
+# Real DQN jobs at three replay ratios whose buffer counts the env steps it evicts never
+# sampled, against the sidecar's e^-s estimate; then the training_intensity it printed, run
+# (~8 min).
+bench-rllib-waste: $(STAMP) rllib-venv
+	$(PY) -m bench.rllib_waste --results bench/RESULTS.md
 
 # TF-Agents' DQN job that hangs, on the plain and the TF-Agents recipe, its server in-process
 # and over gRPC: every fix the sidecar prints applied and trained 300 steps under its watch

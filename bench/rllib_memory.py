@@ -37,6 +37,7 @@ from replaywatch.wiring import build_sidecar
 V1 = Path("/sys/fs/cgroup/memory")
 LIMITED = (64, 6_000)  # the shape run into a real limit: half its remaining fill's bytes
 HOLD_S = 150.0  # how long it is watched once its limit is set
+FULL_S = 60.0  # how long the printed capacity is watched once its buffer is full
 
 HEADING = "## An RLlib driver's replay buffer: its memory at capacity, projected as it fills"
 RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
@@ -141,6 +142,44 @@ def limited(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
     return out
 
 
+def printed(where: Path, obs_kib: int, capacity: int, limit: int) -> dict[str, Any]:
+    """The fix printed, run: the same job with the capacity `memory_exhaustion` gave, in a
+    memory cgroup with the same limit from its start, watched by a sidecar until its buffer
+    has been full for FULL_S: its OOM kills and the cycles the finding was said in."""
+    group = V1 / f"replaywatch-bench-{os.getpid()}-fits"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    job = Proc([*job_args(where, obs_kib, capacity), "--cgroup", str(group)],
+               stdout_path=where / "job.log", env={"OMP_NUM_THREADS": "1"})
+    out: dict[str, Any] = {"capacity": capacity, "limit_bytes": limit}
+    try:
+        announced = job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")
+        target = RayTarget(announced["dashboard_url"], temp_dir=str(where / "ray"),
+                           results=announced["rllib_probe"])
+        config = WatchConfig(targets=(), ray=(target,),
+                             poll=PollConfig(interval_s=1.0, timeout_s=3.0))
+        began, full_at, said = time.monotonic(), None, 0
+        with build_sidecar(config, incidents_path=str(where / "i.db")) as car:
+            while (time.monotonic() - began < 400 and job.popen.poll() is None
+                   and (full_at is None or time.monotonic() - full_at < FULL_S)):
+                t0 = time.monotonic()
+                state = car.poller.tick()
+                snap = state.ray.get(target.name)
+                live = snap.live if snap is not None else None
+                if full_at is None and live is not None and live.env_steps_stored is not None \
+                        and live.env_steps_stored >= capacity:
+                    full_at = time.monotonic()
+                said += any(f.kind == Name.MEMORY_EXHAUSTION for f in state.findings)
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+        out.update(full=full_at is not None, oom_kills=_oom_kills(group), said=said,
+                   driver_died=job.popen.poll() is not None,
+                   peak_bytes=int((group / "memory.max_usage_in_bytes").read_text()))
+    finally:
+        job.kill()
+        _empty(group)
+    return out
+
+
 def _oom_kills(group: Path) -> int | None:
     for line in (group / "memory.oom_control").read_text().splitlines():
         if line.startswith("oom_kill "):
@@ -178,18 +217,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rwrm-", dir="/tmp") as tmp:
         killed = limited(Path(tmp), *LIMITED)
         print({k: v for k, v in killed.items() if k != "evidence"}, flush=True)
-    text = render(rows, killed, (time.monotonic() - began) / 60)
+    fits = (killed.get("evidence") or {}).get("capacity_that_fits")
+    fixed: dict[str, Any] = {}
+    if fits and killed.get("limit_bytes"):
+        with tempfile.TemporaryDirectory(prefix="rwrm-", dir="/tmp") as tmp:
+            fixed = printed(Path(tmp), LIMITED[0], int(fits), killed["limit_bytes"])
+            print(fixed, flush=True)
+    text = render(rows, killed, fixed, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
         args.results.write_text(replace_sections(args.results.read_text(), [text]))
     errors = [abs(a / r["full_bytes"] - 1) for r in rows for a, _ in r["projections"].values()]
     named, kill = killed.get("named_at"), killed.get("first_kill_at")
     named_first = named is not None and (kill is None or named < kill)
+    held = fixed.get("full") and fixed.get("oom_kills") == 0 and not fixed.get("said")
     return 0 if (errors and len(errors) == 2 * len(rows) and max(errors) <= 0.1
-                 and named_first) else 1
+                 and named_first and held) else 1
 
 
-def render(rows: list[dict[str, Any]], killed: dict[str, Any], minutes: float) -> str:
+def render(rows: list[dict[str, Any]], killed: dict[str, Any], fixed: dict[str, Any],
+           minutes: float) -> str:
     mib = lambda b: f"{b / 2**20:,.0f}"  # noqa: E731
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [f"{HEADING} ({minutes:.1f} min, {stamp})",
@@ -213,10 +260,11 @@ def render(rows: list[dict[str, Any]], killed: dict[str, Any], minutes: float) -
                      f"{'-' if q is None else mib(q[0])} | {'-' if h is None else mib(h[0])} | "
                      f"{mib(full)} | {err(q)}, {err(h)} |")
     lines += ["", "The projection is the driver's memory now plus the steps still to store at "
-              "the bytes a step cost so far; `memory_exhaustion` is said when it passes the "
-              "driver's limit (its memory cgroup's, weighed against the group's anonymous memory, "
-              "else the host's), or while the group OOM-kills during the fill, with the "
-              "capacity that keeps it under 85 % of it as projected.", ""]
+              "the bytes a step cost so far (the driver's resident memory's growth); "
+              "`memory_exhaustion` is said when it passes the driver's limit (its memory "
+              "cgroup's, weighed against the group's anonymous memory, else the host's), or "
+              "while the group OOM-kills (a kill within the look-back, the buffer filling or "
+              "full), with the capacity that keeps it under 85 % of it as projected.", ""]
     k = killed
     if k.get("limit_bytes"):
         named, kill = k.get("named_at"), k.get("first_kill_at")
@@ -237,6 +285,15 @@ def render(rows: list[dict[str, Any]], killed: dict[str, Any], minutes: float) -
                   + (" (the driver was killed)" if k.get("killed_at") else
                      " (the kernel killed the EnvRunner, which Ray restarted, not the driver)")
                   + f"; the capacity it printed: {fits} env steps.", ""]
+    if fixed:
+        lines += [f"The fix printed, run: the same job with a capacity of {fixed['capacity']:,} "
+                  f"env steps in a cgroup limited to {fixed['limit_bytes'] / 2**20:,.0f} MiB "
+                  "from its start, watched until its buffer had been full for "
+                  f"{FULL_S:g} s: " + ("full" if fixed.get("full") else "never full")
+                  + f", {fixed.get('oom_kills')} OOM kills, the group's peak "
+                  f"{fixed['peak_bytes'] / 2**20:,.0f} MiB, `memory_exhaustion` said in "
+                  f"{fixed.get('said')} cycles"
+                  + (" (the driver died)" if fixed.get("driver_died") else "") + ".", ""]
     return "\n".join(lines)
 
 
