@@ -271,9 +271,9 @@ bench-rllib-probe-cost: $(STAMP) rllib-venv
 bench-rllib-memory: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_memory --results bench/RESULTS.md
 
-# Real DQN jobs at three replay ratios whose buffer counts the env steps it evicts never
+# Real DQN jobs at four replay ratios, two shapes, whose buffer counts the env steps it evicts never
 # sampled, against the sidecar's e^-s estimate; then the training_intensity it printed, run
-# (~8 min).
+# (~11 min).
 bench-rllib-waste: $(STAMP) rllib-venv
 	$(PY) -m bench.rllib_waste --results bench/RESULTS.md
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.results_md import replace_sections
-from harness.procs import PYTHON, ROOT, Proc, free_port, get_json, wait_until
+from bench.rllib_venv import RLLIB_PY
+from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
 HEADING = "## Watching an RLlib job: its cost to the job"
 PROBE_HEADING = "## The RLlibProbe in an RLlib job: its cost to the job"
-RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
 CLK_TCK = 100.0
 
 

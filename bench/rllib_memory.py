@@ -13,7 +13,6 @@ row, each a job of its own.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.results_md import replace_sections
+from bench.rllib_venv import RLLIB_PY, bench_args
 from harness.cgroups import remove_group
-from harness.procs import ROOT, Proc
+from harness.procs import Proc
 from replaywatch.config import PollConfig, RayTarget, WatchConfig
 from replaywatch.diagnosis import rllib_job as rj
 from replaywatch.diagnosis.rllib_memory import driver_at_capacity
@@ -40,7 +40,6 @@ HOLD_S = 150.0  # how long it is watched once its limit is set
 FULL_S = 60.0  # how long the printed capacity is watched once its buffer is full
 
 HEADING = "## An RLlib driver's replay buffer: its memory at capacity, projected as it fills"
-RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
 SHAPES = ((16, 12_000), (64, 6_000))  # (observation KiB, capacity in env steps)
 
 
@@ -203,11 +202,8 @@ def _empty(group: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=None)
-    args = p.parse_args()
-    if not RLLIB_PY.exists():
-        print("no .venv-rllib (make rllib-venv): the RLlib bench cannot run")
+    args = bench_args(__doc__)
+    if args is None:
         return 2
     began, rows = time.monotonic(), []
     for obs_kib, capacity in SHAPES:

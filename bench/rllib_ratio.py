@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.results_md import replace_sections
-from harness.procs import ROOT, Proc
+from bench.rllib_venv import RLLIB_PY
+from harness.procs import Proc
 from replaywatch.diagnosis.rllib_ratio import RatioVerdict, RllibReplay, intensity_for, ratio
 
 HEADING = "## RLlib replay ratio"
-RLLIB_PY = ROOT / ".venv-rllib" / "bin" / "python"
 AGREE = 0.10
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import ray
+from ray.rllib.utils.replay_buffers.episode_replay_buffer import EpisodeReplayBuffer
 from ray.tune.registry import register_env
 from ray.tune.utils.util import SafeFallbackEncoder
 
@@ -58,6 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--learning-starts", type=int, default=500,
                    help="DQN: num_steps_sampled_before_learning_starts")
     p.add_argument("--replay-capacity", type=int, default=50_000, help="DQN")
+    p.add_argument("--count-samples", action="store_true",
+                   help="DQN: a uniform buffer that counts its evicted env steps never drawn "
+                        "(each iteration's line says them): a bench's ground truth")
     p.add_argument("--uniform-replay", action="store_true",
                    help="DQN: EpisodeReplayBuffer instead of the prioritized default")
     p.add_argument("--learner-queue-size", type=int, default=None, help="APPO")
@@ -170,6 +174,55 @@ def hanging_learner(base: type, after: int, step_s: float = 0.0,
     return HangingLearner
 
 
+class _Drawn:
+    """The buffer's generator, recording each index drawn over all the buffer's env steps:
+    a sample's start (uniform sampling draws `integers(len(_indices))` once per item)."""
+
+    def __init__(self, rng: Any, buffer: Any) -> None:
+        self._rng, self._buffer = rng, buffer
+
+    def integers(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._rng.integers(*args, **kwargs)
+        indices = self._buffer._indices
+        if len(args) == 1 and not kwargs and args[0] == len(indices):
+            self._buffer.drawn.add(indices[int(out)])
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rng, name)
+
+
+class CountedEpisodeReplayBuffer(EpisodeReplayBuffer):  # type: ignore[misc]
+    """A uniform EpisodeReplayBuffer that counts, as the bench's ground truth, the env steps
+    it evicted and how many of them were never drawn as a sample: what the sidecar can only
+    estimate from the buffer's counters. Named by its path ("__main__...": RLlib builds the
+    driver's buffer from a string whose name says EpisodeReplayBuffer)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rng = _Drawn(self.rng, self)
+        self.drawn: set[tuple[int, int]] = set()
+        self.lengths: dict[int, int] = {}
+        self.counted_evictions = 0
+        self.evicted_steps = self.evicted_never_drawn = 0
+
+    def add(self, episodes: Any) -> None:
+        before = self._num_episodes_evicted
+        # Lengths of what is stored now: an episode evicted by this add is one of these (or
+        # arrives and leaves in the same call, never drawn)
+        for i, eps in enumerate(self.episodes):
+            self.lengths[before + i] = len(eps)
+        super().add(episodes)
+        for i, eps in enumerate(self.episodes):
+            self.lengths[self._num_episodes_evicted + i] = len(eps)
+        for idx in range(self.counted_evictions, self._num_episodes_evicted):
+            n = self.lengths.pop(idx, 0)
+            self.evicted_steps += n
+            self.evicted_never_drawn += sum(1 for ts in range(n) if (idx, ts) not in self.drawn)
+            self.drawn -= {(idx, ts) for ts in range(n)}
+        self.counted_evictions = self._num_episodes_evicted
+
+
 def build_config(args: argparse.Namespace) -> Any:
     if args.algo == "dqn":
         from ray.rllib.algorithms.dqn import DQNConfig
@@ -178,10 +231,12 @@ def build_config(args: argparse.Namespace) -> Any:
         training: dict[str, Any] = dict(
             num_steps_sampled_before_learning_starts=args.learning_starts,
             replay_buffer_config={
-                "type": "EpisodeReplayBuffer" if args.uniform_replay
-                else "PrioritizedEpisodeReplayBuffer",
+                "type": "__main__.CountedEpisodeReplayBuffer" if args.count_samples
+                else "EpisodeReplayBuffer"
+                if args.uniform_replay else "PrioritizedEpisodeReplayBuffer",
                 "capacity": args.replay_capacity,
-                **({} if args.uniform_replay else {"alpha": 0.6, "beta": 0.4}),
+                **({} if args.uniform_replay or args.count_samples
+                   else {"alpha": 0.6, "beta": 0.4}),
             },
         )
         if args.training_intensity is not None:
@@ -274,9 +329,15 @@ def main(argv: list[str]) -> int:
         iteration += 1
         if not args.no_rows:
             write_row(logdir / "result.json", result)
-        print(json.dumps({"event": "iteration", "iteration": iteration,
-                          "time_this_iter_s": round(result.get("time_this_iter_s", 0.0), 3)}),
-              flush=True)
+        line = {"event": "iteration", "iteration": iteration,
+                "time_this_iter_s": round(result.get("time_this_iter_s", 0.0), 3)}
+        buffer = getattr(algo, "local_replay_buffer", None)
+        if args.count_samples and buffer is not None:
+            line.update(evicted_steps=buffer.evicted_steps,
+                        evicted_never_drawn=buffer.evicted_never_drawn,
+                        added=buffer.get_added_timesteps(),
+                        sampled=buffer.get_sampled_timesteps())
+        print(json.dumps(line), flush=True)
         if args.iterations and iteration >= args.iterations:
             break
         if args.seconds and time.monotonic() - start >= args.seconds:

@@ -943,3 +943,49 @@ def test_a_buffer_that_fits_a_full_one_and_a_job_without_the_probe_say_nothing()
     assert Name.MEMORY_EXHAUSTION not in judged(Job(live=stopped), 300.0)
     # Too short a fill to measure a step's bytes: 5 % of the capacity stored, 5 % more.
     assert Name.MEMORY_EXHAUSTION not in judged(Job(live=filling(84_000, 1 << 30)), 8.0)
+
+
+# -- wasted_experience: what the driver's replay buffer evicts never sampled -------------------
+
+def buffer_at(spi: float, capacity: int = 2000, rate: float = 400.0,
+              kind: str = "EpisodeReplayBuffer") -> Callable[[float], RllibLive]:
+    """A buffer filled at `rate` env steps/s, `spi` sampled per step added, read by its probe."""
+    def live(t: float) -> RllibLive:
+        added = int(rate * (t - T0))
+        return RllibLive(t, "DQN", buffer_kind=kind, capacity=capacity,
+                         env_steps_stored=min(capacity, added), env_steps_added=added,
+                         env_steps_sampled=int(spi * added))
+    return live
+
+
+CONF = {"train_batch_size_per_learner": 32, "num_learners": 0, "num_env_runners": 1,
+        "num_envs_per_env_runner": 1, "rollout_fragment_length": 8}
+
+
+def test_a_full_buffer_sampled_a_quarter_per_step_added_wastes_three_quarters() -> None:
+    job = Job(live=buffer_at(0.25), row_extra=lambda at: {**CONF, "training_intensity": 0.25})
+    f = judged(job, 120.0)[Name.WASTED_EXPERIENCE]
+    ev = f.evidence
+    assert ev["sampled_per_added"] == 0.25 and ev["never_sampled_share"] == round(
+        math.exp(-0.25), 4)
+    assert "78% of its env steps never sampled" in f.summary and "estimate" in f.summary
+    # rllib_ratio's weights for 0.92 with batch 32, fragment 8: 1 train of 32 per 4 stores
+    # of 8 samples 1.0 per step added, which RLlib's count of one sampler more calls 0.5
+    assert ev["training_intensity_fix"] == pytest.approx(0.5)
+    assert f.fix.startswith("Set training_intensity to 0.5: RLlib's rounded weights then "
+                            "sample 1 env steps per env step added, which leaves about 37%")
+    # A prioritized buffer wastes at least that: a floor
+    prio = judged(Job(live=buffer_at(0.25, kind="PrioritizedEpisodeReplayBuffer")), 120.0)
+    assert "at least 78%" in prio[Name.WASTED_EXPERIENCE].summary
+    # Without the configuration in a row, the ratio to reach
+    assert "at least 0.92 env steps per env step added" in prio[Name.WASTED_EXPERIENCE].fix
+
+
+@pytest.mark.parametrize("what,live,until", [
+    ("sampled once per step added: e^-1 = 37 %, under half", buffer_at(1.0), 120.0),
+    ("still filling", buffer_at(0.25, capacity=100_000), 120.0),
+    ("full for less than the SPI window", buffer_at(0.25, rate=40.0), 70.0),
+])
+def test_a_buffer_that_wastes_less_than_half_or_cannot_say_is_not_named(
+        what: str, live: Callable[[float], RllibLive], until: float) -> None:
+    assert Name.WASTED_EXPERIENCE not in judged(Job(live=live), until), what

@@ -430,10 +430,12 @@ WASTED_EXPERIENCE = Kind(
             "oldest-first table wastes e^-s at s samples per insert whatever its max_size; "
             "more is inserts in bursts longer than the table (a collect loop, actors "
             "inserting while the learner pauses), or on a prioritized table its priorities, "
-            "and it says which.",
+            "and it says which. On RLlib (with the RLlibProbe), estimated as e^-s from the "
+            "driver's replay buffer's env steps sampled per env step added while it stays "
+            "full (RLlib counts no step's draws; a floor on a prioritized buffer).",
     fix="Too few samples per insert: sample at least 1 per insert (a `SampleToInsertRatio` "
         "limiter) or insert less. Bursts: `max_size` above the burst it gives, or shorter "
-        "bursts.")
+        "bursts. RLlib: the training_intensity given.")
 IN_SECTION = Kind(
     Name.IN_SECTION, Severity.INFO, needs_probe=False,
     meaning="A learner (or every actor) is inside a section its code marks "

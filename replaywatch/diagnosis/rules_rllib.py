@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replaywatch.diagnosis import kinds, rllib_actors, rllib_memory, rllib_rates
+from replaywatch.diagnosis import kinds, rllib_actors, rllib_memory, rllib_rates, rllib_waste
 from replaywatch.diagnosis import rllib_job as rj
 from replaywatch.diagnosis import rllib_progress as rp
 from replaywatch.diagnosis.registry import Rule, Shape
@@ -372,6 +372,7 @@ SHARED = (
     Rule(kinds.SPI_DRIFT, rllib_rates.is_ratio_off, Shape.RAY_JOB),
     Rule(kinds.WARMUP, is_warmup, Shape.RAY_JOB),
     Rule(kinds.MEMORY_EXHAUSTION, rllib_memory.is_driver_memory_exhausted, Shape.RAY_JOB),
+    Rule(kinds.WASTED_EXPERIENCE, rllib_waste.is_buffer_wasted, Shape.RAY_JOB),
 )
 
 RULES = (
