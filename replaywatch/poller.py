@@ -29,8 +29,10 @@ log = logging.getLogger("replaywatch.poller")
 # Polls wait on sockets; what they compute (decoding the answers) holds the GIL. With 544
 # sources (32 servers, 512 probes) 32 threads polled every cycle in 371 ms at 0.39 of a core
 # and /metrics answered in 43 ms p99; 64 or 128 threads took 402 ms, 0.42 of a core and 62 to
-# 72 ms p99 (bench/fleet.py): more runnable threads, longer GIL queues. A poll that hangs holds
-# its thread to its deadline, so up to about 30 hung targets at once leave the others on time.
+# 72 ms p99 (bench/fleet.py): more runnable threads, longer GIL queues. 16 threads brought
+# /metrics to 37 ms p99 (42 with a server stopped) but the cycles to 528 ms p50 (774 with the
+# server stopped, 4 of 60 late). A poll that hangs holds its thread to its deadline, so up to
+# about 30 hung targets at once leave the others on time.
 POLL_THREADS_MAX = 32
 # A poll that took this share of its deadline ran into it: the source is not waited on next.
 SLOW_SHARE = 0.9
