@@ -43,12 +43,13 @@ def with_peers(views: Mapping[str, TargetView], jobs: Mapping[str, str]
     for job, targets in members.items():
         if len(targets) < 2:
             continue
+        # Each server's tables once, handed to each of its N-1 peers
+        read = {t: {name: p for name, snaps in views[t].tables.items()
+                    if (p := peer_table(t, snaps)) is not None} for t in targets}
         for target in targets:
             view = views[target]
-            peers = tuple(p for other in sorted(targets) if other != target
-                          for name in sorted(view.tables)
-                          if (snaps := views[other].tables.get(name))
-                          and (p := peer_table(other, snaps)) is not None)
+            peers = tuple(read[other][name] for other in sorted(targets) if other != target
+                          for name in sorted(view.tables) if name in read[other])
             out[target] = dataclasses.replace(view, job=job, peers=peers)
     return out
 

@@ -37,8 +37,15 @@ def _fresh(case: TableCase, th: Thresholds) -> list[PeerTable]:
     return [p for p in case.peers if case.now - p.latest.observed_at <= th.stall_window_s]
 
 
-def _blocked(stalls: tuple[Finding, ...]) -> Finding | None:
-    return next((f for f in stalls if f.kind == Name.INSERT_BLOCKED), None)
+def _rested(case: TableCase, th: Thresholds, stalls: tuple[Finding, ...]
+            ) -> tuple[float, float, list[PeerTable]] | None:
+    """Where insert_blocked proved this table rests: since when, the moment the peers are
+    counted from (pr.cycle_start), and the fresh peers polled before it; None without it."""
+    blocked = next((f for f in stalls if f.kind == Name.INSERT_BLOCKED), None)
+    if blocked is None:
+        return None
+    start = pr.cycle_start(case.history, blocked.since)
+    return blocked.since, start, [p for p in _fresh(case, th) if pr.covers(p, start)]
 
 
 def is_shard_not_sampled(case: TableCase, th: Thresholds, stalls: tuple[Finding, ...]
@@ -46,12 +53,11 @@ def is_shard_not_sampled(case: TableCase, th: Thresholds, stalls: tuple[Finding,
     """Actors wait at max_diff on this shard and nothing samples it, while the job's learner
     (or learners) samples its other shards over the same span: whatever reads the job's
     replay does not read this server any more, or never did."""
-    blocked = _blocked(stalls)
-    if blocked is None:
+    rested = _rested(case, th, stalls)
+    if rested is None:
         return None
-    since = blocked.since
-    start = pr.cycle_start(case.history, since)
-    drawn = {p.target: pr.samples_in(p, start) for p in _fresh(case, th) if pr.covers(p, start)}
+    since, start, peers = rested
+    drawn = {p.target: pr.samples_in(p, start) for p in peers}
     sampled = {t: n for t, n in drawn.items() if n > 0}
     if not sampled:
         return None
@@ -85,26 +91,20 @@ def is_shard_not_sampled(case: TableCase, th: Thresholds, stalls: tuple[Finding,
     return case.finding(kinds.SHARD_NOT_SAMPLED, summary, evidence, fix, since=since)
 
 
-def _holding(case: TableCase, th: Thresholds, since: float) -> list[PeerTable]:
-    """Peers that let no sample through and took no insert since `since`."""
-    return [p for p in _fresh(case, th) if pr.covers(p, since)
-            and not lim.can_sample(p.latest, 1) and pr.inserts_in(p, since) == 0]
-
-
 def is_waits_on_shard(case: TableCase, th: Thresholds, stalls: tuple[Finding, ...]
                       ) -> Finding | None:
     """Actors wait at max_diff here, nothing samples any server of the job, and one of them
     lets no sample through and takes no inserts: a learner that reads its shards in turn
     (zipped or interleaved datasets) waits on that one, and stops sampling this one too."""
-    blocked = _blocked(stalls)
-    if blocked is None:
+    rested = _rested(case, th, stalls)
+    if rested is None:
         return None
-    since = blocked.since
-    start = pr.cycle_start(case.history, since)
-    fresh = [p for p in _fresh(case, th) if pr.covers(p, start)]
-    if not fresh or any(pr.samples_in(p, start) > 0 for p in fresh):
+    since, start, peers = rested
+    if not peers or any(pr.samples_in(p, start) > 0 for p in peers):
         return None
-    holding = _holding(case, th, start)
+    # Peers that let no sample through and took no insert since
+    holding = [p for p in peers
+               if not lim.can_sample(p.latest, 1) and pr.inserts_in(p, start) == 0]
     if not holding:
         return None
     t = case.latest
