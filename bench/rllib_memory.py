@@ -13,11 +13,13 @@ row, each a job of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,10 @@ from replaywatch.diagnosis import rllib_job as rj
 from replaywatch.diagnosis.rllib_memory import driver_at_capacity
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Name
-from replaywatch.ray_model import RaySnapshot
+from replaywatch.ray_model import RaySnapshot, RllibLive
 from replaywatch.sources.ray_results import ResultProbe
-from replaywatch.wiring import build_sidecar
+from replaywatch.state import Published
+from replaywatch.wiring import Sidecar, build_sidecar
 
 V1 = Path("/sys/fs/cgroup/memory")
 LIMITED = (64, 6_000)  # the shape run into a real limit: half its remaining fill's bytes
@@ -86,58 +89,72 @@ def run(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
                             for share, s in at.items()}}
 
 
-def limited(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
-    """The job in a memory cgroup (v1, as root) whose limit, set once a tenth of the buffer
-    is stored, leaves room for half of what the rest of the fill needs; a sidecar watching it
-    through its probe (`--ray-results URL`) every second until the kernel kills it."""
-    group = V1 / f"replaywatch-bench-{os.getpid()}-rllib"
-    group.mkdir()
+@contextlib.contextmanager
+def watched(where: Path, obs_kib: int, capacity: int, group: Path
+            ) -> Iterator[tuple[Proc, Sidecar, str]]:
+    """The job in memory cgroup `group` (v1, as root; removed after), and a sidecar core
+    reading it through its probe (`--ray-results URL`), ticked by the caller: (the job, the
+    sidecar, the target's name)."""
     job = Proc([*job_args(where, obs_kib, capacity), "--cgroup", str(group)],
                stdout_path=where / "job.log", env={"OMP_NUM_THREADS": "1"})
-    out: dict[str, Any] = {"obs_kib": obs_kib, "capacity": capacity}
     try:
         announced = job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")
         target = RayTarget(announced["dashboard_url"], temp_dir=str(where / "ray"),
                            results=announced["rllib_probe"])
         config = WatchConfig(targets=(), ray=(target,),
                              poll=PollConfig(interval_s=1.0, timeout_s=3.0))
-        th = Thresholds()
-        began = time.monotonic()
         with build_sidecar(config, incidents_path=str(where / "i.db")) as car:
-            held = cycles = 0
-            while (time.monotonic() - began < 600 and job.popen.poll() is None
-                   and time.monotonic() - out.get("limit_set_at", time.monotonic()) < HOLD_S):
-                t0 = time.monotonic()
-                state = car.poller.tick()
-                snap = state.ray.get(target.name)
-                live = snap.live if snap is not None else None
-                if live is not None and live.env_steps_stored is not None:
-                    out["stored"] = live.env_steps_stored
-                if "limit_bytes" not in out and live is not None and live.env_steps_stored \
-                        and live.env_steps_stored >= 0.1 * capacity:
-                    job_now = rj.read_job(target.name, car.history.ray(target.name), th,
-                                          time.time())
-                    said = driver_at_capacity(job_now) if job_now is not None else None
-                    if said is not None:
-                        usage = int((group / "memory.usage_in_bytes").read_text())
-                        out["limit_bytes"] = int(usage + 0.5 * (capacity - said[
-                            "env_steps_stored"]) * said["bytes_per_env_step"])
-                        (group / "memory.limit_in_bytes").write_text(str(out["limit_bytes"]))
-                        out["limit_set_at"] = time.monotonic()
-                found = [f for f in state.findings if f.kind == Name.MEMORY_EXHAUSTION]
-                if found and "named_at" not in out:
-                    out.update(named_at=time.monotonic(), named_stored=out.get("stored"),
-                               evidence=found[0].evidence, fix=found[0].fix)
-                if "named_at" in out:
-                    cycles, held = cycles + 1, held + bool(found)
-                if "first_kill_at" not in out and _oom_kills(group):
-                    out["first_kill_at"] = time.monotonic()
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
-        out["killed_at"] = time.monotonic() if job.popen.poll() is not None else None
-        out.update(oom_kills=_oom_kills(group), held=held, cycles=cycles)
+            yield job, car, target.name
     finally:
         job.kill()
         _empty(group)
+
+
+def tick(car: Sidecar, target: str) -> tuple[Published, RllibLive | None]:
+    """One cycle, a second apart from the last: the picture and the probe's reading."""
+    t0 = time.monotonic()
+    state = car.poller.tick()
+    snap = state.ray.get(target)
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+    return state, snap.live if snap is not None else None
+
+
+def limited(where: Path, obs_kib: int, capacity: int) -> dict[str, Any]:
+    """The job in a memory cgroup whose limit, set once a tenth of the buffer is stored,
+    leaves room for half of what the rest of the fill needs, watched every second until the
+    kernel kills it or HOLD_S after the limit."""
+    group = V1 / f"replaywatch-bench-{os.getpid()}-rllib"
+    group.mkdir()
+    out: dict[str, Any] = {"obs_kib": obs_kib, "capacity": capacity}
+    th = Thresholds()
+    began = time.monotonic()
+    held = cycles = 0
+    with watched(where, obs_kib, capacity, group) as (job, car, target):
+        while (time.monotonic() - began < 600 and job.popen.poll() is None
+               and time.monotonic() - out.get("limit_set_at", time.monotonic()) < HOLD_S):
+            state, live = tick(car, target)
+            if live is not None and live.env_steps_stored is not None:
+                out["stored"] = live.env_steps_stored
+            if "limit_bytes" not in out and live is not None and live.env_steps_stored \
+                    and live.env_steps_stored >= 0.1 * capacity:
+                job_now = rj.read_job(target, car.history.ray(target), th, time.time())
+                said = driver_at_capacity(job_now) if job_now is not None else None
+                if said is not None:
+                    usage = int((group / "memory.usage_in_bytes").read_text())
+                    out["limit_bytes"] = int(usage + 0.5 * (capacity - said[
+                        "env_steps_stored"]) * said["bytes_per_env_step"])
+                    (group / "memory.limit_in_bytes").write_text(str(out["limit_bytes"]))
+                    out["limit_set_at"] = time.monotonic()
+            found = [f for f in state.findings if f.kind == Name.MEMORY_EXHAUSTION]
+            if found and "named_at" not in out:
+                out.update(named_at=time.monotonic(), named_stored=out.get("stored"),
+                           evidence=found[0].evidence, fix=found[0].fix)
+            if "named_at" in out:
+                cycles, held = cycles + 1, held + bool(found)
+            if "first_kill_at" not in out and _oom_kills(group):
+                out["first_kill_at"] = time.monotonic()
+        out["killed_at"] = time.monotonic() if job.popen.poll() is not None else None
+        out.update(oom_kills=_oom_kills(group), held=held, cycles=cycles)
     return out
 
 
@@ -148,34 +165,19 @@ def printed(where: Path, obs_kib: int, capacity: int, limit: int) -> dict[str, A
     group = V1 / f"replaywatch-bench-{os.getpid()}-fits"
     group.mkdir()
     (group / "memory.limit_in_bytes").write_text(str(limit))
-    job = Proc([*job_args(where, obs_kib, capacity), "--cgroup", str(group)],
-               stdout_path=where / "job.log", env={"OMP_NUM_THREADS": "1"})
     out: dict[str, Any] = {"capacity": capacity, "limit_bytes": limit}
-    try:
-        announced = job.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")
-        target = RayTarget(announced["dashboard_url"], temp_dir=str(where / "ray"),
-                           results=announced["rllib_probe"])
-        config = WatchConfig(targets=(), ray=(target,),
-                             poll=PollConfig(interval_s=1.0, timeout_s=3.0))
-        began, full_at, said = time.monotonic(), None, 0
-        with build_sidecar(config, incidents_path=str(where / "i.db")) as car:
-            while (time.monotonic() - began < 400 and job.popen.poll() is None
-                   and (full_at is None or time.monotonic() - full_at < FULL_S)):
-                t0 = time.monotonic()
-                state = car.poller.tick()
-                snap = state.ray.get(target.name)
-                live = snap.live if snap is not None else None
-                if full_at is None and live is not None and live.env_steps_stored is not None \
-                        and live.env_steps_stored >= capacity:
-                    full_at = time.monotonic()
-                said += any(f.kind == Name.MEMORY_EXHAUSTION for f in state.findings)
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+    began, full_at, said = time.monotonic(), None, 0
+    with watched(where, obs_kib, capacity, group) as (job, car, target):
+        while (time.monotonic() - began < 400 and job.popen.poll() is None
+               and (full_at is None or time.monotonic() - full_at < FULL_S)):
+            state, live = tick(car, target)
+            if full_at is None and live is not None and live.env_steps_stored is not None \
+                    and live.env_steps_stored >= capacity:
+                full_at = time.monotonic()
+            said += any(f.kind == Name.MEMORY_EXHAUSTION for f in state.findings)
         out.update(full=full_at is not None, oom_kills=_oom_kills(group), said=said,
                    driver_died=job.popen.poll() is not None,
                    peak_bytes=int((group / "memory.max_usage_in_bytes").read_text()))
-    finally:
-        job.kill()
-        _empty(group)
     return out
 
 
