@@ -77,6 +77,17 @@ def named(state: Published, kind: str) -> list[Finding]:
     return [f for f in state.findings if f.kind == kind]
 
 
+def run_until(sidecar: Sidecar, loops: list[Loop], *kinds: str
+              ) -> tuple[float | None, Published]:
+    """Ticks until every kind is named (10 s at most), then stops the job's loops: the
+    seconds it took (None: never) and the last picture."""
+    took = tick_until(sidecar, lambda s: all(named(s, k) for k in kinds), 10.0)
+    state = sidecar.store.current()
+    for loop in loops:
+        loop.stop()
+    return took, state
+
+
 def healthy_then(sidecar: Sidecar, loops: list[Loop]) -> None:
     """Two seconds (past the 1.5 s window) of the job training on every shard: nothing is
     paged."""
@@ -96,10 +107,7 @@ def test_a_shard_the_learner_stops_reading_is_shard_not_sampled(servers, tmp_pat
         both.stop()  # the learner's dataset on the second server is gone; the first goes on
         loops.append(one := reader(clients[:1]))
         one.start()
-        took = tick_until(sidecar, lambda s: bool(named(s, Name.SHARD_NOT_SAMPLED)), 10.0)
-        state = sidecar.store.current()
-        for loop in loops:
-            loop.stop()
+        took, state = run_until(sidecar, loops, Name.SHARD_NOT_SAMPLED)
     assert took is not None, [(f.target, f.kind) for f in state.findings]
     print(f"\nshard_not_sampled named {took:.2f} s after the learner stopped reading it")
     assert took <= DEADLINE_S + SLACK_S + 1.0  # + the second its actor takes to max_diff
@@ -117,10 +125,7 @@ def test_a_shard_never_read_says_the_learner_does_not_read_it(servers, tmp_path)
         loops = [actor(c) for c in clients] + [reader(clients[:1])]
         for loop in loops:
             loop.start()
-        took = tick_until(sidecar, lambda s: bool(named(s, Name.SHARD_NOT_SAMPLED)), 10.0)
-        state = sidecar.store.current()
-        for loop in loops:
-            loop.stop()
+        took, state = run_until(sidecar, loops, Name.SHARD_NOT_SAMPLED)
     assert took is not None, [(f.target, f.kind) for f in state.findings]
     f = named(state, Name.SHARD_NOT_SAMPLED)[0]
     assert f.target == addresses[1] and f.evidence["never_sampled"] is True
@@ -137,11 +142,7 @@ def test_a_shard_whose_actors_stop_holds_the_others_as_waits_on_shard(servers, t
         loops = [*feeding, reader(clients)]
         healthy_then(sidecar, loops)
         feeding[1].stop()  # the second server's actors die: the learner waits on it
-        took = tick_until(sidecar, lambda s: bool(named(s, Name.WAITS_ON_SHARD))
-                          and bool(named(s, Name.SAMPLE_BLOCKED)), 10.0)
-        state = sidecar.store.current()
-        for loop in loops:
-            loop.stop()
+        took, state = run_until(sidecar, loops, Name.WAITS_ON_SHARD, Name.SAMPLE_BLOCKED)
     assert took is not None, [(f.target, f.kind) for f in state.findings]
     print(f"\nwaits_on_shard named {took:.2f} s after the second server's actor stopped")
     assert took <= DEADLINE_S + SLACK_S + 1.0
