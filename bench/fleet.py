@@ -4,16 +4,17 @@
 processes of 32, harness/probe_farm.py, each probe its own HTTP server taking a batch a
 second), 16 probes to a server, listed in one targets file (Prometheus file_sd, the probes as
 `__probe_url__`). One `replaywatch watch --targets-file` at 1 Hz, measured over `--seconds`:
-its CPU per cycle, its cycles' duration (p50, p99, max, from
+its CPU per cycle (its /metrics process's included), its cycles' duration (p50, p99, max, from
 replaywatch_poll_cycle_duration_seconds at each scrape), cycles that ran late, polls skipped as
-late, and /metrics' latency (a scrape about every cycle, drifting through its phases). Then
-two sidecars with --shard 0/2 and 1/2 on the same file: the targets each polls (its
-replaywatch_target_up series), whether every target is polled by exactly one, and their
-replaywatch_targets counts. A 33rd server runs in a process of its own, listed like the
-others; after the first measure it is stopped (SIGSTOP) for `--blocked-s` (60 s: what a server
-whose table lock a checkpoint holds is from outside) and the fleet measured again: late
-cycles, the other targets' skipped polls and their poll durations (each scrape's
-replaywatch_poll_duration_seconds), against the same figures before.
+late, and /metrics' latency (a scrape about every cycle, drifting through its phases) on its
+own port (--metrics-listen) and on the API's. Then two sidecars with --shard 0/2 and 1/2 on
+the same file: the targets each polls (its replaywatch_target_up series), whether every
+target is polled by exactly one, and their replaywatch_targets counts. A 33rd server runs
+in a process of its own, listed like the others; after the first measure it is stopped
+(SIGSTOP) for `--blocked-s` (60 s: what a server whose table lock a checkpoint holds is from
+outside) and the fleet measured again: late cycles, the other targets' skipped polls and
+their poll durations (each scrape's replaywatch_poll_duration_seconds), against the same
+figures before.
 
     python -m bench.fleet [--seconds 60] [--blocked-s 60] [--results bench/RESULTS.md]
 """
@@ -33,7 +34,7 @@ from typing import Any
 from bench.results_md import replace_sections
 from bench.scale import _metric, _scrape, cpu_seconds
 from bench.stats import percentile
-from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
+from harness.procs import PYTHON, Proc, descendants, free_port, get_json, wait_until
 
 HEADING = "## A fleet: 32 servers and 512 probes, one sidecar, then two shards"
 SERVERS, FARMS, PER_FARM = 32, 16, 32
@@ -61,35 +62,45 @@ def fleet(tmp: Path) -> tuple[list[Proc], Path, list[str], Proc, str]:
     return procs, listed, [*servers, blocked], alone, blocked
 
 
-def sidecar(tmp: Path, listed: Path, name: str, *flags: str) -> tuple[Proc, str]:
-    port = free_port()
+def sidecar(tmp: Path, listed: Path, name: str, *flags: str) -> tuple[Proc, str, str]:
+    """The sidecar, its API's base URL and its /metrics port's (--metrics-listen)."""
+    port, mport = free_port(), free_port()
     proc = Proc([PYTHON, "-m", "replaywatch", "watch", "--targets-file", str(listed), "--listen",
-                 f"127.0.0.1:{port}", "--db", str(tmp / f"{name}.db"), "--log-level", "warning",
-                 *flags], stdout_path=tmp / f"{name}.log")
+                 f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{mport}", "--db",
+                 str(tmp / f"{name}.db"), "--log-level", "warning", *flags],
+                stdout_path=tmp / f"{name}.log")
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: get_json(f"{base}/readyz", 5)[1].get("cycle", 0) >= 5, 300)
-    return proc, base
+    return proc, base, f"http://127.0.0.1:{mport}"
 
 
-def measure(base: str, pid: int, seconds: float, blocked: str) -> dict[str, Any]:
+def measure(base: str, own: str, pid: int, seconds: float, blocked: str) -> dict[str, Any]:
     """The sidecar over `seconds`; skipped polls and poll durations are the targets' other
-    than `blocked` (and their probes')."""
+    than `blocked` (and their probes'). Each round scrapes /metrics on its own port (`own`) and
+    on the API's, in turn first."""
     cycle0 = get_json(f"{base}/readyz")[1]["cycle"]
-    cpu0 = cpu_seconds(pid)
+    cpu0 = _cpu(pid)
     body = _scrape(base)
     late0 = _metric(body, "replaywatch_late_poll_cycles_total")
     skipped0 = _summed(body, "replaywatch_late_polls_total", blocked)
-    latencies, cycle_s, polls_s = [], [], []
+    latencies: list[float] = []
+    api_latencies: list[float] = []
+    cycle_s: list[float] = []
+    polls_s: list[float] = []
     began = time.monotonic()
     while time.monotonic() - began < seconds:
         time.sleep(1.05)  # drifts 50 ms a cycle: scrapes land at every phase of a cycle
-        t0 = time.perf_counter()
-        body = _scrape(base)
-        latencies.append(time.perf_counter() - t0)
+        rounds = [(own, latencies), (base, api_latencies)]
+        for where, into in rounds if len(cycle_s) % 2 else rounds[::-1]:
+            t0 = time.perf_counter()
+            got = _scrape(where)
+            into.append(time.perf_counter() - t0)
+            if where == own:
+                body = got
         cycle_s.append(_metric(body, "replaywatch_poll_cycle_duration_seconds"))
         polls_s += _values(body, "replaywatch_poll_duration_seconds", blocked)
     cycles = get_json(f"{base}/readyz")[1]["cycle"] - cycle0
-    return {"cycles": cycles, "cpu_s_per_cycle": (cpu_seconds(pid) - cpu0) / max(1, cycles),
+    return {"cycles": cycles, "cpu_s_per_cycle": (_cpu(pid) - cpu0) / max(1, cycles),
             "late_cycles": _metric(body, "replaywatch_late_poll_cycles_total") - late0,
             "skipped_polls": _summed(body, "replaywatch_late_polls_total", blocked) - skipped0,
             "others_poll_p50_ms": 1000 * statistics.median(polls_s),
@@ -100,7 +111,14 @@ def measure(base: str, pid: int, seconds: float, blocked: str) -> dict[str, Any]
             "cycle_p99_ms": 1000 * percentile(cycle_s, 0.99), "cycle_max_ms": 1000 * max(cycle_s),
             "metrics_p50_ms": 1000 * statistics.median(latencies),
             "metrics_p99_ms": 1000 * percentile(latencies, 0.99), "scrapes": len(latencies),
+            "api_metrics_p50_ms": 1000 * statistics.median(api_latencies),
+            "api_metrics_p99_ms": 1000 * percentile(api_latencies, 0.99),
             "metrics_bytes": len(body)}
+
+
+def _cpu(pid: int) -> float:
+    """The sidecar's CPU seconds and its /metrics process's."""
+    return sum(cpu_seconds(p) for p in (pid, *descendants(pid)))
 
 
 def _summed(body: bytes, name: str, but: str = "") -> float:
@@ -122,12 +140,12 @@ def shards(tmp: Path, listed: Path, servers: list[str]) -> dict[str, Any]:
     cars = [sidecar(tmp, listed, f"shard{i}", "--shard", f"{i}/2") for i in (0, 1)]
     try:
         time.sleep(3.0)
-        owned = [polled_targets(base) for _, base in cars]
+        owned = [polled_targets(base) for _, base, _ in cars]
         counts = [(_metric(_scrape(base), 'replaywatch_targets{state="owned"}'),
                    _metric(_scrape(base), 'replaywatch_targets{state="others"}'))
-                  for _, base in cars]
+                  for _, base, _ in cars]
     finally:
-        for proc, _ in cars:
+        for proc, _, _ in cars:
             proc.kill()
     every = set(servers)  # the blocked one's process is running again by now
     return {"owned": [len(o) for o in owned], "counts": counts, "servers": len(every),
@@ -148,15 +166,16 @@ def render(phases: dict[str, dict[str, Any]], split: dict[str, Any], minutes: fl
         "",
         "| phase | sources polled a cycle | CPU s per cycle (= cores at 1 Hz) | cycle p50 / p99 / "
         "max ms | late cycles | others' skipped polls | others' poll p50 / p99 / max ms "
-        "| /metrics p50 / p99 ms | /metrics bytes |",
-        "| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: |",
+        "| /metrics p50 / p99 ms, its own port | on the API's port | /metrics bytes |",
+        "| --- | ---: | ---: | --- | ---: | ---: | --- | --- | --- | ---: |",
         *(f"| {phase} | {one['polls_per_cycle']} | {one['cpu_s_per_cycle']:.3f} | "
           f"{one['cycle_p50_ms']:.0f} / {one['cycle_p99_ms']:.0f} / {one['cycle_max_ms']:.0f} | "
           f"{one['late_cycles']:.0f} of {one['cycles']} | {one['skipped_polls']:.0f} | "
           f"{one['others_poll_p50_ms']:.1f} / {one['others_poll_p99_ms']:.1f} / "
           f"{one['others_poll_max_ms']:.1f} | "
           f"{one['metrics_p50_ms']:.1f} / {one['metrics_p99_ms']:.1f} ({one['scrapes']} "
-          f"scrapes) | {one['metrics_bytes']:,} |" for phase, one in phases.items()),
+          f"scrapes) | {one['api_metrics_p50_ms']:.1f} / {one['api_metrics_p99_ms']:.1f} | "
+          f"{one['metrics_bytes']:,} |" for phase, one in phases.items()),
         "",
         "A cycle waits for each poll up to its deadline (0.8 of the interval) and a margin "
         "(what the interval leaves after it and 0.1 s); a source whose last poll ran into its "
@@ -182,13 +201,13 @@ def main() -> int:
         tmp = Path(tmp_name)
         procs, listed, servers, alone, blocked = fleet(tmp)
         try:
-            car, base = sidecar(tmp, listed, "one")
+            car, base, own = sidecar(tmp, listed, "one")
             try:
-                one = measure(base, car.pid, args.seconds, blocked)
+                one = measure(base, own, car.pid, args.seconds, blocked)
                 print(json.dumps(one))
                 alone.signal(signal.SIGSTOP)
                 try:
-                    held = measure(base, car.pid, args.blocked_s, blocked)
+                    held = measure(base, own, car.pid, args.blocked_s, blocked)
                 finally:
                     alone.signal(signal.SIGCONT)
                 print(json.dumps(held))

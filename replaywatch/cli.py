@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", help="watch a job and serve the API, /metrics and the page")
     _add_source_flags(watch)
     watch.add_argument("--listen", default="127.0.0.1:9321", metavar="HOST:PORT")
+    watch.add_argument("--metrics-listen", metavar="HOST:PORT",
+                       help="also serve /metrics from a process of its own on this address, "
+                            "its answer time independent of the sidecar's load (a fleet of "
+                            "hundreds of targets); --protect-metrics applies there too")
     watch.add_argument("--history", type=_positive_float, default=900.0, metavar="SECONDS",
                        help="history kept per table (default 900 = 15 minutes)")
     watch.add_argument("--db", metavar="PATH", help="incident log (SQLite) path")
@@ -223,6 +227,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
             protect_metrics=args.protect_metrics,
             protect_healthz=args.protect_healthz,
             max_in_flight=args.max_in_flight,
+            metrics_listen=(cfg.parse_listen(args.metrics_listen) if args.metrics_listen
+                            else None),
         )
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,

@@ -125,6 +125,9 @@ class ServeConfig:
     # Without a bound, clients that time out and retry against a slow sidecar pile up
     # abandoned requests, and memory grows with the backlog.
     max_in_flight: int = 256
+    # --metrics-listen: /metrics also served from a process of its own (metrics_port.py),
+    # whose answer time does not wait on the poller's interpreter lock.
+    metrics_listen: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:

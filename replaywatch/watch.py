@@ -23,6 +23,7 @@ from replaywatch.config import WatchConfig, is_loopback
 from replaywatch.errors import ConfigError
 from replaywatch.gc_pacing import GcPacing
 from replaywatch.metrics import make_registry, render_published
+from replaywatch.metrics_port import MetricsPort
 from replaywatch.state import Published
 from replaywatch.wiring import Sidecar, build_sidecar
 
@@ -38,11 +39,15 @@ def build_app(sidecar: Sidecar, cache: RenderCache) -> FastAPI:
                       extra_routers=(page.router,), bundles=sidecar.bundles, cache=cache)
 
 
-def warming(cache: RenderCache) -> Callable[[Published], None]:
+def warming(cache: RenderCache, port: MetricsPort | None = None
+            ) -> Callable[[Published], None]:
     """Renders /metrics on the poller's thread before each publish, so a scrape is a cache
-    hit and never renders (50 targets x 5 tables: ~9 ms of CPU, bench/render_cost.py)."""
+    hit and never renders (50 targets x 5 tables: ~9 ms of CPU, bench/render_cost.py); the
+    same body goes to the /metrics port's process, if there is one."""
     def warm(state: Published) -> None:
-        cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render_published(state))
+        body = cache.get(METRICS_CACHE_KEY, state.cycle, lambda: render_published(state))
+        if port is not None:
+            port.offer(body)
     return warm
 
 
@@ -71,17 +76,30 @@ def run_watch(config: WatchConfig, log_level: str = "info") -> int:
     # poller a few more thread switches a cycle.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     pacing, cache = GcPacing(), RenderCache()
-    with build_sidecar(config, before_publish=warming(cache),
+    listen = config.serve.metrics_listen
+    metrics_port = MetricsPort(_bind(*listen), config.serve) if listen else None
+    try:
+        _serve(config, log_level, pacing, cache, metrics_port)
+    finally:
+        if metrics_port is not None:
+            metrics_port.close()
+    return 0
+
+
+def _serve(config: WatchConfig, log_level: str, pacing: GcPacing, cache: RenderCache,
+           metrics_port: MetricsPort | None) -> None:
+    with build_sidecar(config, before_publish=warming(cache, metrics_port),
                        after_publish=lambda _: pacing.after_cycle(time.monotonic())
                        ) as sidecar:
         sock = _bind(config.serve.listen_host, config.serve.listen_port)
         app = build_app(sidecar, cache)
         pacing.start(time.monotonic())
+        if metrics_port is not None:
+            metrics_port.start()
         sidecar.start()
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
+        also = f"; /metrics also at {_url(*metrics_port.address)}metrics" if metrics_port else ""
         print(f"replaywatch: watching {', '.join(config.targets)}; serving "
-              f"http://{shown}:{port}/", file=sys.stderr, flush=True)
+              f"{_url(*sock.getsockname()[:2])}{also}", file=sys.stderr, flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
                                                timeout_graceful_shutdown=2,
                                                limit_concurrency=config.serve.max_in_flight))
@@ -90,7 +108,10 @@ def run_watch(config: WatchConfig, log_level: str = "info") -> int:
         # sidecar (poller, sources, incident log) is closed by the `with`.
         signal.signal(signal.SIGTERM, _exit_on_signal)
         server.run(sockets=[sock])
-    return 0
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from replaywatch.api import create_app
-from replaywatch.api.app import _token_ok
 from replaywatch.api.routes_health import METRICS_CACHE_KEY
+from replaywatch.bearer import token_ok as _token_ok
 from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.ratelimiter import derive
 from replaywatch.history import History

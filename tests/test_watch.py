@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,3 +114,37 @@ def test_sigterm_stops_the_sidecar_cleanly(
     proc, base = sidecar("--reverb", "127.0.0.1:9", "--db", str(tmp_path / "i.db"))
     proc.signal(signal.SIGTERM)
     assert proc.popen.wait(timeout=15) == 0
+
+
+def test_metrics_from_their_own_port_match_the_apis_and_end_with_the_sidecar(
+    sidecar: Callable[..., tuple[Proc, str]], tmp_path: Path
+) -> None:
+    mport = free_port()
+    proc, base = sidecar("--reverb", "127.0.0.1:9", "--interval", str(INTERVAL), "--db",
+                         str(tmp_path / "i.db"), "--metrics-listen", f"127.0.0.1:{mport}",
+                         "--protect-metrics", env={"REPLAYWATCH_TOKEN": "s3cret"})
+    url, auth = f"http://127.0.0.1:{mport}/metrics", {"Authorization": "Bearer s3cret"}
+    down = 'replaywatch_target_up{target="127.0.0.1:9"} 0.0'
+    text = wait_until(lambda: (r := get_text(url, 2, auth))[0] == 200 and down in r[1] and r[1],
+                      20)
+    api = get_text(f"{base}/metrics", 2, auth)[1]
+    # Both are the poller's render of a cycle: the same series, whichever cycle each caught.
+    assert _series(text) == _series(api)
+    assert get_text(url, 2)[0] == 401  # --protect-metrics holds on this port too
+    proc.popen.send_signal(signal.SIGKILL)
+    proc.popen.wait(timeout=10)
+    # The child holds the socket alone now; the pipe's end stops it and the port refuses.
+    wait_until(lambda: _refused(url), 10)
+
+
+def _series(exposition: str) -> set[str]:
+    return {line.rsplit(" ", 1)[0] for line in exposition.splitlines()
+            if line and not line.startswith("#")}
+
+
+def _refused(url: str) -> bool:
+    try:
+        get_text(url, 1)
+    except urllib.error.URLError as e:
+        return isinstance(e.reason, ConnectionRefusedError)
+    return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
@@ -24,22 +23,13 @@ from replaywatch.api import (
 from replaywatch.api.cache import RenderCache
 from replaywatch.api.deps import ApiError, IncidentReader
 from replaywatch.api.schemas import ErrorOut
+from replaywatch.bearer import CHALLENGE, SECURITY_HEADERS, token_ok
 from replaywatch.config import ServeConfig
 from replaywatch.history import History
 from replaywatch.state import StateStore
 
 MAX_REQUEST_BYTES = 64 * 1024  # every endpoint is a GET; nothing needs a body
 
-SECURITY_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-    ),
-    "Cache-Control": "no-store",
-}
 
 
 # Every route may answer these, always as {"error": "..."}; declared so that
@@ -152,10 +142,10 @@ class Guard:
         if length and (not length.isdigit() or int(length) > MAX_REQUEST_BYTES):
             refusal: Response | None = _error(413, f"request body over {MAX_REQUEST_BYTES} bytes")
         elif self._expected is not None and _needs_token(scope["path"], self._serve) and not (
-            _token_ok(headers.get("authorization", ""), self._expected)
+            token_ok(headers.get("authorization", ""), self._expected)
         ):
             refusal = _error(401, "missing or wrong bearer token")
-            refusal.headers["WWW-Authenticate"] = 'Bearer realm="replaywatch"'
+            refusal.headers["WWW-Authenticate"] = CHALLENGE
         else:
             refusal = None
 
@@ -171,9 +161,3 @@ class Guard:
             await refusal(scope, receive, send_secured)
         else:
             await self._app(scope, receive, send_secured)
-
-
-def _token_ok(header: str, expected: bytes) -> bool:
-    scheme, _, token = header.partition(" ")
-    # compare_digest runs in time independent of where the strings differ.
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected)
