@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from replaywatch.diagnosis.window import PollRecord, TargetView, last_reset_index
 from replaywatch.model import (
@@ -17,6 +17,8 @@ from replaywatch.model import (
     TableSnapshot,
 )
 from replaywatch.ray_model import RaySnapshot
+
+T = TypeVar("T")
 
 _SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
 COARSE_EVERY_S = 10.0  # the throughput baselines' bucket
@@ -37,11 +39,26 @@ def _append(points: collections.deque, item: Any, oldest: float,
         points.popleft()
 
 
+def _tail(points: Sequence[T], start: float, stamp: Callable[[Any], float] = _observed_at
+          ) -> tuple[T, ...]:
+    """The points at or after `start`, walked from the newest back. A view's window is a
+    minute or two of a history kept for fifteen; read from the oldest, the views of a fleet
+    (32 servers, 512 probes) scanned the whole history every cycle, and the cycle grew with
+    it."""
+    kept = []
+    for point in reversed(points):
+        if stamp(point) < start:
+            break
+        kept.append(point)
+    kept.reverse()
+    return tuple(kept)
+
+
 def _since(points: Sequence[TableSnapshot], start: float) -> tuple[TableSnapshot, ...]:
     """A table's snapshots since `start`, led by the old server's last one where a new server
     answered after it: a restore longer than the view (a 100 GiB load takes minutes) would
     otherwise leave no trace of the old server, and the restart could not be named."""
-    kept = [s for s in points if s.observed_at >= start]
+    kept = _tail(points, start)
     older = len(points) - len(kept)
     if kept and older and last_reset_index((points[older - 1], kept[0])) == 1:
         return (points[older - 1], *kept)
@@ -166,8 +183,7 @@ class History:
 
     def table(self, target: str, name: str, start: float = float("-inf")) -> list[TableSnapshot]:
         with self._lock:
-            points = self._tables.get((target, name), ())
-            return [s for s in points if s.observed_at >= start]
+            return list(_tail(self._tables.get((target, name), ()), start))
 
     def table_keys(self) -> list[tuple[str, str]]:
         with self._lock:
@@ -183,21 +199,26 @@ class History:
         """Each of the target's tables since `start`, or its newest snapshot however old:
         what its limiter's figures are derived over (diagnosis/figures.py)."""
         with self._lock:
-            return {name: tuple(s for s in points if s.observed_at >= start) or (points[-1],)
+            return {name: _tail(points, start) or (points[-1],)
                     for (tgt, name), points in self._tables.items() if tgt == target and points}
 
     def probe(self, source: str, start: float = float("-inf")) -> list[ProbeSnapshot]:
         with self._lock:
-            return [s for s in self._probes.get(source, ()) if s.observed_at >= start]
+            return list(_tail(self._probes.get(source, ()), start))
+
+    def latest_probes(self, sources: Sequence[str]) -> dict[str, ProbeSnapshot]:
+        """Each trainer probe's newest snapshot (kept while the probe is down)."""
+        with self._lock:
+            return {s: self._probes[s][-1] for s in sources if self._probes.get(s)}
 
     def actor(self, source: str, start: float = float("-inf")) -> list[ActorSnapshot]:
         with self._lock:
-            return [s for s in self._actors.get(source, ()) if s.observed_at >= start]
+            return list(_tail(self._actors.get(source, ()), start))
 
     def ray(self, target: str, start: float = float("-inf")) -> tuple[RaySnapshot, ...]:
         """A Ray target's snapshots since `start`, oldest first."""
         with self._lock:
-            return tuple(s for s in self._ray.get(target, ()) if s.observed_at >= start)
+            return _tail(self._ray.get(target, ()), start)
 
     def latest_ray(self) -> dict[str, RaySnapshot]:
         """Each Ray target's newest snapshot."""
@@ -226,32 +247,26 @@ class History:
                       for (tgt, name), points in self._tables.items() if tgt == target}
             return TargetView(
                 target=target,
-                polls=tuple(r for r in self._polls.get(target, ()) if r.at >= start),
+                polls=_tail(self._polls.get(target, ()), start, _poll_at),
                 tables={k: v for k, v in tables.items() if v},
                 # A URL is an actor's once an actor document was read from it;
                 # until then (never answered) it counts as a trainer probe, as before.
                 probes={
-                    p: tuple(s for s in self._probes.get(p, ()) if s.observed_at >= start)
+                    p: _tail(self._probes.get(p, ()), start)
                     for p in probes if p not in self._actors and p not in replay_probes
                 },
-                actors={
-                    p: tuple(s for s in self._actors[p] if s.observed_at >= start)
-                    for p in probes if p in self._actors
-                },
-                probe_polls={
-                    p: tuple(r for r in self._polls.get(p, ()) if r.at >= start) for p in probes
-                },
+                actors={p: _tail(self._actors[p], start) for p in probes if p in self._actors},
+                probe_polls={p: _tail(self._polls.get(p, ()), start, _poll_at) for p in probes},
                 # Over the long look-back where asked: an item's bytes are measured over the
                 # table's fill, which takes longer than a stall window.
-                memory=tuple(m for m in self._memory.get(target, ())
-                             if m.observed_at >= (cstart if coarse else start)),
+                memory=_tail(self._memory.get(target, ()), cstart if coarse else start),
                 coarse_tables={
-                    name: tuple(s for s in points if s.observed_at >= cstart)
+                    name: _tail(points, cstart)
                     for (tgt, name), points in self._coarse_tables.items()
                     if coarse and tgt == target
                 },
                 coarse_actors={
-                    p: tuple(s for s in self._coarse_actors[p] if s.observed_at >= cstart)
+                    p: _tail(self._coarse_actors[p], cstart)
                     for p in probes if coarse and p in self._coarse_actors
                     and p in self._actors
                 },

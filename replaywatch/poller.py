@@ -264,12 +264,8 @@ class Poller:
         # last values as if it were alive.
         watched = {b.target for b in bindings} | {b.source.name for b in bindings}
         tables = {k: s for k, s in self._history.latest_tables().items() if k[0] in watched}
-        probes = {}
-        for binding in bindings:
-            if binding.source.kind == SourceKind.PROBE:
-                latest = self._history.probe(binding.source.name)[-1:]
-                if latest:
-                    probes[binding.source.name] = latest[0]
+        probes = self._history.latest_probes(
+            [b.source.name for b in bindings if b.source.kind == SourceKind.PROBE])
         found = self._diagnoser.diagnose_cycle(self._history, statuses, now)
         self._cycle += 1
         published = Published(
