@@ -442,6 +442,9 @@ class MemorySnapshot:
     cgroup_anon_bytes: int | None = None
     # What the replay's code declared and did (its ReplayProbe, handed the server)
     code: ReplayCode | None = None
+    # What the limit covers (process_memory.scope_of): equal for processes that share it,
+    # the job's shards on one host or in one cgroup. None: not read.
+    limit_scope: str | None = None
 
     @property
     def counted_bytes(self) -> int | None:

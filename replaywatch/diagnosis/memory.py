@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from replaywatch.model import MemorySnapshot, TableSnapshot
 
@@ -152,6 +152,42 @@ def table_memory(table: Sequence[TableSnapshot], memory: Sequence[MemorySnapshot
     fits = fitting_max_size(latest.current_size, m.counted_bytes, m.limit_bytes, per.value)
     return TableMemory(per.value, per.source, per.measured, m.counted_bytes, projected,
                        m.limit_bytes, fits, per.low, per.high)
+
+
+@dataclasses.dataclass(frozen=True)
+class FillingTable:
+    """A table still filling, as its own process pays for it: an item's bytes read from the
+    process's resident memory, not its cgroup's (which the group's other processes move too:
+    two shards filling in one group would each read both fills as theirs)."""
+
+    name: str
+    current_size: int
+    max_size: int
+    bytes_per_item: float
+
+    @property
+    def growth_bytes(self) -> float:
+        """What the table adds to its process by max_size."""
+        return self.bytes_per_item * max(0, self.max_size - self.current_size)
+
+
+def own_filling(fills: Mapping[str, Sequence[TableSnapshot]],
+                memory: Sequence[MemorySnapshot]) -> tuple[FillingTable, ...]:
+    """Each table of `fills` (its snapshots since its last reset) still short of max_size,
+    whose item's bytes the process's own resident memory measures."""
+    m = next((x for x in reversed(memory) if x.rss_bytes is not None), None)
+    if m is None:
+        return ()
+    own = [x if x.cgroup_anon_bytes is None else dataclasses.replace(x, cgroup_anon_bytes=None)
+           for x in memory if x.pid == m.pid]
+    out = []
+    for name, fill in sorted(fills.items()):
+        if not fill or fill[-1].current_size >= fill[-1].max_size:
+            continue
+        per = item_bytes(fill, own)
+        if per is not None and per.measured:
+            out.append(FillingTable(name, fill[-1].current_size, fill[-1].max_size, per.value))
+    return tuple(out)
 
 
 def read_with(at: float, times: Sequence[float], memory: Sequence[MemorySnapshot]

@@ -7,7 +7,9 @@ the others cause: a server the learner never reads looks like a learner that sto
 consuming; a learner that reads its shards in turn and waits on one starved shard stops
 sampling all the others, which then look like a dead learner too. So each server's view
 carries its peers' tables of the same name (the servers of its `job` label), and the shard
-rules (rules_shards.py) judge it against them.
+rules (rules_shards.py) judge it against them. Shards on one host, or in one cgroup, also
+share one memory limit: each view carries those peers' memory and what their filling tables
+will add (`memory_peers`), and memory_exhaustion judges them together (rules_memory.py).
 
     views = with_peers(views, jobs)       # the keeper, each cycle: pure
     samples_in(peer, start)               # what a peer drew since `start`
@@ -19,7 +21,8 @@ import dataclasses
 from collections.abc import Mapping
 
 from replaywatch.diagnosis import window as win
-from replaywatch.diagnosis.window import PeerTable, TargetView
+from replaywatch.diagnosis.window import PeerMemory, PeerTable, TargetView
+from replaywatch.model import MemorySnapshot
 
 
 def peer_table(target: str, snapshots: tuple) -> PeerTable | None:
@@ -46,12 +49,22 @@ def with_peers(views: Mapping[str, TargetView], jobs: Mapping[str, str]
         # Each server's tables once, handed to each of its N-1 peers
         read = {t: {name: p for name, snaps in views[t].tables.items()
                     if (p := peer_table(t, snaps)) is not None} for t in targets}
+        scopes = {t: m.limit_scope for t in targets
+                  if (m := _newest_memory(views[t])) is not None and m.limit_scope}
         for target in targets:
             view = views[target]
             peers = tuple(read[other][name] for other in sorted(targets) if other != target
                           for name in sorted(view.tables) if name in read[other])
-            out[target] = dataclasses.replace(view, job=job, peers=peers)
+            shared = tuple(
+                PeerMemory(other, m, views[other].own_filling) for other in sorted(targets)
+                if other != target and target in scopes and scopes.get(other) == scopes[target]
+                and (m := _newest_memory(views[other])) is not None)
+            out[target] = dataclasses.replace(view, job=job, peers=peers, memory_peers=shared)
     return out
+
+
+def _newest_memory(view: TargetView) -> MemorySnapshot | None:
+    return view.memory[-1] if view.memory else None
 
 
 def _increase(points: tuple[tuple[float, float, float], ...], start: float, i: int) -> float:

@@ -6,6 +6,10 @@
                         through LEAK_SPAN_S all the same: an actor's writer keeping its
                         episode's chunks alive, or the server growing on its own
 
+A job's shards under one limit (one host's memory, one cgroup's: the same limit scope) are
+judged together: their memory now and what every table still filling adds, each table's
+item read from its own process's memory.
+
 Read from the view's memory readings (the server's process, where its host can be read) and
 the coarse copy of the table's snapshots, which reach back over the fill (diagnosis/memory.py
 has the arithmetic). A table that fits is never named; a full one is not judged here.
@@ -20,7 +24,7 @@ from replaywatch.diagnosis import kinds
 from replaywatch.diagnosis import memory as mem
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.thresholds import Thresholds
-from replaywatch.diagnosis.window import TargetView
+from replaywatch.diagnosis.window import PeerMemory, TargetView
 from replaywatch.model import Finding, MemorySnapshot
 
 GIB, MIB = mem.GIB, mem.MIB
@@ -32,7 +36,75 @@ def is_memory_exhaustion(view: TargetView, th: Thresholds, now: float) -> Findin
     m = view.memory[-1] if view.memory else None
     if m is None or m.counted_bytes is None or now - m.observed_at > th.stall_window_s:
         return None
-    return _filling(view, th, now, m) or _writing(view, th, now)
+    shared = _sharing(view, th, now, m)
+    return (_together(view, now, m, shared) if shared else _filling(view, th, now, m)
+            ) or _writing(view, th, now)
+
+
+def _sharing(view: TargetView, th: Thresholds, now: float, m: MemorySnapshot
+             ) -> tuple[PeerMemory, ...]:
+    """The job's other servers under this one's limit, read lately."""
+    return tuple(p for p in view.memory_peers if m.limit_scope is not None
+                 and p.reading.limit_scope == m.limit_scope
+                 and p.reading.counted_bytes is not None
+                 and now - p.reading.observed_at <= th.stall_window_s)
+
+
+def _together(view: TargetView, now: float, m: MemorySnapshot,
+              shared: tuple[PeerMemory, ...]) -> Finding | None:
+    """This server and the job's others under one limit (one host's memory, or one cgroup's)
+    filled to max_size together past it, each table's growth read from its own process's
+    memory. Judged in place of the server alone: in one cgroup its counted memory is the
+    group's, so an item's bytes read from it would count the other shards' fill as its own."""
+    own = view.own_filling
+    if not own:
+        return None  # named where a table still fills
+    members = [(view.target, m, own), *((p.target, p.reading, p.filling) for p in shared)]
+    growth = sum(t.growth_bytes for _, _, fill in members for t in fill)
+    in_group = m.cgroup_anon_bytes is not None
+    # A cgroup counts every process in it already; a host's limit is each process's own.
+    now_bytes = (m.counted_bytes or 0) if in_group else sum(r.counted_bytes or 0
+                                                            for _, r, _ in members)
+    combined = now_bytes + growth
+    if combined <= m.limit_bytes:
+        return None
+    share = max(0.0, (mem.FIT_SHARE * m.limit_bytes - now_bytes) / growth)
+    cuts = {target: {t.name: t.current_size + int(share * (t.max_size - t.current_size))
+                     for t in fill} for target, _, fill in members if fill}
+    table = max(own, key=lambda t: t.growth_bytes)
+    others = [target for target, _, _ in members[1:]]
+    where = "cgroup" if in_group else "host"
+    evidence = {
+        "shares_limit_with": others, "limit_scope": m.limit_scope,
+        "memory_bytes": now_bytes,
+        "memory_from": ("the cgroup's anonymous memory" if in_group
+                        else "the servers' resident memory, summed"),
+        "projected_bytes": round(combined), "limit_bytes": m.limit_bytes,
+        "limit_from": m.limit_from,
+        "servers": {target: {"memory_bytes": r.rss_bytes, "pid": r.pid, "tables": {
+            t.name: {"current_size": t.current_size, "max_size": t.max_size,
+                     "bytes_per_item": round(t.bytes_per_item),
+                     "fits_max_size": cuts[target][t.name]} for t in fill}}
+            for target, r, fill in members},
+        "current_size": table.current_size, "max_size": table.max_size,
+        "fits_max_size": cuts[view.target][table.name], "pid": m.pid, "found_by": m.found_by}
+    filling = ", ".join(f"'{t.name}' on {target} ({t.current_size:,} of {t.max_size:,} items "
+                        f"of {t.bytes_per_item:,.0f} bytes)"
+                        for target, _, fill in members for t in fill)
+    summary = (f"The replay server of '{view.target}' will not fit with the job's other "
+               f"servers under the same {where} limit ({', '.join(others)}): they use "
+               f"{now_bytes / GIB:.2f} GiB now, and the tables still filling ({filling}) take "
+               f"them to {combined / GIB:.2f} GiB together against the {where}'s "
+               f"{m.limit_bytes / GIB:.2f} GiB ({m.limit_from}); the kernel then kills one "
+               "of them.")
+    lowered = "; ".join(f"on {target}: " + ", ".join(f"'{n}' to {k:,}" for n, k in c.items())
+                        for target, c in cuts.items())
+    fix = (f"Lower max_size so that the servers fit together under {mem.FIT_SHARE:.0%} of "
+           f"the limit ({lowered}), or give each server a limit of its own (its own cgroup, "
+           f"pod or host), or raise the limit to at least "
+           f"{combined / mem.FIT_SHARE / GIB:.1f} GiB.")
+    return kinds.MEMORY_EXHAUSTION.finding(view.target, table.name, summary, evidence, fix,
+                                           since=m.observed_at, last_seen=now)
 
 
 def _writing(view: TargetView, th: Thresholds, now: float) -> Finding | None:

@@ -63,6 +63,17 @@ class PeerTable:
 
 
 @dataclasses.dataclass(frozen=True)
+class PeerMemory:
+    """Another server of the same job whose memory limit is this server's too (the same
+    host's memory, or the same cgroup's: the limit's scope): its newest reading and the
+    tables it still fills, what it will add to the limit's count."""
+
+    target: str
+    reading: MemorySnapshot
+    filling: tuple[mem.FillingTable, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class TargetView:
     """An immutable slice of one Reverb target's history for the diagnosis."""
 
@@ -89,6 +100,7 @@ class TargetView:
     # servers: the other servers' tables of the same names (diagnosis/peers.py).
     job: str | None = None
     peers: tuple[PeerTable, ...] = ()
+    memory_peers: tuple[PeerMemory, ...] = ()  # peers under this server's memory limit
 
     def fill(self, name: str) -> tuple[TableSnapshot, ...]:
         """A table's snapshots over its fill: the coarse copy (one per 10 s, over the
@@ -115,6 +127,12 @@ class TargetView:
             if (tm := mem.table_memory(self.fill_polls(name), self.memory)) is not None:
                 out[name] = tm
         return out
+
+    @functools.cached_property
+    def own_filling(self) -> tuple[mem.FillingTable, ...]:
+        """The tables still filling, each item's bytes read from the process's own memory
+        (memory.own_filling): what the server adds to a limit it shares with its peers."""
+        return mem.own_filling({n: self.fill_polls(n) for n in self.tables}, self.memory)
 
     def replay_code(self, now: float, max_age_s: float
                     ) -> tuple[MemorySnapshot, ReplayCode] | None:

@@ -93,6 +93,30 @@ class Limit:
     usage: int | None = None  # the cgroup's, page cache included
     oom_kills: int | None = None
     anon: int | None = None  # the cgroup's anonymous memory: what the OOM killer weighs
+    scope: str | None = None  # what the limit covers (scope_of); None: not readable
+
+
+def boot_id(proc: Path = PROC) -> str | None:
+    """The running kernel's id: one per host and boot, the same in every container on it."""
+    try:
+        return (proc / "sys" / "kernel" / "random" / "boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def scope_of(group: Cgroup | None, source: str, proc: Path = PROC) -> str | None:
+    """What a limit covers, the same string for every process it covers: the host (its
+    kernel's boot id) and, for a cgroup's limit, the group's inode. A path would not do: in a
+    container's cgroup namespace every group reads as `/`."""
+    boot = boot_id(proc)
+    if boot is None:
+        return None
+    if source == "host" or group is None:
+        return f"{boot} host"
+    try:
+        return f"{boot} {source} {group.path.stat().st_ino}"
+    except OSError:
+        return None
 
 
 def limit_of(group: Cgroup | None, proc: Path = PROC) -> Limit:
@@ -110,5 +134,6 @@ def limit_of(group: Cgroup | None, proc: Path = PROC) -> Limit:
         anon = _field(group.path / "memory.stat", "anon")
     host = host_memory(proc)
     if group is None or limit is None or limit >= min(host, UNLIMITED):
-        return Limit(host, "host", usage, kills)
-    return Limit(limit, f"cgroup v{group.version}", usage, kills, anon)
+        return Limit(host, "host", usage, kills, scope=scope_of(None, "host", proc))
+    source = f"cgroup v{group.version}"
+    return Limit(limit, source, usage, kills, anon, scope_of(group, source, proc))

@@ -236,6 +236,7 @@ class Replay:
     CGROUP_USAGE_BYTES = "cgroup_usage_bytes"
     CGROUP_ANON_BYTES = "cgroup_anon_bytes"
     OOM_KILLS = "oom_kills"
+    LIMIT_SCOPE = "limit_scope"  # what the limit covers: the same for processes sharing it
     # What its code declared and did with its server (ReplayProbe.server): null when the
     # probe was not handed the server.
     DECLARED_TABLES = "declared_tables"  # each: TableKeys, the tables as the code wrote them

@@ -62,7 +62,9 @@ class ReplayProbe(Served):
         rss_bytes: the process's resident memory. limit_bytes, limit_from ("cgroup v1",
         "cgroup v2", "host"): what it may use before the kernel kills it. cgroup_usage_bytes,
         cgroup_anon_bytes (what counts against a cgroup's limit), oom_kills: the cgroup's own
-        counts (null: no cgroup limit, or not readable).
+        counts (null: no cgroup limit, or not readable). limit_scope: what the limit covers,
+        the same string for every process under it (the kernel's boot id, and the cgroup's
+        inode for a cgroup's limit).
 
         Once handed the server (`server`): declared_tables (each table as the code wrote it),
         checkpointer (path; temporary: Reverb's default, a fresh directory per process start;
@@ -76,6 +78,7 @@ class ReplayProbe(Served):
         doc.update({Replay.RSS_BYTES: rss_of(os.getpid()), Replay.LIMIT_BYTES: limit.bytes,
                     Replay.LIMIT_FROM: limit.source, Replay.CGROUP_USAGE_BYTES: limit.usage,
                     Replay.CGROUP_ANON_BYTES: limit.anon, Replay.OOM_KILLS: limit.oom_kills,
+                    Replay.LIMIT_SCOPE: limit.scope,
                     Doc.STARTED_AT: self._started, Doc.NOW: self._clock()})
         doc.update(self._checkpoints.document())
         doc.update(thread_counts())

@@ -135,7 +135,7 @@ class MemoryWatch:
             return None
         return MemorySnapshot(self.target, observed_at, self._pid if rss is not None else None,
                               rss, lim.bytes, lim.source, lim.usage, lim.oom_kills,
-                              self.found_by, lim.anon)
+                              self.found_by, lim.anon, limit_scope=lim.scope)
 
 
 def is_local(target: str) -> bool:

@@ -333,7 +333,9 @@ def memory_from_probe(doc: dict[str, Any], probe: str, target: str, observed_at:
             oom_kills=_opt_int(doc, Replay.OOM_KILLS),
             found_by=f"replay probe {probe}"[:_MAX_TEXT],
             cgroup_anon_bytes=_opt_int(doc, Replay.CGROUP_ANON_BYTES),
-            code=replay_code(doc))
+            code=replay_code(doc),
+            limit_scope=(str(scope)[:_MAX_TEXT] if isinstance(scope := doc.get(
+                Replay.LIMIT_SCOPE), str) else None))
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(
             f"{probe}: not a replaywatch replay probe document ({e!r})"[:300]) from e
