@@ -247,7 +247,7 @@ bench-checkpoint-memory: $(STAMP)
 	$(PY) -m bench.checkpoint_memory --results bench/RESULTS.md
 
 # 32 Reverb servers and 512 probes in a targets file under one sidecar at 1 Hz, then one more
-# server stopped for 60 s beside them, then split over two shards (about 4 minutes).
+# server stopped for 60 s beside them, then split over two shards (about 6 minutes).
 bench-fleet: $(STAMP)
 	$(PY) -m bench.fleet --results bench/RESULTS.md
 

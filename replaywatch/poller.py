@@ -10,6 +10,7 @@ cycle and counted as late rather than stacking up threads.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -36,6 +37,10 @@ log = logging.getLogger("replaywatch.poller")
 POLL_THREADS_MAX = 32
 # A poll that took this share of its deadline ran into it: the source is not waited on next.
 SLOW_SHARE = 0.9
+# The publishes (the diagnosis and its renders) a cycle's wait leaves time for: the longest
+# of the last PUBLISH_KEPT. The wait never shrinks below MIN_WAIT_SHARE of the deadline.
+PUBLISH_KEPT = 10
+MIN_WAIT_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +140,7 @@ class Poller:
         self._statuses: dict[str, SourceStatus] = {}
         self._in_flight: dict[str, concurrent.futures.Future[PollOutcome]] = {}
         self._slow: set[str] = set()  # sources whose last poll ran into its deadline
+        self._publishes: collections.deque[float] = collections.deque(maxlen=PUBLISH_KEPT)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._cycle = 0
         self._lock = threading.Lock()  # guards _bindings against set_bindings()
@@ -213,9 +219,15 @@ class Poller:
         # A source whose last poll ran into its deadline (or past the wait) is polled but not
         # waited on: a server held by a checkpoint would otherwise hold every cycle its
         # deadline long. Its answer, when it comes, is recorded at the next cycle.
-        margin = min(0.5, max(0.05, self._interval_s - self._timeout_s - 0.1))
+        # The wait also leaves the publish the time it has lately taken: a fleet's diagnosis
+        # takes a third of a second and more, and the cycle a server stopped in, waiting out
+        # its deadline, ran late (1.28 s), which delays every target's next poll.
+        wait_s = self._timeout_s + min(0.5, max(0.05, self._interval_s - self._timeout_s - 0.1))
+        if self._publishes:
+            room = t0 + self._interval_s - max(self._publishes) - 0.05 - self._perf()
+            wait_s = min(wait_s, max(MIN_WAIT_SHARE * self._timeout_s, room))
         concurrent.futures.wait([f for b, f in started if b.source.name not in self._slow],
-                                timeout=self._timeout_s + margin)
+                                timeout=wait_s)
         for binding, future in started:
             if not future.done():
                 skipped.append(binding)
@@ -229,7 +241,10 @@ class Poller:
                 self._statuses[binding.source.name] = dataclasses.replace(
                     prev, late_polls_total=prev.late_polls_total + 1
                 )
-        return self._publish(t0)
+        began = self._perf()
+        published = self._publish(t0)
+        self._publishes.append(self._perf() - began)
+        return published
 
     def _outcome(self, binding: SourceBinding,
                  future: concurrent.futures.Future[PollOutcome]) -> PollOutcome:

@@ -198,6 +198,47 @@ def test_a_source_that_ran_into_its_deadline_is_polled_but_not_waited_on_until_i
     held.gate.set()
 
 
+class SlowDiagnoser(RecordingDiagnoser):
+    """A diagnosis that takes `took_s`, as a fleet's does; it notes when each began."""
+
+    def __init__(self, took_s: float) -> None:
+        super().__init__()
+        self.took_s = took_s
+        self.began: list[float] = []
+
+    def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus], now: float
+                       ) -> CycleFindings:
+        self.began.append(time.perf_counter())
+        time.sleep(self.took_s)
+        return super().diagnose_cycle(history, sources, now)
+
+
+def test_the_wait_for_polls_leaves_the_publish_the_time_it_has_lately_taken(
+        made: list[Poller], clock: FakeClock) -> None:
+    # interval 1 s, deadline 0.8 s, a publish of 0.4 s: waiting out a source that just
+    # stopped (0.8 s and its margin) would end the cycle at 1.3 s, late.
+    fast, held = FakeSource("fast:1", clock), FakeSource("held:1", clock)
+    slow = SlowDiagnoser(0.4)
+    poller, _ = poller_of(made, fast, held, timeout_s=0.8, clock=clock, diagnoser=slow)
+    try:
+        poller.tick()
+        held.gate.clear()
+        t0 = time.perf_counter()
+        state = poller.tick()
+        waited = slow.began[-1] - t0
+        # 1 - 0.4 (the publish) - 0.05, never under half the deadline
+        assert 0.4 <= waited < 0.7, waited
+        assert state.sources["held:1"].late_polls_total == 1  # counted, not dropped
+        assert state.sources["fast:1"].polls_total == 2
+    finally:
+        held.gate.set()
+    deadline = time.monotonic() + 5
+    while held.polls < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    clock.now += 1
+    assert poller.tick().sources["held:1"].polls_total >= 2  # its answer recorded next cycle
+
+
 def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
         made: list[Poller], clock: FakeClock) -> None:
     kept, dropped = FakeSource("kept:1", clock), FakeSource("gone:1", clock)
