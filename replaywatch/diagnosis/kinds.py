@@ -343,13 +343,17 @@ MEMORY_EXHAUSTION = Kind(
             "allow, and its range); needs the server's host (a local target, `--reverb-pid`). "
             "Also a full table whose checkpoint, written as long as the longest of the last "
             "three, keeps enough removed items alive to take the process past its limit "
-            "(cause `checkpoint`: Reverb holds what it copied until the write ends). On "
+            "(cause `checkpoint`: Reverb holds what it copied until the write ends). A "
+            "job's servers under one limit (one host's memory, one cgroup's: `limit_scope`) "
+            "are judged together: their memory now and what each table still filling adds, "
+            "its item read from its own process (evidence `shares_limit_with`, `servers`). On "
             "RLlib, the driver whose replay buffer, filled to its capacity, takes it past "
             "its limit, or whose cgroup OOM-kills while it fills or once it is full (an env "
             "step's bytes measured from the driver's memory as it fills; needs the "
             "RLlibProbe; the capacity given fits under 85% of the limit as projected).",
     fix="Lower `max_size` (RLlib: `replay_buffer_config['capacity']`) to the value given "
-        "(it fits under 90% of the limit), or raise the limit to the value given.")
+        "(it fits under 90% of the limit; for servers sharing a limit, each server's), or "
+        "give shards a limit each, or raise the limit to the value given.")
 CHECKPOINT_FAILED = Kind(
     Name.CHECKPOINT_FAILED, Severity.WARNING, needs_probe=True,
     meaning="The replay's checkpoints do not reach its directory: the newest "
