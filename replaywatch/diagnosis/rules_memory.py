@@ -95,8 +95,8 @@ def _together(view: TargetView, now: float, m: MemorySnapshot,
                f"servers under the same {where} limit ({', '.join(others)}): they use "
                f"{now_bytes / GIB:.2f} GiB now, and the tables still filling ({filling}) take "
                f"them to {combined / GIB:.2f} GiB together against the {where}'s "
-               f"{m.limit_bytes / GIB:.2f} GiB ({m.limit_from}); the kernel then kills one "
-               "of them.")
+               f"{m.limit_bytes / GIB:.2f} GiB ({m.limit_from}); there the kernel's OOM "
+               "killer ends the process under that limit that uses the most memory.")
     lowered = "; ".join(f"on {target}: " + ", ".join(f"'{n}' to {k:,}" for n, k in c.items())
                         for target, c in cuts.items())
     fix = (f"Lower max_size so that the servers fit together under {mem.FIT_SHARE:.0%} of "
