@@ -227,8 +227,8 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> cfg.W
             protect_metrics=args.protect_metrics,
             protect_healthz=args.protect_healthz,
             max_in_flight=args.max_in_flight,
-            metrics_listen=(cfg.parse_listen(args.metrics_listen) if args.metrics_listen
-                            else None),
+            metrics_listen=(cfg.parse_listen(args.metrics_listen, "--metrics-listen")
+                            if args.metrics_listen else None),
         )
     return cfg.WatchConfig(
         targets=targets, probes=probes, poll=poll, serve=serve, thresholds=thresholds,

@@ -33,11 +33,11 @@ def parse_address(address: str, what: str = "address") -> str:
     return f"{host}:{int(port)}"
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
+def parse_listen(listen: str, flag: str = "listen") -> tuple[str, int]:
     """HOST:PORT to bind; port 0 picks a free one."""
     host, sep, port = listen.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"listen ({listen!r}) must be HOST:PORT, e.g. 127.0.0.1:9321")
+        raise ConfigError(f"{flag} ({listen!r}) must be HOST:PORT, e.g. 127.0.0.1:9321")
     return host.strip("[]"), int(port)
 
 

@@ -97,7 +97,8 @@ class MetricsPort:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._thread.join(timeout_s)
+        if self._thread.ident is not None:  # closed before it started: a start-up error
+            self._thread.join(timeout_s)
         self._sock.close()
 
     def _spawn(self) -> None:

@@ -36,6 +36,7 @@ def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         (["watch", "--reverb", "h:1", "--reverb", "h:2", "--probe", "http://p:1"], "TARGET=URL"),
         (["watch", "--reverb", "h:1", "--probe", "h:3=http://p:1"], "is not a --reverb"),
         (["watch", "--reverb", "h:1", "--listen", "nowhere"], "listen"),
+        (["watch", "--reverb", "h:1", "--metrics-listen", "nowhere"], "--metrics-listen"),
         (["watch", "--reverb", "h:1", "--config", "/nonexistent.toml"], "config file"),
         (["watch", "--reverb", "h:1", "--stall-window-s", "-3"], "positive number"),
         (["watch", "--reverb", "h:1", "--token-file", "/nonexistent"], "token file"),

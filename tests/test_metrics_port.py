@@ -110,3 +110,9 @@ def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
         return get_text(url, 2.0, headers)
     except (urllib.error.URLError, ConnectionError):
         return 0, ""
+
+
+def test_closed_before_it_started_it_only_closes_its_socket() -> None:
+    sock = _listening()
+    MetricsPort(sock, ServeConfig()).close()  # the sidecar failed to start: no child, no error
+    assert sock.fileno() == -1
