@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from replaywatch.diagnosis.window import PollRecord, TargetView, last_reset_index
 from replaywatch.model import (
@@ -17,8 +17,6 @@ from replaywatch.model import (
     TableSnapshot,
 )
 from replaywatch.ray_model import RaySnapshot
-
-T = TypeVar("T")
 
 _SWEEP_EVERY = 1000  # records between sweeps for sources that went quiet
 COARSE_EVERY_S = 10.0  # the throughput baselines' bucket
@@ -39,14 +37,22 @@ def _append(points: collections.deque, item: Any, oldest: float,
         points.popleft()
 
 
-def _tail(points: Sequence[T], start: float) -> tuple[T, ...]:
+class _Observed(Protocol):
+    @property
+    def observed_at(self) -> float: ...
+
+
+S = TypeVar("S", bound=_Observed)
+
+
+def _tail(points: Sequence[S], start: float) -> tuple[S, ...]:
     """The snapshots observed at or after `start`, walked from the newest back. A view's
     window is a minute or two of a history kept for fifteen; read from the oldest, the views
     of a fleet (32 servers, 512 probes) scanned the whole history every cycle, and the cycle
     grew with it."""
     kept = []
     for point in reversed(points):
-        if point.observed_at < start:  # type: ignore[attr-defined]
+        if point.observed_at < start:
             break
         kept.append(point)
     kept.reverse()

@@ -57,6 +57,14 @@ class FakeSource:
         self.closed = True
 
 
+def _polled(source: FakeSource, n: int, timeout_s: float = 5.0) -> None:
+    """Waits until `source` has answered `n` polls (a hung one, let go, finishes on its
+    thread), or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while source.polls < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class RecordingDiagnoser:
     def __init__(self) -> None:
         self.calls: list[tuple[dict[str, SourceStatus], float]] = []
@@ -149,9 +157,7 @@ def test_a_late_source_is_skipped_and_counted_without_delaying_the_others(
         assert slow.polls == 1  # one poll in flight, no pile-up of threads
     finally:
         slow.gate.set()
-    deadline = time.monotonic() + 5
-    while slow.polls < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _polled(slow, 2)
     clock.now += 1
     state = poller.tick()
     s = state.sources["slow:1"]
@@ -172,9 +178,7 @@ def test_a_source_that_ran_into_its_deadline_is_polled_but_not_waited_on_until_i
         poller.tick()  # it answered last time: waited on, up to the deadline and margin
         waited = time.perf_counter() - t0
         held.gate.set()  # the hung poll finishes; the next one hangs again
-        deadline = time.monotonic() + 5
-        while held.polls < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _polled(held, 2)
         held.gate.clear()
         t0 = time.perf_counter()
         state = poller.tick()  # its late answer recorded, a new poll started, not waited on
@@ -185,9 +189,7 @@ def test_a_source_that_ran_into_its_deadline_is_polled_but_not_waited_on_until_i
         assert state.sources["fast:1"].polls_total == 3
     finally:
         held.gate.set()
-    deadline = time.monotonic() + 5
-    while held.polls < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _polled(held, 3)
     poller.tick()  # the hung one recorded (slow still), a quick one started
     time.sleep(0.05)
     poller.tick()  # the quick one recorded: waited on again from this cycle's poll on
@@ -232,9 +234,7 @@ def test_the_wait_for_polls_leaves_the_publish_the_time_it_has_lately_taken(
         assert state.sources["fast:1"].polls_total == 2
     finally:
         held.gate.set()
-    deadline = time.monotonic() + 5
-    while held.polls < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _polled(held, 2)
     clock.now += 1
     assert poller.tick().sources["held:1"].polls_total >= 2  # its answer recorded next cycle
 
