@@ -213,14 +213,22 @@ def main() -> int:
                 time.sleep(args.warm_s)
                 one = measure(base, own, car.pid, args.seconds, blocked)
                 print(json.dumps(one))
+                print(f"stopped at cycle {get_json(f'{base}/readyz')[1]['cycle']}")
                 alone.signal(signal.SIGSTOP)
                 try:
                     held = measure(base, own, car.pid, args.blocked_s, blocked)
                 finally:
                     alone.signal(signal.SIGCONT)
+                print(f"continued at cycle {get_json(f'{base}/readyz')[1]['cycle']}")
                 print(json.dumps(held))
             finally:
                 car.kill()
+            # The sidecar says where a late cycle's time went (its wait, its diagnosis, its
+            # renders): each has another remedy.
+            late = [line.split("ran late, ", 1)[1] for line in
+                    (tmp / "one.log").read_text(errors="replace").splitlines()
+                    if "ran late, " in line]
+            print("\n".join(["late cycles:", *late]) if late else "no late cycle logged")
             split = shards(tmp, listed, servers)
             print(json.dumps(split))
         finally:

@@ -145,6 +145,9 @@ class Poller:
         self._cycle = 0
         self._lock = threading.Lock()  # guards _bindings against set_bindings()
         self.late_cycles = 0  # cycles that overran the interval; published with each picture
+        # Where the last cycle's time went, said with a late cycle: a cycle is late by its
+        # wait, its diagnosis or its renders, and each has another remedy.
+        self._phases: dict[str, float] = {}
 
     def set_bindings(self, bindings: Sequence[SourceBinding]) -> None:
         """Replaces the watched sources (a reloaded targets file) between cycles."""
@@ -190,10 +193,12 @@ class Poller:
     def tick(self) -> Published:
         """Polls all sources once (concurrently), diagnoses and publishes."""
         t0 = self._perf()
+        phases: dict[str, float] = {}
         if self._reload is not None:
             fresh = self._reload()
             if fresh is not None:
                 self._apply_reload(fresh)
+            phases["reload"] = self._perf() - t0
         bindings = self.bindings
         pool = self._pool()
         started: list[tuple[SourceBinding, concurrent.futures.Future[PollOutcome]]] = []
@@ -226,8 +231,11 @@ class Poller:
         if self._publishes:
             room = t0 + self._interval_s - max(self._publishes) - 0.05 - self._perf()
             wait_s = min(wait_s, max(MIN_WAIT_SHARE * self._timeout_s, room))
+        waited = self._perf()
+        phases["started polls"] = waited - t0 - phases.get("reload", 0.0)
         concurrent.futures.wait([f for b, f in started if b.source.name not in self._slow],
                                 timeout=wait_s)
+        phases["waited on polls"] = self._perf() - waited
         for binding, future in started:
             if not future.done():
                 skipped.append(binding)
@@ -242,8 +250,10 @@ class Poller:
                     prev, late_polls_total=prev.late_polls_total + 1
                 )
         began = self._perf()
-        published = self._publish(t0)
+        phases["recorded polls"] = began - t0 - sum(phases.values())
+        published = self._publish(t0, phases)
         self._publishes.append(self._perf() - began)
+        self._phases = phases
         return published
 
     def _outcome(self, binding: SourceBinding,
@@ -270,8 +280,9 @@ class Poller:
                 log.warning("%s %s is down: %s", status.kind, status.name, status.last_error)
         self._statuses[binding.source.name] = status
 
-    def _publish(self, t0: float) -> Published:
+    def _publish(self, t0: float, phases: dict[str, float]) -> Published:
         now = self._clock()
+        began = self._perf()
         statuses = dict(self._statuses)
         bindings = self.bindings
         # Only what is watched now: a target a targets file or discovery dropped keeps its
@@ -282,6 +293,8 @@ class Poller:
         probes = self._history.latest_probes(
             [b.source.name for b in bindings if b.source.kind == SourceKind.PROBE])
         found = self._diagnoser.diagnose_cycle(self._history, statuses, now)
+        diagnosed = self._perf()
+        phases["diagnosis"] = diagnosed - began
         self._cycle += 1
         published = Published(
             at=now,
@@ -313,10 +326,13 @@ class Poller:
         except Exception:  # a warm-up hook must never cost a cycle
             log.exception("before_publish hook failed")
         self._store.publish(published)
+        handed = self._perf()
+        phases["picture and renders"] = handed - diagnosed
         try:
             self._after_publish(published)
         except Exception:
             log.exception("after_publish hook failed")
+        phases["after publish"] = self._perf() - handed
         return published
 
     def run(self, stop: threading.Event, sleep: Callable[[float], bool] | None = None) -> None:
@@ -332,6 +348,9 @@ class Poller:
             delay = next_at - self._perf()
             if delay < 0:
                 self.late_cycles += 1
+                log.warning("poll cycle %d ran late, %.0f ms past its %g s interval: %s",
+                            self._cycle, -1000 * delay, self._interval_s, ", ".join(
+                                f"{k} {1000 * v:.0f} ms" for k, v in self._phases.items()))
                 next_at = self._perf()  # realign instead of bursting to catch up
                 delay = 0.0
             if wait(delay):

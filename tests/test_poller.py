@@ -262,7 +262,8 @@ def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
     assert targets_of(poller.bindings) == {"kept:1": [], "new:1": ["http://new:9"]}
 
 
-def test_the_loop_counts_cycles_that_overran_the_interval(made: list[Poller]) -> None:
+def test_the_loop_counts_cycles_that_overran_the_interval(
+        made: list[Poller], caplog: pytest.LogCaptureFixture) -> None:
     perf = FakeClock(0.0)
     durations = [2.5, 2.5, 2.5, 0.25, 0.25]  # three cycles overrun a 1 s interval
 
@@ -280,8 +281,14 @@ def test_the_loop_counts_cycles_that_overran_the_interval(made: list[Poller]) ->
         waits.append(delay)
         return len(waits) == len(durations)  # True: stop
 
-    poller.run(threading.Event(), sleep=sleep)
+    with caplog.at_level("WARNING", logger="replaywatch.poller"):
+        poller.run(threading.Event(), sleep=sleep)
     assert poller.late_cycles == 3
+    # Each late cycle is said with where its time went: here, all of it in the diagnosis.
+    late = [r.getMessage() for r in caplog.records if "ran late" in r.getMessage()]
+    assert len(late) == 3, late
+    assert "1500 ms past its 1 s interval" in late[0], late[0]
+    assert "diagnosis 2500 ms" in late[0] and "waited on polls 0 ms" in late[0], late[0]
     # A late cycle is followed at once and the cadence realigns, no burst to catch up.
     assert waits == [0.0, 0.0, 0.0, pytest.approx(0.75), pytest.approx(1.5)]
     # Published with each picture.
