@@ -82,7 +82,8 @@ launchpad-venv: $(UV)
 # build of several GB; its dependencies and Ray's by uv. About 1.7 GB. Not compiled to bytecode
 # (1 s instead of 26 s of a fresh clone's set-up): a job compiles what it imports, about a third,
 # and make test's pytest writes it for the processes after it. make test builds it beside
-# the other venvs and runs one RLlib job in its frameworks lane (tests/test_rllib_make.py);
+# the other venvs and runs, in its frameworks lane, a `ray start --head` cluster with two RLlib
+# jobs watched by `--ray-job all` (tests/test_rllib_make.py, 80 s);
 # REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python

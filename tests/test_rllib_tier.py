@@ -9,29 +9,27 @@ that hangs in its update and an environment that hangs in `step()` are named wit
 kind within the window the rules state plus two polls, counted from the job's last progress
 as the history shows it. A cluster takes about a minute to start here, so the tier runs
 apart from make test's budget (`make test-ray` sets up .venv-rllib; without it, one skip
-line).
+line). Two jobs on one `ray start --head` cluster, found with `--ray-job all`, one of them
+hung in its environment, are make test's case (tests/test_rllib_make.py).
 """
 
 from __future__ import annotations
 
 import os
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness.procs import Proc, free_port, wait_until
-from replaywatch.config import ALL_JOBS, PollConfig, RayTarget, WatchConfig
+from harness.procs import Proc
+from replaywatch.config import PollConfig, RayTarget, WatchConfig
 from replaywatch.model import Finding, Name, Severity
-from replaywatch.sources.ray_jobs import DISCOVER_EVERY_S
 from replaywatch.wiring import build_sidecar
 from tests.support.rllib_jobs import (
     APPO,
     DQN,
     INTERVAL_S,
-    RLLIB_PY,
     RLLIB_READY,
     SLACK_S,
     start_job,
@@ -184,90 +182,3 @@ def test_a_warm_up_of_days_is_warmup_with_its_eta_never_a_stall(
     assert warm is not None and warm.evidence["told_by"] == "result row"
     print(f"\nwarmup: {warm.summary}")
     assert warm.evidence["eta_s"] > 86400 and "lower num_steps_sampled" in warm.fix
-
-
-def test_every_job_of_a_ray_start_cluster_is_found_and_a_killed_one_leaves_after_its_ttl(
-        spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """`ray start --head`, two DQN jobs joining it one after the other, and one sidecar with
-    `--ray-job all` and no per-job flag: each job becomes a target within one discovery
-    interval of its start, neither is paged, and the first, its driver killed, leaves the
-    watch after its TTL with no page. The second is a warm-up that never trains: the nodes'
-    metrics pages name no job, and it must read none of its neighbour's trained steps."""
-    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))  # no token here: the machine's own is not read
-    port, dash = free_port(), free_port()
-    spawn([str(RLLIB_PY.parent / "ray"), "start", "--head", "--block", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--num-cpus", "4", "--dashboard-host",
-           "127.0.0.1", "--dashboard-port", str(dash), "--temp-dir", str(short_temp),
-           "--disable-usage-stats", "--ray-client-server-port", str(free_port()),
-           "--dashboard-agent-listen-port", str(free_port())], name="ray-head")
-    dashboard = f"http://127.0.0.1:{dash}"
-    wait_until(lambda: _answers(f"{dashboard}/api/v0/actors?limit=1"), timeout_s=120)
-    job = ["--algo", "dqn", "--num-learners", "0", "--num-env-runners", "1",
-           "--min-steps-per-iteration", "100", "--learning-starts", "100",
-           "--address", f"127.0.0.1:{port}", "--seconds", "400"]
-
-    def start(name: str, *flags: str) -> dict:
-        proc = spawn([str(RLLIB_PY), "harness/rllib_job.py", *job, *flags, "--logdir",
-                      str(tmp_path / name)], name=name, env={"OMP_NUM_THREADS": "1"})
-        started = proc.announce(timeout_s=240, match=lambda r: r.get("event") == "rllib_job")
-        return {**started, "proc": proc, "at": time.monotonic()}
-
-    ttl_s = 20.0
-    config = WatchConfig(targets=(), ray=(RayTarget(dashboard, temp_dir=str(short_temp),
-                                                    job_id=ALL_JOBS, job_ttl_s=ttl_s),),
-                         poll=PollConfig(interval_s=INTERVAL_S, timeout_s=3.0))
-    paged: list[tuple[float, Finding]] = []
-    trained: dict[str, float] = {}  # each job's env steps trained, as last read
-    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
-
-        def tick_until(done: Callable[[set[str]], bool], within_s: float) -> float | None:
-            began = time.monotonic()
-            while time.monotonic() - began < within_s:
-                state = car.poller.tick()
-                paged.extend((time.monotonic(), f) for f in state.findings
-                             if f.severity >= Severity.WARNING)
-                for name, snap in state.ray.items():
-                    trained[name] = sum(c.env_steps_trained or 0.0 for c in snap.counters)
-                if done(set(state.ray)):
-                    return time.monotonic()
-                time.sleep(max(0.0, INTERVAL_S - (time.monotonic() - began) % INTERVAL_S))
-            return None
-
-        first = start("first")
-        a = f"{dashboard} job {first['job_id']}"
-        found_a = tick_until(lambda ray: a in ray, DISCOVER_EVERY_S + 2 * INTERVAL_S + SLACK_S)
-        second = start("second", "--learning-starts", "500000000")
-        b = f"{dashboard} job {second['job_id']}"
-        found_b = tick_until(lambda ray: b in ray, DISCOVER_EVERY_S + 2 * INTERVAL_S + SLACK_S)
-        tick_until(lambda ray: False, 30.0)  # one trains, one warms up, watched
-        both = dict(trained)
-        first["proc"].kill()  # its driver: Ray ends its actors
-        killed = time.monotonic()
-        left = tick_until(lambda ray: a not in ray, ttl_s + DISCOVER_EVERY_S + 30.0)
-        still = tick_until(lambda ray: b not in ray, 3.0)
-        closed = car.incidents.list("all", target=a)
-    print(f"\nfound the first job {found_a and found_a - first['at']:.1f} s and the second "
-          f"{found_b and found_b - second['at']:.1f} s after they announced; the first left "
-          f"{left and left - killed:.1f} s after its driver was killed (TTL {ttl_s:g} s); "
-          f"paged: {[(f.target, f.kind) for _, f in paged]}")
-    assert found_a is not None and found_b is not None
-    print(f"env steps trained as read: the first {both.get(a)}, the warm-up {both.get(b)}")
-    assert (both.get(a) or 0) > 0, "the first job never trained: the case proves nothing"
-    assert both.get(b) == 0, "the warm-up read its neighbour's trained steps"
-    assert left is not None and left - killed >= ttl_s - DISCOVER_EVERY_S
-    assert still is None, "the second job left with the first"
-    assert paged == [], [(f.target, f.kind, f.summary) for _, f in paged[:3]]
-    assert all(r["closed_as"] == "gone" for r in closed), closed
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as r:
-            return r.status == 200
-    except OSError:
-        return False

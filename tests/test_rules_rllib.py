@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from replaywatch.diagnosis import kinds, rllib_progress, rules, rules_rllib
+from replaywatch.diagnosis import kinds, rllib_actors, rllib_progress, rules, rules_rllib
 from replaywatch.diagnosis.registry import Rule, Shape
 from replaywatch.diagnosis.rules_rllib import judge_rllib
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -535,6 +535,31 @@ def test_actors_ended_with_their_driver_are_the_jobs_end_and_another_owners_are_
     orphan = actor(ActorRole.ENV_RUNNER, 1, "DEAD", cause=owner_died("ab" * 28))
     assert judged(with_actors(orphan), 200.0)[Name.RLLIB_ACTOR_DOWN].evidence[
         "env_runners_down"] == "1 of 2"
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_stall_open_when_its_job_ended_closes_as_gone_never_as_resolved(ended: bool) -> None:
+    # The hung runner's driver killed: its actors dead with their owner, the stall no longer
+    # named. Nothing showed it fixed, so the incident closes as gone; a live job's stall that
+    # is no longer named resolves.
+    from replaywatch.diagnosis.cycle import Inputs, judge_cycle
+    from tests.builders import polls, target_view
+
+    cause = ("OWNER_DIED: The actor is dead because its owner has died. Owner Id: "
+             f"{driver_worker_id(JOB)} Owner Ip address: 127.0.0.1")
+    dead = [actor(role, n, "DEAD", cause=cause) for role, n in (
+        (ActorRole.ENV_RUNNER, 0), (ActorRole.ENV_RUNNER, 1), (ActorRole.LEARNER, 0))]
+    history = (with_actors(*dead) if ended else Job()).history(200.0)
+    now = history[-1].observed_at
+    stalled = Finding(Name("env_runner_stalled"), Severity.CRITICAL, TARGET, f"job:{JOB}",
+                      "1 EnvRunner(s) hang", {}, "", since=T0 + 60.0, last_seen=now - POLL_S)
+    view = target_view(target=TARGET, target_polls=polls([s.observed_at for s in history]))
+    inputs = Inputs(view, now, TH, active_before=(stalled,), ray=tuple(history))
+    verdict = judge_cycle({TARGET: inputs}, {stalled.key: stalled}, now)
+    assert stalled.key not in verdict.active
+    assert [t.kind for t in verdict.transitions if t.finding.key == stalled.key] == (
+        ["gone"] if ended else ["resolved"])
+    assert rllib_actors.job_ended(history[-1]) is ended
 
 
 # -- env_steps_dropped -------------------------------------------------------------------------

@@ -9,8 +9,9 @@ construction.
     verdict.rule_errors, verdict.figures      # for the page, /readyz and /metrics
 
 Diagnose each target (its open throughput drops' baselines handed back to the rule), add the
-incidents held open after a restart, reconcile against what was open, resolve what belongs
-to targets no longer watched, worst first. Pure: time is an argument.
+incidents held open after a restart, reconcile against what was open, close as gone what
+belongs to targets no longer watched or to an RLlib job that ended, worst first. Pure: time
+is an argument.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from replaywatch.diagnosis.figures import TableFigures
 from replaywatch.diagnosis.kinds import worst_first
 from replaywatch.diagnosis.lifecycle import Transition, reconcile
 from replaywatch.diagnosis.peers import with_peers
+from replaywatch.diagnosis.rllib_actors import job_ended
 from replaywatch.diagnosis.rules_rllib import judge_rllib
 from replaywatch.diagnosis.rules_throughput import held_baselines
 from replaywatch.diagnosis.stacks import StackVerdict
@@ -142,9 +144,13 @@ def judge_cycle(inputs: Mapping[str, Inputs], active: Mapping[Key, Finding], now
         figures.update({f.key: f for f in d.figures.values()})
     result = reconcile(dict(active), found, set(inputs), now)
     # Findings of targets no longer watched (a reloaded targets file) close as gone: nothing
-    # showed them fixed, and a user reading the log must not take them for resolved.
+    # showed them fixed, and a user reading the log must not take them for resolved. So do
+    # the findings an RLlib job stops raising once it has ended (its driver killed, or
+    # algo.stop()): a runner that hung until its job was killed was never seen to recover.
     gone = [f for f in result.active.values() if f.target not in inputs]
-    transitions = (*result.transitions,
+    ended = {t for t, i in inputs.items() if i.ray and job_ended(i.ray[-1])}
+    transitions = (*(Transition("gone", t.finding) if t.kind == "resolved"
+                     and t.finding.target in ended else t for t in result.transitions),
                    *(Transition("gone", dataclasses.replace(f, resolved_at=now))
                      for f in gone))
     kept = {k: f for k, f in result.active.items() if f.target in inputs}

@@ -19,7 +19,7 @@ from replaywatch.model import Finding
 
 Key = tuple[str, str, str]
 # "gone": closed because its target is no longer watched (a targets file or discovery dropped
-# it), never because what it named was fixed.
+# it) or its RLlib job ended, never because what it named was fixed.
 TransitionKind = Literal["opened", "updated", "resolved", "gone"]
 
 

@@ -18,7 +18,7 @@ from replaywatch.diagnosis import rllib_progress as rp
 from replaywatch.diagnosis.rllib_job import RllibJob
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Severity
-from replaywatch.ray_model import ActorRole, RayActor, driver_worker_id
+from replaywatch.ray_model import ActorRole, RayActor, RaySnapshot, driver_worker_id
 
 WORKERS = (ActorRole.ENV_RUNNER, ActorRole.LEARNER, ActorRole.AGGREGATOR)
 DOWN_STATES = frozenset({"DEAD", "RESTARTING"})
@@ -34,6 +34,15 @@ def ended_on_purpose(a: RayActor) -> bool:
     return a.state == "DEAD" and (
         cause.startswith("RAY_KILL") or "INTENDED_USER_EXIT" in cause
         or cause.startswith("OWNER_DIED") and f"Owner Id: {driver_worker_id(a.job_id)}" in cause)
+
+
+def job_ended(latest: RaySnapshot) -> bool:
+    """The job has ended: every actor of it that samples, learns or aggregates is dead, each
+    as `algo.stop()` or its driver's end leaves it."""
+    if not rp.actors_known(latest):
+        return False
+    mine = [a for a in latest.actors if a.role in WORKERS]
+    return bool(mine) and all(ended_on_purpose(a) for a in mine)
 
 
 def is_rllib_actor_down(job: RllibJob, th: Thresholds) -> Finding | None:
