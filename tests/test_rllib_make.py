@@ -5,7 +5,8 @@ per-job flag and no code change in either job.
 The first job, a DQN with its replay buffer and one EnvRunner, trains, then its environment
 hangs in `step()`; the second is a warm-up that cannot end in days (it samples, never trains).
 Each is a target within one discovery interval of its start. Nothing is paged while the first
-trains, nor ever on the second, which reads none of its neighbour's trained steps; the hang is
+trains, nor ever on the second, which is said to be warming up (`warmup`, at info) and reads
+none of its neighbour's trained steps; the hang is
 `env_runner_stalled` within the window the finding states plus two polls of the job's last
 trained step, with its fix, and its bundle carries the hung runner's stacks and replays to the
 same verdict. Then the first job's driver is killed: it leaves the watch after its TTL, its
@@ -82,7 +83,10 @@ def test_two_jobs_on_a_ray_start_cluster_are_found_the_hung_one_named_then_gone_
     # Both start together: their start-ups (torch, RLlib) overlap.
     hung = start("hung", "--learning-starts", "100", "--hang-env-after", str(HANG_AFTER),
                  "--hang-env-runner", "1")
-    warm = start("warm", "--learning-starts", "500000000")
+    # Its Learner an actor of its own: a learner in the driver exports no trained counter
+    # before its first update, so from outside a warm-up could not be told from a job that
+    # never learns.
+    warm = start("warm", "--learning-starts", "500000000", "--num-learners", "1")
     a_said, b_said = announced(hung), announced(warm)
     a, b = (f"{dashboard} job {s['job_id']}" for s in (a_said, b_said))
 
@@ -154,6 +158,7 @@ def test_two_jobs_on_a_ray_start_cluster_are_found_the_hung_one_named_then_gone_
     # The warm-up: never paged, and none of its neighbour's trained steps read as its own.
     assert [f.kind for _, f in paged if f.target == b] == []
     assert trained.get(b) == 0, "the warm-up read its neighbour's trained steps"
+    assert Name.WARMUP in said[b], said[b]
     # The bundle holds the hung runner's stacks (the dashboard's py-spy where Ray serves it,
     # else this host's: the cluster is on this host), the frame it hangs in (the environment's
     # step) among them, and `analyze` gives the same verdict.
