@@ -86,7 +86,10 @@ def test_two_jobs_on_a_ray_start_cluster_are_found_the_hung_one_named_then_gone_
     # Its Learner an actor of its own: a learner in the driver exports no trained counter
     # before its first update, so from outside a warm-up could not be told from a job that
     # never learns.
-    warm = start("warm", "--learning-starts", "500000000", "--num-learners", "1")
+    # Paced at 20 env steps a second, as a simulator would be: sampling CartPole flat out for
+    # the whole case cost make test a core (136 CPU-s for the case, against 39 for one job).
+    warm = start("warm", "--learning-starts", "500000000", "--num-learners", "1",
+                 "--env-step-s", "0.05")
     a_said, b_said = announced(hung), announced(warm)
     a, b = (f"{dashboard} job {s['job_id']}" for s in (a_said, b_said))
 
