@@ -57,11 +57,12 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
 
 def test_a_pixels_learner_steps_then_hangs_without_blocking_in_next() -> None:
     # One agent for two claims (an agent start-up is ~10 s of both cores): the pixels
-    # networks learn (steps before the hang, injected 14 s in), and a hung learner
+    # networks learn (steps before the hang, injected 22 s in), and a hung learner
     # stops stepping without being blocked in next(). At 8 s the pixels networks' first
-    # compile, beside make test's other two lanes, had left one step (twice, 2026-12-01).
+    # compile, beside make test's other two lanes, had left one step (twice, 2026-12-01);
+    # at 14 s too, once the RLlib case's two jobs started beside it (2026-12-07).
     flags = [*SMALL, "--pixels", "--batch-size", "16", "--samples-per-insert", "16",
-             "--steps", "1000000", "--inject-stall", "learner-hang@14"]
+             "--steps", "1000000", "--inject-stall", "learner-hang@22"]
     with AgentProcess(flags) as agent:
         assert agent.start_line(timeout_s=120)["pixels"] is True
         agent.wait_for(lambda r: r["event"] == "stall_injected", timeout_s=150)
