@@ -83,7 +83,7 @@ launchpad-venv: $(UV)
 # (1 s instead of 26 s of a fresh clone's set-up): a job compiles what it imports, about a third,
 # and make test's pytest writes it for the processes after it. make test builds it beside
 # the other venvs and runs, in its frameworks lane, a `ray start --head` cluster with two RLlib
-# jobs watched by `--ray-job all` (tests/test_rllib_make.py, 80 s);
+# jobs watched by `--ray-job all` (tests/test_rllib_make.py: 80 s alone, 131 s in make test);
 # REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python
