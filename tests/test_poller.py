@@ -228,7 +228,7 @@ def test_the_wait_for_polls_leaves_the_publish_the_time_it_has_lately_taken(
         t0 = time.perf_counter()
         state = poller.tick()
         waited = slow.began[-1] - t0
-        # 1 - 0.4 (the publish) - 0.05, never under half the deadline
+        # 1 - 0.4 (the publish) - 0.1 (a tenth of the interval), never under half the deadline
         assert 0.4 <= waited < 0.7, waited
         assert state.sources["held:1"].late_polls_total == 1  # counted, not dropped
         assert state.sources["fast:1"].polls_total == 2
@@ -237,6 +237,23 @@ def test_the_wait_for_polls_leaves_the_publish_the_time_it_has_lately_taken(
     _polled(held, 2)
     clock.now += 1
     assert poller.tick().sources["held:1"].polls_total >= 2  # its answer recorded next cycle
+
+
+def test_a_late_cycle_names_the_polls_its_wait_ended_on(
+        made: list[Poller], clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    # A source that stops answering, and a diagnosis of 0.5 s: its first cycle waits for it
+    # to the deadline and its margin, then publishes, and runs late; the line says on whom.
+    fast, held = FakeSource("fast:1", clock), FakeSource("held:1", clock)
+    held.gate.clear()
+    poller, _ = poller_of(made, fast, held, timeout_s=0.6, clock=clock,
+                          diagnoser=SlowDiagnoser(0.5))
+    try:
+        with caplog.at_level("WARNING", logger="replaywatch.poller"):
+            poller.run(threading.Event(), sleep=lambda delay: True)
+    finally:
+        held.gate.set()
+    late = [r.getMessage() for r in caplog.records if "ran late" in r.getMessage()]
+    assert len(late) == 1 and late[0].endswith("; the wait ended on held:1"), late
 
 
 def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
