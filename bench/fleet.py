@@ -182,8 +182,7 @@ def render(phases: dict[str, dict[str, Any]], split: dict[str, Any], minutes: fl
         "",
         "A cycle waits for each poll up to its deadline (0.8 of the interval) and a margin "
         "(what the interval leaves after it and 0.1 s), and no longer than leaves its publish "
-        "the time the last ten took and a tenth of the interval more; a poll not done by then "
-        "is recorded at the next cycle, "
+        "the time the last ten took; a poll not done by then is recorded at the next cycle, "
         "and a source whose last poll ran into its deadline is polled but not waited on. So "
         "only the cycle the server stopped in waits for it (the blocked phase's longest "
         f"cycle: {phases['one server blocked']['cycle_max_ms']:.0f} ms).",

@@ -38,12 +38,8 @@ POLL_THREADS_MAX = 32
 # A poll that took this share of its deadline ran into it: the source is not waited on next.
 SLOW_SHARE = 0.9
 # The publishes (the diagnosis and its renders) a cycle's wait leaves time for: the longest
-# of the last PUBLISH_KEPT, and PUBLISH_SLACK_SHARE of the interval more, since the next
-# publish may take longer (bench-fleet, a server stopped: 376 ms after ten of at most about
-# 316, and with a 50 ms slack the cycle ended 11 ms late). The wait never shrinks below
-# MIN_WAIT_SHARE of the deadline.
+# of the last PUBLISH_KEPT. The wait never shrinks below MIN_WAIT_SHARE of the deadline.
 PUBLISH_KEPT = 10
-PUBLISH_SLACK_SHARE = 0.1
 MIN_WAIT_SHARE = 0.5
 
 
@@ -243,8 +239,7 @@ class Poller:
         # its deadline, ran late (1.28 s), which delays every target's next poll.
         wait_s = self._timeout_s + min(0.5, max(0.05, self._interval_s - self._timeout_s - 0.1))
         if self._publishes:
-            room = (t0 + self._interval_s * (1.0 - PUBLISH_SLACK_SHARE) - max(self._publishes)
-                    - self._perf())
+            room = t0 + self._interval_s - max(self._publishes) - 0.05 - self._perf()
             wait_s = min(wait_s, max(MIN_WAIT_SHARE * self._timeout_s, room))
         waited = self._perf()
         phases["started polls"] = waited - t0 - phases.get("reload", 0.0)
