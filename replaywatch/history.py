@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from replaywatch.diagnosis.window import PollRecord, TargetView, last_reset_index
 from replaywatch.model import (
@@ -37,35 +37,20 @@ def _append(points: collections.deque, item: Any, oldest: float,
         points.popleft()
 
 
-class _Observed(Protocol):
-    @property
-    def observed_at(self) -> float: ...
+T = TypeVar("T")
 
 
-S = TypeVar("S", bound=_Observed)
-
-
-def _tail(points: Sequence[S], start: float) -> tuple[S, ...]:
-    """The snapshots observed at or after `start`, walked from the newest back. A view's
-    window is a minute or two of a history kept for fifteen; read from the oldest, the views
-    of a fleet (32 servers, 512 probes) scanned the whole history every cycle, and the cycle
-    grew with it."""
+def _tail(points: Sequence[T], start: float,
+          at: Callable[[T], float] = _observed_at) -> tuple[T, ...]:
+    """The points at or after `start` (by `at`: a snapshot's observed_at by default), walked
+    from the newest back. A view's window is a minute or two of a history kept for fifteen;
+    read from the oldest, the views of a fleet (32 servers, 512 probes) scanned the whole
+    history every cycle, and the cycle grew with it."""
     kept = []
     for point in reversed(points):
-        if point.observed_at < start:
+        if at(point) < start:
             break
         kept.append(point)
-    kept.reverse()
-    return tuple(kept)
-
-
-def _polls_tail(records: Sequence[PollRecord], start: float) -> tuple[PollRecord, ...]:
-    """The poll records at or after `start`, as `_tail` reads snapshots."""
-    kept = []
-    for record in reversed(records):
-        if record.at < start:
-            break
-        kept.append(record)
     kept.reverse()
     return tuple(kept)
 
@@ -263,7 +248,7 @@ class History:
                       for (tgt, name), points in self._tables.items() if tgt == target}
             return TargetView(
                 target=target,
-                polls=_polls_tail(self._polls.get(target, ()), start),
+                polls=_tail(self._polls.get(target, ()), start, _poll_at),
                 tables={k: v for k, v in tables.items() if v},
                 # A URL is an actor's once an actor document was read from it;
                 # until then (never answered) it counts as a trainer probe, as before.
@@ -272,7 +257,7 @@ class History:
                     for p in probes if p not in self._actors and p not in replay_probes
                 },
                 actors={p: _tail(self._actors[p], start) for p in probes if p in self._actors},
-                probe_polls={p: _polls_tail(self._polls.get(p, ()), start) for p in probes},
+                probe_polls={p: _tail(self._polls.get(p, ()), start, _poll_at) for p in probes},
                 # Over the long look-back where asked: an item's bytes are measured over the
                 # table's fill, which takes longer than a stall window.
                 memory=_tail(self._memory.get(target, ()), cstart if coarse else start),
