@@ -51,7 +51,7 @@ def is_rllib_actor_down(job: RllibJob, th: Thresholds) -> Finding | None:
     if not rp.actors_known(latest):
         return None
     mine = [a for a in latest.actors if a.role in WORKERS]
-    if not mine or all(ended_on_purpose(a) for a in mine):
+    if not mine or job_ended(latest):
         return None  # an ended job (algo.stop()), or none to judge
     first: dict[str, tuple[int, float]] = {}
     for s in job.history:
