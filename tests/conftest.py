@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import http.client
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
+from harness.procs import PYTHON, Proc, free_port, get_json
 
 WORKLOAD = "harness/reverb_workload.py"
 
@@ -113,18 +114,43 @@ def reverb_servers(spawn: Callable[..., Proc]) -> Callable[[int], list[str]]:
     return start
 
 
+def _serving(proc: Proc, base: str, ok: tuple[int, ...], timeout_s: float = 60.0) -> bool:
+    """Whether `proc` answers `/healthz` with one of `ok` before it exits; False when another
+    process took its port first (free_port's port is free only until someone binds it: Ray,
+    Reverb and other lanes bind ephemeral ports too); any other exit or a timeout raises with
+    the end of its log, so a crash is told from a slow start."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if get_json(f"{base}/healthz", 1.0)[0] in ok:
+                return True
+        except (OSError, http.client.HTTPException, ValueError):  # not up yet
+            pass
+        if proc.returncode is not None:
+            log = proc.log_path.read_text(errors="replace") if proc.log_path else ""
+            if "Address already in use" in log:
+                return False
+            raise RuntimeError(f"the sidecar exited {proc.returncode}: {log[-2000:]}")
+        time.sleep(0.1)
+    log = proc.log_path.read_text(errors="replace") if proc.log_path else ""
+    raise TimeoutError(f"the sidecar did not answer {base}/healthz in {timeout_s:g} s: "
+                       f"{log[-2000:]}")
+
+
 @pytest.fixture
 def sidecar(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str]]:
     """`replaywatch watch` as a real process on a free port: (proc, base URL)."""
 
     def start(*flags: str, env: dict[str, str] | None = None) -> tuple[Proc, str]:
-        port = free_port()
-        proc = spawn([PYTHON, "-m", "replaywatch", "watch", "--listen", f"127.0.0.1:{port}",
-                      *flags], name="sidecar", env=env)
-        base = f"http://127.0.0.1:{port}"
-        # 401 counts as up: a test may protect /healthz with a token.
-        wait_until(lambda: get_json(f"{base}/healthz", 1.0)[0] in (200, 401), timeout_s=30)
-        return proc, base
+        for _ in range(3):
+            port = free_port()
+            proc = spawn([PYTHON, "-m", "replaywatch", "watch", "--listen",
+                          f"127.0.0.1:{port}", *flags], name="sidecar", env=env)
+            base = f"http://127.0.0.1:{port}"
+            # 401 counts as up: a test may protect /healthz with a token.
+            if _serving(proc, base, (200, 401)):
+                return proc, base
+        raise RuntimeError("three free ports were taken before the sidecar could bind them")
 
     return start
 
@@ -134,16 +160,24 @@ def unguarded_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     """One `replaywatch watch` (no token, an unreachable Reverb target) for a whole module
     whose tests only read it: a start costs seconds of both cores."""
     where = tmp_path_factory.mktemp("sidecar")
-    port = free_port()
-    proc = Proc([PYTHON, "-m", "replaywatch", "watch", "--listen", f"127.0.0.1:{port}",
-                 "--reverb", "127.0.0.1:9", "--db", str(where / "i.db")],
-                stdout_path=where / "sidecar.log")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: get_json(f"{base}/healthz", 1.0)[0] == 200, timeout_s=30)
-        yield proc, base
-    finally:
-        proc.kill()
+    for attempt in range(3):
+        port = free_port()
+        proc = Proc([PYTHON, "-m", "replaywatch", "watch", "--listen", f"127.0.0.1:{port}",
+                     "--reverb", "127.0.0.1:9", "--db", str(where / f"i{attempt}.db")],
+                    stdout_path=where / f"sidecar-{attempt}.log")
+        base = f"http://127.0.0.1:{port}"
+        try:
+            if not _serving(proc, base, (200,)):
+                continue
+        except Exception:
+            proc.kill()
+            raise
+        try:
+            yield proc, base
+        finally:
+            proc.kill()
+        return
+    raise RuntimeError("three free ports were taken before the sidecar could bind them")
 
 
 # `make test` runs four xdist workers with `--dist loadgroup`. A module marked `agents`
