@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             f"us a batch ({100 * offer_us / (1e3 * step_ms):.2f}%).\n")
     print(text, flush=True)
     if args.results:
-        from bench.results_md import replace_sections
+        from bench.results_md import write_sections
 
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from replaywatch import bundle as bd
 from replaywatch.diagnosis import kinds
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(section)
     if args.results:
         path = Path(args.results)
-        path.write_text(replace_sections(path.read_text(), [section]))
+        write_sections(path, [section])
     return code
 
 

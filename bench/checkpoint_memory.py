@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from harness.cgroups import remove_group
 from harness.procs import PYTHON, Proc
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
@@ -262,7 +262,7 @@ def main() -> int:
     text = render(tables, args, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0 if ok else 1
 
 

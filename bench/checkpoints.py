@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.stats import percentile
 from harness.cgroups import cpu_limited
 from harness.procs import PYTHON, Proc, free_port
@@ -52,7 +52,7 @@ def main() -> int:
     text = render(out, args, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     w, r = out["write"], out["restore"]
     ok = (w["checkpointing"] > 0 and not w["paged"] and w["missed"] == 0 and w["late"] == 0
           and r["restoring"] > 0 and r["target_down"] == 0 and r["restored"]

@@ -42,7 +42,7 @@ from typing import Any
 
 from agents import seed_hang
 from bench import healthy
-from bench.results_md import detection_section, healthy_section, replace_sections, summarize
+from bench.results_md import detection_section, healthy_section, summarize, write_sections
 from bench.watched import DISTRIBUTED, SEED, attach, spawn_agent
 from harness.agent import AgentProcess
 from harness.procs import Proc, get_json, wait_until
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sections.insert(0, detection_section(results, args.runs, time.monotonic() - t0))
         print(sections[0], flush=True)
     if args.results is not None and sections:
-        args.results.write_text(replace_sections(args.results.read_text(), sections))
+        write_sections(args.results, sections)
         print(f"replaced {len(sections)} section(s) of {args.results}", file=sys.stderr)
     return out
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.scale import _metric, _scrape, cpu_seconds
 from bench.stats import percentile
 from harness.procs import PYTHON, Proc, descendants, free_port, get_json, wait_until
@@ -239,7 +239,7 @@ def main() -> int:
                   args.warm_s)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     ok = (all(r["late_cycles"] == 0 and r["metrics_p99_ms"] < 50 for r in phases.values())
           and held["skipped_polls"] == 0 and held["others_poll_p99_ms"] <= max(
               2 * one["others_poll_p99_ms"], one["others_poll_p99_ms"] + 20)

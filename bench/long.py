@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import healthy, watched
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from harness.procs import get_json
 
 LONG_S = 600.0
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(render_drops(rows, args.baseline_s))
             print(sections[-1], flush=True)
     if args.results and sections:
-        args.results.write_text(replace_sections(args.results.read_text(), sections))
+        write_sections(args.results, sections)
     return 0
 
 

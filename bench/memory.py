@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     text = render(rows, None if args.run else cost())
     print(text, flush=True)
     if args.results:
-        from bench.results_md import replace_sections
+        from bench.results_md import write_sections
 
-        args.results.write_text(replace_sections(args.results.read_text(), [text + "\n"]))
+        write_sections(args.results, [text + "\n"])
     return 0
 
 

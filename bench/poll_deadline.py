@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.stats import percentile
 from harness.procs import PYTHON, Proc
 from replaywatch.config import PollConfig, WatchConfig
@@ -77,7 +77,7 @@ def main() -> int:
     text = render(rows, named, args, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     base, held = rows["baseline"], rows["one blocked"]
     return 0 if held["missed"] == 0 and held["late"] == 0 and held["p99_ms"] <= max(
         2 * base["p99_ms"], base["p99_ms"] + 20) else 1

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from harness.procs import PYTHON, ROOT, Proc
 from replaywatch import config as cfg
 from replaywatch.diagnosis import budget, budget_fixes
@@ -637,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                 else render(rows, 60 * (args.took_min or 0), predict_seconds()))
         print(text)
         if args.results:
-            args.results.write_text(replace_sections(args.results.read_text(), [text]))
+            write_sections(args.results, [text])
         return 0
     cells = (shape_cells() if args.shapes else default_cells())
     if args.only:
@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             else render(rows, time.time() - started, predict_seconds()))
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0
 
 
@@ -694,7 +694,7 @@ def _fix_checks_main(args: argparse.Namespace, cells: Sequence[Cell],
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0
 
 

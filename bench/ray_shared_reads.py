@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from replaywatch.sources.ray_cluster import SD_FILE, RayClusterSource
 from replaywatch.sources.ray_shared import ClusterReads
 
@@ -115,7 +115,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0
 
 

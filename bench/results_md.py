@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from bench import healthy
@@ -44,6 +45,13 @@ def healthy_section(results: list[dict[str, Any]], seconds: float, first_step_s:
             "the probe's first batch to its first step.\n\n" + healthy.render(results) + "\n")
 
 
+def write_sections(path: Path, sections: list[str]) -> None:
+    """Replaces (or appends) each section in the results file at `path`; a file not there yet
+    is started with them, so a run pointed at a new file does not lose its table."""
+    text = path.read_text() if path.exists() else ""
+    path.write_text(replace_sections(text, sections))
+
+
 def replace_sections(text: str, sections: list[str]) -> str:
     """Each section replaces the one whose heading starts like its own first line (up to
     the next `## ` heading), or is appended; the rest of the file is left as it was."""
@@ -53,7 +61,7 @@ def replace_sections(text: str, sections: list[str]) -> str:
         body = section.rstrip("\n") + "\n\n"
         text, n = pattern.subn(lambda _, body=body: body, text, count=1)
         if not n:
-            text = text.rstrip("\n") + "\n\n" + body
+            text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + body
     return text.rstrip("\n") + "\n"
 
 

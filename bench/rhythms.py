@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from harness.procs import PYTHON
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis import rhythm as rh
@@ -268,7 +268,7 @@ def main() -> None:
     print(text)
     if args.results:
         path = Path(args.results)
-        path.write_text(replace_sections(path.read_text(), [text]))
+        write_sections(path, [text])
 
 
 if __name__ == "__main__":

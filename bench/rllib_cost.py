@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.rllib_venv import RLLIB_PY
 from harness.procs import PYTHON, Proc, free_port, get_json, wait_until
 
@@ -157,7 +157,7 @@ def main() -> int:
     text = render(measured, args, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0 if all(m["rows"] for m in measured) else 1
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.rllib_venv import RLLIB_PY, bench_args
 from harness.cgroups import remove_group
 from harness.procs import Proc
@@ -224,7 +224,7 @@ def main() -> int:
     text = render(rows, killed, fixed, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     errors = [abs(a / r["full_bytes"] - 1) for r in rows for a, _ in r["projections"].values()]
     named, kill = killed.get("named_at"), killed.get("first_kill_at")
     named_first = named is not None and (kill is None or named < kill)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.rllib_venv import RLLIB_PY
 from harness.procs import Proc
 from replaywatch.diagnosis.rllib_ratio import RatioVerdict, RllibReplay, intensity_for, ratio
@@ -159,7 +159,7 @@ def main() -> int:
             + render(rows) + "\n")
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0 if all(r["agrees"] for r in rows) else 1
 
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from bench.rllib_venv import RLLIB_PY, bench_args
 from harness.procs import Proc
 from replaywatch.diagnosis import rllib_job as rj
@@ -140,7 +140,7 @@ def main() -> int:
     text = render(rows, worst, fixed, (time.monotonic() - began) / 60)
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     errors = [abs(r["estimate"]["never_sampled_share"] - r["true_share"]) for r in rows
               if r["true_share"] is not None]
     held = fixed is not None and fixed["true_share"] is not None and \

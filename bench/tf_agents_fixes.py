@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.results_md import replace_sections
+from bench.results_md import write_sections
 from harness.procs import PYTHON, Proc
 from replaywatch.config import PollConfig, ProbeTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             + render(rows))
     print(text)
     if args.results:
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 0 if all(holds(r) for r in fixed) and fixed else 1
 
 

@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             + render(rows))
     print(text, flush=True)
     if args.results:
-        from bench.results_md import replace_sections
+        from bench.results_md import write_sections
 
-        args.results.write_text(replace_sections(args.results.read_text(), [text]))
+        write_sections(args.results, [text])
     return 1 if wrong else 0
 
 

@@ -30,7 +30,7 @@ import pytest
 
 from agents import seed_hang
 from bench.detection import SCENARIOS, run_once
-from bench.results_md import replace_sections
+from bench.results_md import replace_sections, write_sections
 from bench.watched import INTERVAL_S, STALL_WINDOW_S
 
 pytestmark = pytest.mark.agents
@@ -118,6 +118,14 @@ def test_results_sections_are_replaced_in_place_and_the_rest_kept() -> None:
                    "## Cost to the trainer (4.1 min)\n\nkept\n")
     appended = replace_sections("# R\n", ["## False alarms on healthy runs (x)\n\nrows\n"])
     assert appended == "# R\n\n## False alarms on healthy runs (x)\n\nrows\n"
+
+
+def test_a_results_file_not_there_yet_is_started_with_the_section(tmp_path) -> None:
+    path = tmp_path / "fleet.md"
+    write_sections(path, ["## A fleet (x)\n\nrows\n"])
+    assert path.read_text() == "## A fleet (x)\n\nrows\n"
+    write_sections(path, ["## A fleet (y)\n\nnew rows\n"])
+    assert path.read_text() == "## A fleet (y)\n\nnew rows\n"
 
 
 def test_summary_rows_keep_scenarios_apart_that_expect_the_same_kind() -> None:
