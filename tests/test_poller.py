@@ -6,6 +6,7 @@ diagnoser records what it was asked, the clocks are injected.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -89,12 +90,12 @@ def made() -> Iterator[list[Poller]]:
 
 
 def poller_of(made: list[Poller], *sources: FakeSource, timeout_s: float = 1.0,
-              clock: FakeClock | None = None, diagnoser: object = None, **kw: object
-              ) -> tuple[Poller, StateStore]:
+              clock: FakeClock | None = None, diagnoser: object = None,
+              interval_s: float = 1.0, **kw: object) -> tuple[Poller, StateStore]:
     store = StateStore()
     bindings = [SourceBinding(s, s.name) for s in sources]
     poller = Poller(bindings, History(), store, diagnoser or RecordingDiagnoser(),  # type: ignore[arg-type]
-                    interval_s=1.0,
+                    interval_s=interval_s,
                     timeout_s=timeout_s, clock=clock or FakeClock(), **kw)  # type: ignore[arg-type]
     made.append(poller)
     return poller, store
@@ -241,19 +242,70 @@ def test_the_wait_for_polls_leaves_the_publish_the_time_it_has_lately_taken(
 
 def test_a_late_cycle_names_the_polls_its_wait_ended_on(
         made: list[Poller], clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
-    # A source that stops answering, and a diagnosis of 0.5 s: its first cycle waits for it
-    # to the deadline and its margin, then publishes, and runs late; the line says on whom.
+    # A source that stops answering, with a deadline as long as the interval: its first
+    # cycle waits for it to the deadline and its margin, and runs late; the line says on whom.
     fast, held = FakeSource("fast:1", clock), FakeSource("held:1", clock)
     held.gate.clear()
-    poller, _ = poller_of(made, fast, held, timeout_s=0.6, clock=clock,
-                          diagnoser=SlowDiagnoser(0.5))
+    poller, _ = poller_of(made, fast, held, timeout_s=1.0, clock=clock)
     try:
         with caplog.at_level("WARNING", logger="replaywatch.poller"):
             poller.run(threading.Event(), sleep=lambda delay: True)
     finally:
         held.gate.set()
     late = [r.getMessage() for r in caplog.records if "ran late" in r.getMessage()]
-    assert len(late) == 1 and late[0].endswith("; the wait ended on held:1"), late
+    assert len(late) == 1 and "; the wait ended on held:1; " in late[0], late
+
+
+def test_the_next_cycles_polls_start_while_the_last_diagnosis_runs(
+        made: list[Poller], clock: FakeClock) -> None:
+    # The diagnosis of cycle 1 holds until cycle 2's poll has started: in a loop that
+    # diagnosed before it polled again, the two would wait on each other for good.
+    running, release = threading.Event(), threading.Event()
+    overlapped: list[bool] = []
+
+    class HeldDiagnoser(RecordingDiagnoser):
+        def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus],
+                           now: float) -> CycleFindings:
+            running.set()
+            if len(self.calls) == 0:
+                assert release.wait(5), "cycle 2's poll never started"
+            running.clear()
+            return super().diagnose_cycle(history, sources, now)
+
+    class Source(FakeSource):
+        def poll(self) -> PollOutcome:
+            if self.polls == 1:  # cycle 2's poll: diagnosis 1 is still running
+                overlapped.append(running.is_set())
+                release.set()
+            return super().poll()
+
+    source, diagnoser = Source("a:1", clock), HeldDiagnoser()
+    poller, store = poller_of(made, source, clock=clock, diagnoser=diagnoser)
+    sleeps: list[float] = []
+    poller.run(threading.Event(), sleep=lambda delay: sleeps.append(delay) or len(sleeps) == 3)
+    assert overlapped == [True]
+    # Every cycle diagnosed and published, in order, each after its own polls were recorded:
+    # diagnosis 2 saw the answers of polls 1 and 2 (the poller waited for diagnosis 1 first).
+    assert [c[0]["a:1"].polls_total for c in diagnoser.calls] == [1, 2, 3]
+    assert store.current().cycle == 3
+
+
+def test_a_diagnosis_longer_than_the_interval_makes_the_next_cycle_late_and_says_so(
+        made: list[Poller], clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    poller, store = poller_of(made, FakeSource("a:1", clock), clock=clock, interval_s=0.2,
+                              diagnoser=SlowDiagnoser(0.5))
+    sleeps: list[float] = []
+    with caplog.at_level("WARNING", logger="replaywatch.poller"):
+        poller.run(threading.Event(), sleep=lambda delay: (
+            time.sleep(delay), sleeps.append(delay))[1] or len(sleeps) == 2)
+    late = [r.getMessage() for r in caplog.records if "ran late" in r.getMessage()]
+    # Cycle 2 waited out diagnosis 1 (0.5 s less the 0.2 s interval) before recording.
+    assert poller.late_cycles >= 1 and late, late
+    waited = re.search(r"waited on the last diagnosis (\d+) ms", late[0])
+    took = re.search(r"the last diagnosis took diagnosis (\d+) ms", late[0])
+    assert waited and int(waited.group(1)) >= 200, late[0]
+    assert took and int(took.group(1)) >= 500, late[0]
+    assert store.current().cycle == 2  # the last diagnosis is waited for when the loop stops
 
 
 def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
@@ -282,16 +334,14 @@ def test_a_reload_swaps_bindings_and_keeps_the_sources_that_stay(
 def test_the_loop_counts_cycles_that_overran_the_interval(
         made: list[Poller], caplog: pytest.LogCaptureFixture) -> None:
     perf = FakeClock(0.0)
-    durations = [2.5, 2.5, 2.5, 0.25, 0.25]  # three cycles overrun a 1 s interval
+    durations = [2.5, 2.5, 2.5, 0.25, 0.25]  # three cycles' polls overrun a 1 s interval
 
-    class SlowDiagnoser(RecordingDiagnoser):
-        def diagnose_cycle(self, history: History, sources: dict[str, SourceStatus],
-                           now: float) -> CycleFindings:
-            perf.now += durations[len(self.calls)]  # the cycle's work takes this long
-            return super().diagnose_cycle(history, sources, now)
+    class SlowSource(FakeSource):
+        def poll(self) -> PollOutcome:
+            perf.now += durations[self.polls]  # the cycle's wait takes this long
+            return super().poll()
 
-    poller, store = poller_of(made, FakeSource("a:1", FakeClock()), perf=perf,
-                              diagnoser=SlowDiagnoser())
+    poller, store = poller_of(made, SlowSource("a:1", FakeClock()), perf=perf, timeout_s=3.0)
     waits: list[float] = []
 
     def sleep(delay: float) -> bool:
@@ -301,11 +351,15 @@ def test_the_loop_counts_cycles_that_overran_the_interval(
     with caplog.at_level("WARNING", logger="replaywatch.poller"):
         poller.run(threading.Event(), sleep=sleep)
     assert poller.late_cycles == 3
-    # Each late cycle is said with where its time went: here, all of it in the diagnosis.
+    # Each late cycle is said with where its time went: here, all of it in the polls.
     late = [r.getMessage() for r in caplog.records if "ran late" in r.getMessage()]
     assert len(late) == 3, late
     assert "1500 ms past its 1 s interval" in late[0], late[0]
-    assert "diagnosis 2500 ms" in late[0] and "waited on polls 0 ms" in late[0], late[0]
+    # (the fake clock moves on the poll's thread: before or after the wait began)
+    assert re.search(r"(started|waited on) polls 2500 ms", late[0]), late[0]
+    assert "waited on the last diagnosis 0 ms" in late[0], late[0]
+    assert [m.split(" ran late")[0] for m in late] == [
+        "poll cycle 1", "poll cycle 2", "poll cycle 3"]
     # A late cycle is followed at once and the cadence realigns, no burst to catch up.
     assert waits == [0.0, 0.0, 0.0, pytest.approx(0.75), pytest.approx(1.5)]
     # Published with each picture.
