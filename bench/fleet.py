@@ -181,11 +181,14 @@ def render(phases: dict[str, dict[str, Any]], split: dict[str, Any], minutes: fl
           f"{one['metrics_bytes']:,} |" for phase, one in phases.items()),
         "",
         "A cycle waits for each poll up to its deadline (0.8 of the interval) and a margin "
-        "(what the interval leaves after it and 0.1 s), and no longer than leaves its publish "
-        "the time the last ten took; a poll not done by then is recorded at the next cycle, "
-        "and a source whose last poll ran into its deadline is polled but not waited on. So "
-        "only the cycle the server stopped in waits for it (the blocked phase's longest "
-        f"cycle: {phases['one server blocked']['cycle_max_ms']:.0f} ms).",
+        "(what the interval leaves after it and 0.1 s), and no longer than leaves the "
+        "recording of its answers the time the last ten took; a poll not done by then is "
+        "recorded at the next cycle, and a source whose last poll ran into its deadline is "
+        "polled but not waited on. So only the cycle the server stopped in waits for it. A "
+        "cycle's diagnosis runs beside the next cycle's polls, and a cycle's duration here is "
+        "from its polls' start to its picture's publication: it holds the diagnosis that "
+        "overlapped the next polls, so it may pass the interval (the blocked phase's longest: "
+        f"{phases['one server blocked']['cycle_max_ms']:.0f} ms) where no cycle was late.",
         "",
         f"Two shards: they poll {split['owned'][0]} and {split['owned'][1]} of the "
         f"{split['servers']} servers; every server by exactly one: "
