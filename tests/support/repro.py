@@ -39,8 +39,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def sidecar_for(port: int, probe: str | None = None, **thresholds: float) -> Sidecar:
-    th = Thresholds(stall_window_s=WINDOW_S, min_history_s=0.5, **thresholds)
+def sidecar_for(port: int, probe: str | None = None, **thresholds: float | bool) -> Sidecar:
+    # A stall window given is pinned, as `--stall-window` pins it for a user
+    # (config.thresholds_from): a window learned from a loaded host's uneven ticks grew to
+    # 4 s here, and the bounds below are the configured window's.
+    th = Thresholds(**{"stall_window_s": WINDOW_S, "min_history_s": 0.5,
+                       "learned_windows": False, **thresholds})
     probes = () if probe is None else (ProbeTarget(probe, None),)
     config = WatchConfig(targets=(f"127.0.0.1:{port}",), probes=probes,
                          poll=PollConfig(interval_s=POLL_S, history_s=300.0), thresholds=th)
