@@ -115,6 +115,7 @@ class _Polled:
 
     t0: float
     phases: dict[str, float]
+    bindings: list[SourceBinding]  # as this cycle polled them
     started: list[tuple[SourceBinding, concurrent.futures.Future[PollOutcome]]] = \
         dataclasses.field(default_factory=list)
     answered: list[tuple[SourceBinding, concurrent.futures.Future[PollOutcome]]] = \
@@ -242,7 +243,7 @@ class Poller:
             phases["reload"] = self._perf() - t0
         bindings = self.bindings
         pool = self._pool()
-        polled = _Polled(t0, phases)
+        polled = _Polled(t0, phases, bindings)
         for binding in bindings:
             name = binding.source.name
             pending = self._in_flight.pop(name, None)
@@ -323,13 +324,14 @@ class Poller:
         self._statuses[binding.source.name] = status
 
     def _publish(self, t0: float, phases: dict[str, float],
-                 statuses: dict[str, SourceStatus] | None = None) -> Published:
-        """Diagnoses and publishes one picture. `statuses`: as the poller left them, when this
-        runs on the diagnosis thread while the poller goes on (`run`)."""
+                 statuses: dict[str, SourceStatus] | None = None,
+                 bindings: Sequence[SourceBinding] | None = None) -> Published:
+        """Diagnoses and publishes one picture. `statuses`, `bindings`: the cycle's, when this
+        runs on the diagnosis thread while the poller goes on (`run`) and may reload."""
         now = self._clock()
         began = self._perf()
         statuses = dict(self._statuses) if statuses is None else statuses
-        bindings = self.bindings
+        bindings = self.bindings if bindings is None else bindings
         # Only what is watched now: a target a targets file or discovery dropped keeps its
         # history until it ages out, but /metrics and the page must not go on showing its
         # last values as if it were alive.
@@ -414,7 +416,7 @@ class Poller:
                     polled.phases["recorded polls"] = self._perf() - settled
                     phases: dict[str, float] = {}
                     pending = (diagnosis.submit(self._publish, polled.t0, phases,
-                                                dict(self._statuses)), phases)
+                                                dict(self._statuses), polled.bindings), phases)
                     self._publishes.append(self._perf() - joined)
                     self._phases, self._outran = polled.phases, polled.outran
                 except Exception:  # the watcher must outlive any one bad cycle

@@ -290,6 +290,37 @@ def test_the_next_cycles_polls_start_while_the_last_diagnosis_runs(
     assert store.current().cycle == 3
 
 
+def test_a_picture_shows_the_targets_its_cycle_polled_though_the_next_reloaded(
+        made: list[Poller]) -> None:
+    # Cycle 2 drops b:1 (a targets file edited) before diagnosis 1 has begun: picture 1 is
+    # cycle 1's, b:1's table in it; picture 2 has it no more.
+    release = threading.Event()
+    pictures: list[Published] = []
+
+    class HeldClock(FakeClock):
+        def __call__(self) -> float:  # a diagnosis' first read of the time
+            if threading.current_thread().name.startswith("replaywatch-diagnosis"):
+                assert release.wait(5), "cycle 2's poll never started"
+            return super().__call__()
+
+    clock = HeldClock()
+
+    class Source(FakeSource):
+        def poll(self) -> PollOutcome:
+            if self.polls == 1:  # cycle 2's poll, after its reload
+                release.set()
+            return super().poll()
+
+    a, b = Source("a:1", clock), FakeSource("b:1", clock)
+    fresh: list[list[SourceBinding] | None] = [None, [SourceBinding(a, "a:1")]]
+    poller, _ = poller_of(made, a, b, clock=clock,
+                          reload=lambda: fresh.pop(0) if fresh else None,
+                          after_publish=pictures.append)
+    sleeps: list[float] = []
+    poller.run(threading.Event(), sleep=lambda delay: sleeps.append(delay) or len(sleeps) == 2)
+    assert [sorted(t for t, _ in p.tables) for p in pictures] == [["a:1", "b:1"], ["a:1"]]
+
+
 def test_a_diagnosis_longer_than_the_interval_makes_the_next_cycle_late_and_says_so(
         made: list[Poller], clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
     poller, store = poller_of(made, FakeSource("a:1", clock), clock=clock, interval_s=0.2,
