@@ -25,6 +25,9 @@ from tests.builders import PROBE, polls, probe_snapshot, table_snapshot
 from tests.builders import target_view as make_view
 
 TH = Thresholds()
+# Many minutes of a job, poll by poll, through the whole diagnosis: 2.5 s and more each. Make test
+# runs them; make test-fast (under a minute) leaves them to it.
+SIMULATED_RUNS = pytest.mark.slow
 PINNED = dataclasses.replace(TH, learned_windows=False)
 REACH_S = 63.0  # the keeper's view: max(spi window, 3 stall windows) + 3 polls
 B = 16  # a batch; spi 1, so a step frees 16 inserts
@@ -152,6 +155,7 @@ def test_a_hung_12_s_learner_is_named_within_3_gaps_and_says_its_window() -> Non
     assert ev["window_why"].startswith("learned: ") and "longest 12.0 s" in ev["window_why"]
 
 
+@SIMULATED_RUNS
 def test_a_periodic_evaluation_is_paged_at_most_at_its_first_pause() -> None:
     paged, learned = run(evaluating_learner(), 1000)
     assert paged, "the first 60 s evaluation outlasts the 10 s window: nothing learned yet"
@@ -205,6 +209,7 @@ def test_each_window_case_shows_its_kind() -> None:
         assert shown == ([kind] if kind else []), what
 
 
+@SIMULATED_RUNS
 def test_a_learner_fed_by_its_pipeline_is_never_paged_with_or_without_its_probe() -> None:
     for probe in (False, True):
         paged, _ = run(buffered_learner(), 600, probe=probe)
@@ -276,6 +281,7 @@ def test_a_hung_learner_fed_by_its_pipeline_is_named_by_its_own_window_or_its_fi
     assert next(t for t, f in short if f.kind == "insert_blocked") == first[0]
 
 
+@SIMULATED_RUNS
 def test_a_marked_evaluation_is_never_paged_and_says_so() -> None:
     paged, _ = run(evaluating_learner(sections=True), 1000)
     assert paged == []
@@ -292,6 +298,7 @@ def test_a_marked_evaluation_is_never_paged_and_says_so() -> None:
     assert info.evidence["section_allowance_s"] == 90.0
 
 
+@SIMULATED_RUNS
 def test_an_evaluating_learner_hung_for_good_is_named_within_its_window() -> None:
     # Hung at 650 s, between evaluations (480 and 720): named by the normal window.
     paged, _ = run(evaluating_learner(sections=True, hang_at=650.5), 720)
