@@ -134,7 +134,10 @@ FINDING = ("kind", "severity", "target", "table")
 ACTIVE = gauge("finding_active", "1 for each active finding.", FINDING)
 SINCE = gauge("finding_since_timestamp_seconds", "Onset of each active finding.", FINDING)
 
-CYCLE = gauge("poll_cycle_duration_seconds", "Duration of the last poll cycle.")
+# From the cycle's polls' start to its picture's publication: its diagnosis runs beside the
+# next cycle's polls, so this may pass the interval where no cycle is late (late_poll_cycles).
+CYCLE = gauge("poll_cycle_duration_seconds",
+              "Seconds from the last published cycle's polls' start to its publication.")
 LOG_OK = gauge("incident_log_healthy", "1 while the incident log accepts writes.")
 DROPPED = counter("incident_log_dropped",
                   "Transitions the incident log lost because its write queue was full.")
