@@ -93,7 +93,9 @@ def _add_source_flags(p: argparse.ArgumentParser) -> None:
                         "watched, then its incidents close as gone (default 600)")
     p.add_argument("--ray-results", metavar="PATH|URL",
                    help="the job's result.json, or a directory holding one (Tune's), or the "
-                        "URL of an RLlibProbe in its driver (replaywatch.probe.rllib)")
+                        "URL of an RLlibProbe in its driver (replaywatch.probe.rllib); with "
+                        "--ray-job all, the directory every job's result.json is under, each "
+                        "job reading its own")
     p.add_argument("--reverb-pid", action="append", default=[], metavar="[TARGET=]PID",
                    help="the Reverb server's process, for its memory and limit (default: the "
                         "process listening on a local target's port)")
@@ -268,9 +270,11 @@ def ray_targets(args: argparse.Namespace) -> tuple[cfg.RayTarget, ...]:
             raise ConfigError(f"--ray-token-file {args.ray_token_file}: {e.strerror}") from None
         if token is None:
             raise ConfigError(f"--ray-token-file {args.ray_token_file} is empty")
-    if args.ray_job == cfg.ALL_JOBS and args.ray_results:
-        raise ConfigError("--ray-results names one job's result rows; with --ray-job all each "
-                          "job is read from the state API and its metrics")
+    if args.ray_job == cfg.ALL_JOBS and args.ray_results and not os.path.isdir(
+            args.ray_results):
+        raise ConfigError(f"--ray-results {args.ray_results}: with --ray-job all it is the "
+                          "directory every job's result.json is under (each job reads its "
+                          "own), not one job's file or probe")
     return tuple(cfg.RayTarget(cfg.parse_ray(a), token, args.ray_temp_dir, args.ray_job,
                                args.ray_results, args.ray_job_ttl) for a in args.ray)
 

@@ -70,9 +70,11 @@ def ray_source(ray: RayTarget, timeout: float, job_id: str | None = None,
     poll still running at the next cycle is skipped and counted late, never stacked. The
     jobs of one cluster share the reads that are the same for each (`shared`)."""
     each = max(0.5, timeout / 2)
+    # A discovered job's rows are its own of the directory every job's are under.
     cluster = RayClusterSource(ray.name, token=ray.token, temp_dir=ray.temp_dir,
                                job_id=job_id or ray.job_id, results=ray.results,
-                               timeout_s=each, scrape_timeout_s=each, shared=shared)
+                               timeout_s=each, scrape_timeout_s=each, shared=shared,
+                               results_by_job=ray.every_job)
     return RaySource(cluster, ray.job_name(job_id) if job_id else ray.name, timeout)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,6 +139,57 @@ def _tick_until(car, done, ticks: int = 40):  # type: ignore[no-untyped-def]
     raise AssertionError(f"not within {ticks} ticks: {sorted(state.ray)}")
 
 
-def test_results_with_every_job_is_one_line(tmp_path: Path, cluster: Cluster) -> None:
-    with pytest.raises(ConfigError, match="--ray-results names one job's result rows"):
-        all_jobs(tmp_path, cluster, "--ray-results", str(tmp_path))
+def test_results_with_every_job_are_a_directory_else_one_line(tmp_path: Path,
+                                                               cluster: Cluster) -> None:
+    one = tmp_path / "result.json"
+    one.write_text("")
+    for given in (str(one), "http://127.0.0.1:8003", str(tmp_path / "nowhere")):
+        with pytest.raises(ConfigError, match="with --ray-job all it is the directory"):
+            all_jobs(tmp_path, cluster, "--ray-results", given)
+
+
+def _rows_of(pid: int) -> str:
+    rows = [json.loads(line) for line in (FIXTURES / "result_appo.jsonl").read_text().splitlines()]
+    return "".join(json.dumps(dict(r, pid=pid)) + "\n" for r in rows)
+
+
+def test_every_job_reads_its_own_result_json_of_a_shared_directory(
+        tmp_path: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two jobs write their rows under one ~/ray_results: each is told by its first row's pid
+    # (Trainable's), its driver's as Ray's job API lists it, and written since the job began.
+    monkeypatch.setattr(ray_jobs, "DISCOVER_EVERY_S", 0.0)
+    doc = json.loads((FIXTURES / "actors.json").read_text())
+    rows = doc["data"]["result"]["result"]
+    rows += [dict(copy.deepcopy(r), job_id="03000000", actor_id=r["actor_id"] + "3",
+                  pid=r["pid"] + 10000) for r in rows if r["job_id"] == "02000000"]
+    cluster.serve_actors(doc)
+    jobs = json.loads((FIXTURES / "jobs.json").read_text())
+    third = dict(copy.deepcopy(jobs[-1]), job_id="03000000")
+    third["driver_info"] = dict(third["driver_info"], id="03000000", pid="4600")
+    cluster.serve_jobs([*jobs, third])
+    results = tmp_path / "ray_results"
+    for name, pid in (("stale", 4500), ("b", 4600)):
+        (results / name).mkdir(parents=True)
+        (results / name / "result.json").write_text(_rows_of(pid))
+    # An earlier run of a driver that had job 02000000's pid, before 02000000 started
+    started = jobs[-1]["start_time"] / 1000.0
+    os.utime(results / "stale" / "result.json", (started - 600, started - 600))
+    config = all_jobs(tmp_path, cluster, "--ray-results", str(results))
+    a, b = (f"{cluster.dashboard} job {j}" for j in ("02000000", "03000000"))
+    with build_sidecar(config, incidents_path=str(tmp_path / "i.db")) as car:
+        state = _tick_until(car, lambda s: len(s.ray) == 2)
+        assert state.ray[b].result_file == str(results / "b" / "result.json")
+        assert {r.pid for r in state.ray[b].results} == {4600}
+        assert state.ray[a].results == () and state.ray[a].result_file is None
+        assert any("no result.json of job 02000000 (pids " in e and "4500" in e
+                   for e in state.ray[a].errors), state.ray[a].errors
+        (results / "a").mkdir()
+        (results / "a" / "result.json").write_text(_rows_of(4500))
+        state = car.poller.tick()
+        assert state.ray[a].result_file == str(results / "a" / "result.json")
+        assert {r.pid for r in state.ray[a].results} == {4500}
+        assert state.ray[b].result_file == str(results / "b" / "result.json")
+        asked = sum(1 for path, _ in cluster.seen if path == "/api/jobs/")
+        car.poller.tick()
+        # Each job's driver is read until Ray lists it, then kept: no read more a cycle
+        assert sum(1 for path, _ in cluster.seen if path == "/api/jobs/") == asked

@@ -9,7 +9,10 @@ the DQN job's dead actors beside APPO's live ones, and APPO's metrics page still
 series of DQN's dead workers, as a real cluster does. The metrics pages are trimmed to the
 families the source keeps and the result rows' config to the keys it reads. workers.json and
 actors_with_learner.json were read together off a later cluster of ours (a DQN job 01000000,
-one EnvRunner and one Learner actor, neither in a call at that instant).
+one EnvRunner and one Learner actor, neither in a call at that instant). jobs.json is Ray's
+job API (`/api/jobs/`) as a driver of ours on a Ray 2.60 cluster read it, its one row edited
+into the two jobs above (their ids, their drivers' pids as the result rows name them, their
+starts and ends).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ One poll reads, each with its own timeout and each failure one line of `RaySnaps
                while a live actor's WorkerId is unknown
     metrics    <temp dir>/prom_metrics_service_discovery.json, then GET /metrics of each
                target (no token); only the `ray_rllib_*` and `ray_actors` families kept
-    results    a result.json (or the newest under a directory), tailed line by line
+    results    a result.json (or the newest under a directory), tailed line by line; with
+               several jobs on the cluster, the newest of the job's own (its first row's
+               pid the job's driver's or an actor's, from GET {dashboard}/api/jobs/)
 
 The state API wants `Authorization: Bearer <token>` since Ray enables token authentication
 by default; the metrics endpoints want none. The job is the one named, or else the newest job
@@ -57,7 +59,7 @@ from replaywatch.ray_model import (
     role_of_class,
 )
 from replaywatch.sources import PolledSource
-from replaywatch.sources.ray_results import ResultProbe, ResultTail
+from replaywatch.sources.ray_results import JobOwner, ResultProbe, ResultTail
 from replaywatch.sources.ray_shared import ClusterReads
 
 URL_SCHEMES = ("http://", "https://")
@@ -68,6 +70,9 @@ _EQ = "&filter_predicates=%3D"
 RUNNING_TASKS = f"/api/v0/tasks?detail=1&limit=10000&filter_keys=state{_EQ}&filter_values=RUNNING"
 NODES = "/api/v0/nodes?limit=1000"
 LIVE_WORKERS = f"/api/v0/workers?limit=10000&filter_keys=is_alive{_EQ}&filter_values=true"
+# Every job, driver and submission alike, with its driver's pid and its start (Ray's job API,
+# which the state API's jobs list mirrors): which result.json is whose, on a shared cluster.
+JOBS = "/api/jobs/"
 # The dashboard's py-spy of a worker, on the worker's node (Ray's reporter agent): text
 TRACEBACK = "/worker/traceback"
 TRACEBACK_TIMEOUT_S = 15.0  # py-spy attaches, walks every thread, and Ray relays it
@@ -208,6 +213,36 @@ def parse_workers(doc: Any) -> dict[tuple[str | None, int], str]:
                 for r in rows if r.get("is_alive", True) and r.get("pid")}
     except (KeyError, TypeError, ValueError) as e:
         raise SourceProtocolError(f"not a worker row ({e!r})"[:_TEXT]) from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobDriver:
+    """A job's driver as Ray's job API lists it: its pid and when the job started."""
+
+    pid: int | None
+    started_at: float | None  # seconds since the epoch
+
+
+def parse_job_drivers(doc: Any) -> dict[str, JobDriver]:
+    """`/api/jobs/` as each job's driver by job id (a submission whose driver has not started
+    has no job id yet, and is left out). Raises SourceProtocolError on a wrong shape."""
+    if not isinstance(doc, list):
+        raise SourceProtocolError("the jobs list is not a JSON list")
+    drivers: dict[str, JobDriver] = {}
+    for row in doc:
+        if not isinstance(row, dict):
+            raise SourceProtocolError("a job is not a JSON object")
+        job_id = row.get("job_id")
+        if not isinstance(job_id, str) or not job_id:
+            continue
+        info = row.get("driver_info")
+        pid = info.get("pid") if isinstance(info, dict) else None
+        started = row.get("start_time")
+        drivers[job_id] = JobDriver(
+            pid=int(pid) if isinstance(pid, (str, int)) and str(pid).isdigit() else None,
+            started_at=started / 1000.0 if isinstance(started, (int, float))
+            and not isinstance(started, bool) and started > 0 else None)
+    return drivers
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -356,14 +391,17 @@ class RayClusterSource:
     `dashboard` is the dashboard's address (`http://127.0.0.1:8265`); `token` the cluster's
     (else found as Ray finds it, at the first poll); `temp_dir` Ray's temp dir, where the
     head writes the metrics' service-discovery file; `job_id` the job to watch (else the
-    newest with a live RLlib actor); `results` a result.json or a directory holding one.
+    newest with a live RLlib actor); `results` a result.json or a directory holding one;
+    `results_by_job`: the directory holds several jobs' (`--ray-job all`), and this job's are
+    the ones whose first row's pid is its driver's or one of its actors'.
     """
 
     def __init__(self, dashboard: str, *, token: str | None = None,
                  temp_dir: str | Path = DEFAULT_TEMP_DIR, job_id: str | None = None,
                  results: str | Path | None = None, timeout_s: float = 2.0,
                  scrape_timeout_s: float = 2.0, environ: Mapping[str, str] | None = None,
-                 home: Path | None = None, shared: ClusterReads | None = None):
+                 home: Path | None = None, shared: ClusterReads | None = None,
+                 results_by_job: bool = False):
         base = dashboard if "://" in dashboard else f"http://{dashboard}"
         self.target = base.rstrip("/")
         self.name = f"ray {self.target}"
@@ -385,6 +423,8 @@ class RayClusterSource:
         # The reads every job of the cluster makes alike, made once a cycle for all of them
         # (ray_shared.py); None: this source reads them itself.
         self._shared = shared
+        self._by_job = results_by_job and isinstance(self._tail, ResultTail)
+        self._driver: JobDriver | None = None  # this job's, once Ray's job API lists it
 
     def close(self) -> None:
         """Nothing held between polls: every read opens and closes its own connection."""
@@ -401,7 +441,12 @@ class RayClusterSource:
         rows: tuple[ResultRow, ...] = ()
         file = None
         live = None
-        if self._tail is not None:
+        if isinstance(self._tail, ResultTail) and self._by_job:
+            owner = self._owner(job, mine, errors)
+            if owner is not None:
+                rows, file, said = self._tail.read(owner)
+                errors += said
+        elif self._tail is not None:
             rows, file, said = self._tail.read()
             errors += said
             live = self._tail.live if isinstance(self._tail, ResultProbe) else None
@@ -411,6 +456,27 @@ class RayClusterSource:
             counters=counters, actor_counts=counts, results=rows, result_file=file, live=live,
             ray_version=version, metrics_targets=targets, metrics_targets_refused=refused,
             series_dropped=dropped, errors=tuple(errors))
+
+    def _owner(self, job: str | None, actors: tuple[RayActor, ...],
+               errors: list[str]) -> JobOwner | None:
+        """Whose result.json this job's is: its driver's pid and start (Ray's job API, read
+        until it lists the job) and its actors' pids; None (said) while none is known."""
+        if job is None:
+            return None
+        if self._driver is None or self._driver.pid is None:
+            try:
+                self._driver = parse_job_drivers(self._cluster_state(JOBS)).get(job)
+            except SourceError as e:
+                errors.append(f"results: {self.target}{JOBS}: {e}: which result.json is job "
+                              f"{job}'s is not known")
+        pids = {a.pid for a in actors if a.pid is not None}
+        if self._driver is not None and self._driver.pid is not None:
+            pids.add(self._driver.pid)
+        if not pids:
+            errors.append(f"results: job {job} has no driver or actor pid listed yet")
+            return None
+        since = self._driver.started_at if self._driver and self._driver.started_at else 0.0
+        return JobOwner(job, frozenset(pids), since)
 
     def _state(self, path: str) -> Any:
         """A state API document, with the token; SourceError names what went wrong."""

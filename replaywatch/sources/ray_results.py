@@ -10,6 +10,7 @@ keeps them.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -121,6 +122,19 @@ def parse_result_row(obj: Any) -> ResultRow:
         **read)
 
 
+@dataclasses.dataclass(frozen=True)
+class JobOwner:
+    """Whose rows a tail reads on a cluster of several jobs: the job, its processes' pids
+    (the driver's, its actors'), and when it started (seconds since the epoch)."""
+
+    job_id: str
+    pids: frozenset[int]
+    since: float
+
+    def says(self) -> str:
+        return f"job {self.job_id} (pids {', '.join(map(str, sorted(self.pids)))})"
+
+
 class ResultTail:
     """A result.json read incrementally: each poll parses the lines added since the last.
 
@@ -128,7 +142,11 @@ class ResultTail:
     the experiment, then the trial; or a job's own logdir). A partial last line is left for
     the next poll; a file that shrank or was replaced (another inode, another newest file)
     is read again from its start, as a new run. Only the last `KEEP` rows are kept, so a long
-    file is read from its last `MAX_READ` bytes."""
+    file is read from its last `MAX_READ` bytes.
+
+    With `owner` (one job of several on a cluster, `--ray-job all`), the newest is the newest
+    file of that job's: one whose first row's `pid` (Trainable's, in every row) is the job's
+    driver or one of its actors (a Tune trial), written since the job started."""
 
     KEEP = 8
     MAX_READ = 4 * 1024 * 1024  # rows are ~20 KB, most of it the config
@@ -139,30 +157,59 @@ class ResultTail:
         self._inode = -1
         self._offset = 0
         self._rows: collections.deque[ResultRow] = collections.deque(maxlen=self.KEEP)
+        self._first_pid: dict[tuple[str, int], int | None] = {}  # (file, inode) -> its pid
 
-    def read(self) -> tuple[tuple[ResultRow, ...], str | None, tuple[str, ...]]:
-        """The latest rows (oldest first), the file read, and what could not be read."""
-        file = self._find()
+    def read(self, owner: JobOwner | None = None
+             ) -> tuple[tuple[ResultRow, ...], str | None, tuple[str, ...]]:
+        """The latest rows (oldest first), the file read, and what could not be read;
+        `owner`: only a file of that job's (see the class)."""
+        file = self._find(owner)
         if file is None:
             where = "under" if self._path.is_dir() else "at"
-            return tuple(self._rows), None, (f"results: no result.json {where} {self._path}",)
+            whose = "" if owner is None else f" of {owner.says()}"
+            return tuple(self._rows), None, (
+                f"results: no result.json{whose} {where} {self._path}",)
         try:
             errors = self._read(file)
         except OSError as e:
             errors = (f"results: {file}: {_one_line(e.strerror or e)}",)
         return tuple(self._rows), str(file), errors
 
-    def _find(self) -> Path | None:
+    def _find(self, owner: JobOwner | None) -> Path | None:
         if not self._path.is_dir():
             return self._path if self._path.is_file() else None
         found = []
         for pattern in ("result.json", "*/result.json", "*/*/result.json"):
             for p in self._path.glob(pattern):
                 try:
-                    found.append((p.stat().st_mtime, str(p), p))
+                    st = p.stat()
                 except OSError:
                     continue  # gone between the listing and the stat
+                if owner is not None and not (
+                        st.st_mtime >= owner.since and self._pid_of(p, st.st_ino) in owner.pids):
+                    continue
+                found.append((st.st_mtime, str(p), p))
         return max(found)[2] if found else None
+
+    def _pid_of(self, file: Path, inode: int) -> int | None:
+        """The `pid` of the file's first row, read once per file; None until a whole first
+        line is written (asked again then), or where it names none."""
+        key = (str(file), inode)
+        if key in self._first_pid:
+            return self._first_pid[key]
+        try:
+            with file.open("rb") as f:
+                line = f.readline(self.MAX_READ)
+        except OSError:
+            return None
+        if not line.endswith(b"\n"):
+            return None
+        try:
+            pid = parse_result_row(json.loads(line)).pid
+        except ValueError:
+            pid = None
+        self._first_pid[key] = pid
+        return pid
 
     def _read(self, file: Path) -> tuple[str, ...]:
         size, inode = file.stat().st_size, file.stat().st_ino

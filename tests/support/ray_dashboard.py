@@ -26,6 +26,7 @@ class Dashboard(http.server.BaseHTTPRequestHandler):
     delay_s: float = 0.0
     seen: list[tuple[str, str | None]]
     actors: list[bytes] | None = None  # [document] in place of the recorded actors list
+    jobs: list[bytes] | None = None  # [document] in place of the recorded jobs list
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self.seen.append((self.path, self.headers.get("Authorization")))
@@ -48,6 +49,10 @@ class Dashboard(http.server.BaseHTTPRequestHandler):
             name = "tasks.json"
         elif self.path.startswith("/api/v0/workers?"):
             name = "workers.json"  # recorded beside actors_with_learner.json, not actors.json
+        elif self.path == "/api/jobs/":
+            if self.jobs is not None:
+                return self._answer(200, self.jobs[0], "application/json")
+            name = "jobs.json"
         else:
             return self._answer(404, b"not found", "text/plain")
         self._answer(200, (FIXTURES / name).read_bytes(), "application/json")
@@ -90,6 +95,11 @@ class Cluster:
         """The state API lists these actors from now on (the recorded ones edited)."""
         self.actors[:] = [json.dumps(doc).encode()]
         self.server.RequestHandlerClass.actors = self.actors  # type: ignore[attr-defined]
+
+    def serve_jobs(self, doc: list[dict[str, Any]]) -> None:
+        """Ray's job API lists these jobs from now on (the recorded ones edited)."""
+        self.server.RequestHandlerClass.jobs = [  # type: ignore[attr-defined]
+            json.dumps(doc).encode()]
 
     def close(self) -> None:
         self.server.shutdown()
