@@ -65,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--uniform-replay", action="store_true",
                    help="DQN: EpisodeReplayBuffer instead of the prioritized default")
     p.add_argument("--learner-queue-size", type=int, default=None, help="APPO")
+    p.add_argument("--sampler-wait-s", type=float, default=None,
+                   help="APPO's timeout_s_sampler_manager: how long its driver waits for its "
+                        "EnvRunners' samples each training step (RLlib's 0: it spins)")
     p.add_argument("--sample-timeout-s", type=float, default=None)
     p.add_argument("--min-steps-per-iteration", type=int, default=None,
                    help="min_sample_timesteps_per_iteration (DQN's default 1000)")
@@ -79,6 +82,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds each env step takes (a simulator's pace; 0: CartPole's own)")
     p.add_argument("--hang-learner-after", type=int, default=0,
                    help="compute_losses calls; 0: never")
+    p.add_argument("--hang-learner-after-s", type=float, default=0.0,
+                   help="seconds from the learner's first update; 0: never (a hang that "
+                        "comes after a phase long enough to judge, whatever the host's pace)")
     p.add_argument("--learner-step-s", type=float, default=0.0,
                    help="seconds added to every compute_losses: a learner slower than its "
                         "EnvRunners (a big network on a small host)")
@@ -149,10 +155,10 @@ def env_creator(env_config: Any) -> gym.Env:
 
 
 def hanging_learner(base: type, after: int, step_s: float = 0.0,
-                    slow_after_s: float = 0.0) -> type:
-    """`base` whose `compute_losses` never returns after `after` calls (0: always returns), a
-    hung learner, and takes `step_s` longer each call once `slow_after_s` have passed since
-    its first, a slow one."""
+                    slow_after_s: float = 0.0, after_s: float = 0.0) -> type:
+    """`base` whose `compute_losses` never returns after `after` calls or once `after_s`
+    have passed since its first (0: always returns), a hung learner, and takes `step_s`
+    longer each call once `slow_after_s` have passed since its first, a slow one."""
 
     class HangingLearner(base):  # type: ignore[misc, valid-type]
         _calls = 0
@@ -162,7 +168,8 @@ def hanging_learner(base: type, after: int, step_s: float = 0.0,
             self._calls += 1
             if self._first is None:
                 self._first = time.monotonic()
-            if after and self._calls > after:
+            if (after and self._calls > after) or (
+                    after_s and time.monotonic() - self._first >= after_s):
                 while True:
                     time.sleep(3600)
             if step_s and time.monotonic() - self._first >= slow_after_s:
@@ -170,7 +177,7 @@ def hanging_learner(base: type, after: int, step_s: float = 0.0,
             return super().compute_losses(*args, **kwargs)
 
     HangingLearner.__name__ = HangingLearner.__qualname__ = (
-        ("Hanging" if after else "Slow") + base.__name__)
+        ("Hanging" if after or after_s else "Slow") + base.__name__)
     return HangingLearner
 
 
@@ -248,6 +255,8 @@ def build_config(args: argparse.Namespace) -> Any:
         training = {}
         if args.learner_queue_size is not None:
             training["learner_queue_size"] = args.learner_queue_size
+        if args.sampler_wait_s is not None:
+            training["timeout_s_sampler_manager"] = args.sampler_wait_s
     fragment = args.rollout_fragment_length
     runners: dict[str, Any] = dict(
         num_env_runners=args.num_env_runners,
@@ -273,11 +282,12 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.min_time_per_iteration is not None:
         reporting["min_time_s_per_iteration"] = args.min_time_per_iteration
     config.reporting(**reporting)
-    if args.hang_learner_after or args.learner_step_s:
+    if args.hang_learner_after or args.hang_learner_after_s or args.learner_step_s:
         config.training(learner_class=hanging_learner(config.get_default_learner_class(),
                                                       args.hang_learner_after,
                                                       args.learner_step_s,
-                                                      args.learner_slow_after_s))
+                                                      args.learner_slow_after_s,
+                                                      args.hang_learner_after_s))
     return config
 
 
