@@ -80,10 +80,11 @@ launchpad-venv: $(UV)
 # ray[default,rllib] with PyTorch on the CPU. torch alone by pip, --no-index: the CPU build
 # on this machine's disk (pip's find-links; uv does not look there), never the index's CUDA
 # build of several GB; its dependencies and Ray's by uv. About 1.7 GB. Not compiled to bytecode
-# (1 s instead of 26 s of a fresh clone's set-up): a job compiles what it imports, about a third,
-# and make test's pytest writes it for the processes after it. make test builds it beside
-# the other venvs and runs, in its frameworks lane, a `ray start --head` cluster with two RLlib
-# jobs watched by `--ray-job all` (tests/test_rllib_make.py: 80 s alone, 131 s in make test);
+# (1 s instead of 26 s of a fresh clone's set-up): what the jobs import, about a third, is
+# compiled by one process of make test's RLlib case before its jobs start (the PRELUDE of
+# tests/support/rllib_jobs.py), and read by the processes after it. make test builds it beside
+# the other venvs and runs, in its frameworks lane, a `ray start --head` cluster with five
+# RLlib jobs watched by `--ray-job all` (tests/test_rllib_make.py: 123 s alone);
 # REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python

@@ -521,6 +521,25 @@ def test_a_job_stopped_by_algo_stop_is_not_down() -> None:
     assert judge_rllib(TARGET, snaps, TH, T0 + 25) == ()
 
 
+REF_DELETED = ("REF_DELETED: The actor is dead because all references to the actor were "
+               "removed including lineage ref count.")  # recorded: an APPO job's algo.stop()
+
+
+def test_an_appo_job_stopping_pages_nothing_at_any_poll_of_its_stop() -> None:
+    # Its EnvRunners let go (REF_DELETED) one poll, its Learner exits the next, as a
+    # stop seen between two polls: neither poll is the job down.
+    runners = [actor(ActorRole.ENV_RUNNER, n, "DEAD", cause=REF_DELETED) for n in (0, 1)]
+    assert Name.RLLIB_ACTOR_DOWN not in judged(with_actors(*runners), 200.0)
+    learner = actor(ActorRole.LEARNER, 0, "DEAD", cause="INTENDED_USER_EXIT: exit")
+    history = with_actors(*runners, learner).history(200.0)
+    assert rllib_actors.job_ended(history[-1])
+    assert Name.RLLIB_ACTOR_DOWN not in judged(with_actors(*runners, learner), 200.0)
+    # A runner that crashed beside them is down: letting go of the others proves nothing.
+    crashed = actor(ActorRole.ENV_RUNNER, 1, "DEAD", cause="WORKER_DIED: exit code 1")
+    f = judged(with_actors(runners[0], crashed), 200.0)[Name.RLLIB_ACTOR_DOWN]
+    assert f.evidence["env_runners_down"] == "1 of 2" and "WORKER_DIED" in f.summary
+
+
 def test_actors_ended_with_their_driver_are_the_jobs_end_and_another_owners_are_down() -> None:
     # Measured on Ray 2.60: the driver SIGKILLed, its EnvRunner's cause names it as owner.
     def owner_died(owner: str) -> str:

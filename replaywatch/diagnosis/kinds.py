@@ -463,8 +463,9 @@ RLLIB_ACTOR_DOWN = Kind(
     # (rules_rllib.py): RLlib samples on with the others, slower.
     Name.RLLIB_ACTOR_DOWN, Severity.CRITICAL, needs_probe=False,
     meaning="An RLlib job's EnvRunner, Learner or aggregator actor is DEAD or RESTARTING, or "
-            "restarted within the look-back (Ray's state API; a job whose actors all ended "
-            "as `algo.stop()` ends them is not down). Critical when a Learner or every "
+            "restarted within the look-back (Ray's state API; an actor its owner ended, as "
+            "`algo.stop()` ends them by `ray.kill`, by letting go of its handle or by "
+            "exiting, or with its driver, is not down). Critical when a Learner or every "
             "EnvRunner is down (nothing trains), a warning when some EnvRunners are (how many "
             "of how many in evidence).",
     fix="Read the death cause given, then the dead actor's log (the Ray session's logs/ "

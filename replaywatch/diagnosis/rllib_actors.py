@@ -1,11 +1,14 @@
 """rllib_actor_down: an RLlib job's actors that sample, learn or aggregate, dead, restarting
 or restarted, from Ray's state API.
 
-A job that ends as `algo.stop()` ends it (recorded on Ray 2.60: EnvRunners killed by
-`ray.kill`, the Learner exiting with INTENDED_USER_EXIT) is not down, nor one whose driver
+A job that ends as `algo.stop()` ends it (recorded on Ray 2.60: a DQN's EnvRunners killed
+by `ray.kill`, its Learner exiting with INTENDED_USER_EXIT; an APPO job's EnvRunner
+REF_DELETED, its driver having let go of every handle to it) is not down, nor one whose driver
 ended, however (its actors die with it, OWNER_DIED naming the driver: measured on Ray 2.60
 with the driver SIGKILLed): that is the job's end, and the sidecar keeps watching it until a
-newer one starts (or, with `--ray-job all`, for its TTL), so its end is seen.
+newer one starts (or, with `--ray-job all`, for its TTL), so its end is seen. Each of those
+actors is ended by its owner, never down, even while the rest of the job is still stopping:
+a poll between `algo.stop()`'s first and last actor pages nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ DOWN_STATES = frozenset({"DEAD", "RESTARTING"})
 # -- rllib_actor_down --------------------------------------------------------------------------
 
 def ended_on_purpose(a: RayActor) -> bool:
-    """How `algo.stop()` ends its actors (recorded): EnvRunners by `ray.kill`, the Learner
-    by exiting; or the job's end: its driver, their owner, gone (Ray says "Owner Id" and the
-    driver's WorkerId). An actor another actor owns, dead with its owner, is still down."""
+    """How `algo.stop()` ends its actors (recorded): EnvRunners by `ray.kill` or by their
+    handles let go (REF_DELETED: Ray ends an actor no one refers to, which a crash never
+    says), the Learner by exiting; or the job's end: its driver, their owner, gone (Ray says
+    "Owner Id" and the driver's WorkerId). An actor another actor owns, dead with its owner,
+    is still down."""
     cause = a.death_cause or ""
     return a.state == "DEAD" and (
-        cause.startswith("RAY_KILL") or "INTENDED_USER_EXIT" in cause
+        cause.startswith(("RAY_KILL", "REF_DELETED")) or "INTENDED_USER_EXIT" in cause
         or cause.startswith("OWNER_DIED") and f"Owner Id: {driver_worker_id(a.job_id)}" in cause)
 
 
@@ -58,7 +63,7 @@ def is_rllib_actor_down(job: RllibJob, th: Thresholds) -> Finding | None:
         if rp.actors_known(s):
             for a in s.actors:
                 first.setdefault(a.actor_id, (a.num_restarts, s.observed_at))
-    down = [a for a in mine if a.state in DOWN_STATES]
+    down = [a for a in mine if a.state in DOWN_STATES and not ended_on_purpose(a)]
     restarted = [a for a in mine if a.actor_id in first and a.num_restarts > first[a.actor_id][0]]
     if not down and not restarted:
         return None
