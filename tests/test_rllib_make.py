@@ -1,29 +1,32 @@
-"""make test's RLlib case: a `ray start --head` cluster on this machine running five real
+"""make test's RLlib case: a `ray start --head` cluster on this machine running six real
 RLlib jobs at once (Ray 2.60, torch on the CPU, .venv-rllib), and one sidecar with
 `--ray-job all --ray-results DIR`: no per-job flag and no code change in any job.
 
-    healthy_dqn   a DQN with its replay buffer: trains, never paged; then its environment
-                  hangs in `step()`: `env_runner_stalled`, with the hung runner's stacks in
-                  its bundle, which replays to the same verdict
+    healthy_dqn   a DQN with its replay buffer, its whole run to its own end (algo.stop()):
+                  never paged
+    healthy_appo  an APPO job, its learner in the driver, the same: never paged
+    env_hang      a DQN that trains, never paged, then its environment hangs in `step()`:
+                  `env_runner_stalled`, with the hung runner's stacks in its bundle, which
+                  replays to the same verdict
     warm          a warm-up that cannot end in days: `warmup` at info with its ETA, told by
                   its result rows, never paged, none of its neighbours' trained steps read
-    healthy_appo  an APPO job, its learner in the driver: never paged for its whole run
     drops         an APPO job whose learner is slower than its EnvRunner: `env_steps_dropped`
     intensity     a DQN whose training_intensity its rounding cannot reach: `spi_drift` with
                   the value that can; then its Learner hangs: `learner_stalled`
 
 Each job is a target within one discovery interval of its start; a hang is named within the
 window its finding states plus two polls of the job's last trained step, as the history shows
-it. Then the first job's driver is killed: it leaves the watch after its TTL, its incidents
-closed as gone, never paged for it, and the others stay. Every job but the first, whose
-hang must come quickly, is paced as a simulator would be (its env steps, tens to hundreds a
-second): sampling CartPole flat out cost make test a core each.
+it. A job is stopped once it showed what it is for; the hung environment's driver is killed:
+that job leaves the watch after its TTL, its incidents closed as gone, never paged for it,
+and the hung Learner's job stays. Every job but the hung environment's, whose hang must come
+quickly, is paced as a simulator would be (tens of env steps a second): sampling CartPole
+flat out cost make test a core each.
 
-Every job and the sidecar's reads share the machine with make test's other lanes, so the
-one cluster is started once for all of them; where .venv-rllib cannot be built (no Python
-3.11, no CPU build of torch), this case skips with one line. The RLlib tier's longer cases
-(two EnvRunners, the RLlibProbe, learned windows past a minute) run in `make test-ray`
-(tests/test_rllib_tier.py).
+The one cluster is started once for all of them, and one process writes the bytecode all
+the jobs' processes read (tests/support/rllib_jobs.py); where .venv-rllib cannot be
+built (no Python 3.11, no CPU build of torch), this case skips with one line. The RLlib
+tier's longer cases (two EnvRunners flat out, the RLlibProbe, windows of a minute) run in
+`make test-ray` (tests/test_rllib_tier.py).
 """
 
 from __future__ import annotations
@@ -62,32 +65,33 @@ pytestmark = [
 ]
 # Short iterations (a rhythm of a few seconds); a learner in the driver unless named.
 BASE = ["--num-env-runners", "1", "--num-learners", "0"]
-DQN = ["--algo", "dqn", "--min-steps-per-iteration", "100", "--seconds", "400", *BASE]
+DQN = ["--algo", "dqn", "--min-steps-per-iteration", "100", *BASE]
 # APPO's driver asks its EnvRunners for samples without waiting (RLlib's
 # timeout_s_sampler_manager of 0) and spins: 0.6 of a core here, for nothing the case needs.
 APPO = ["--algo", "appo", "--min-time-per-iteration", "2", "--sampler-wait-s", "0.1", *BASE]
-HEALTHY_RUN_S = 60.0  # the healthy APPO job's whole run, to its own end (algo.stop())
+HEALTHY_RUN_S = 30.0  # the healthy jobs' whole runs, each to its own end (algo.stop())
 JOBS: dict[str, list[str]] = {
     # Four iterations of 100 env steps, three of them training, then the hang: flat out,
     # a few seconds.
-    "healthy_dqn": [*DQN, "--learning-starts", "100", "--hang-env-after", "450",
-                    "--hang-env-runner", "1"],
+    "env_hang": [*DQN, "--learning-starts", "100", "--hang-env-after", "450",
+                 "--hang-env-runner", "1", "--seconds", "400"],
+    "healthy_dqn": [*DQN, "--learning-starts", "100", "--env-step-s", "0.05",
+                    "--seconds", str(HEALTHY_RUN_S)],
     # Its rows say how far its warm-up is (a learner in the driver exports no trained
     # counter before its first update: the metrics alone could not tell it from a job that
     # never learns).
-    "warm": [*DQN, "--learning-starts", "500000000", "--env-step-s", "0.05"],
+    "warm": [*DQN, "--learning-starts", "500000000", "--env-step-s", "0.05", "--seconds", "400"],
     "healthy_appo": [*APPO, "--env-step-s", "0.02", "--seconds", str(HEALTHY_RUN_S)],
     # Every update 2 s longer (a big network on a small host) while its EnvRunner samples
-    # up to 100 env steps a second: its Learner's circular buffer overwrites what it did not
-    # take.
-    "drops": [*APPO, "--num-learners", "1", "--env-step-s", "0.01", "--learner-step-s", "2",
-              "--seconds", "400"],
+    # up to 100 env steps a second: its learner's circular buffer (in the driver, as a
+    # Learner actor's would be) overwrites what it did not take.
+    "drops": [*APPO, "--env-step-s", "0.01", "--learner-step-s", "2", "--seconds", "400"],
     # training_intensity 4 on one EnvRunner with a batch of 32 trains at 8 (RLlib rounds its
     # train rounds and counts the driver's sampler too: bench/RESULTS.md, RLlib replay
     # ratio); its Learner hangs 45 s after its first update, once the ratio was judged.
     "intensity": [*DQN, "--learning-starts", "100", "--num-learners", "1",
                   "--train-batch-size", "32", "--training-intensity", "4",
-                  "--env-step-s", "0.04", "--hang-learner-after-s", "45"],
+                  "--env-step-s", "0.04", "--hang-learner-after-s", "45", "--seconds", "400"],
 }
 TTL_S = 20.0
 # The ratio judged over 20 s of training, not the default minute: the case's time is make
@@ -121,7 +125,7 @@ class Seen:
             windows_in(finding.evidence))
 
 
-def test_five_jobs_on_a_ray_start_cluster_are_found_each_named_as_it_is_then_gone_after_ttl(
+def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healthy_never_paged(
         spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
@@ -197,17 +201,17 @@ def test_five_jobs_on_a_ray_start_cluster_are_found_each_named_as_it_is_then_gon
         # the ones still judged: the first (its driver killed: it must leave after its TTL,
         # never paged for it), the dropping one and the warm-up. The healthy APPO job ends
         # on its own after its run, and is watched to its end.
-        a = target["healthy_dqn"]
+        a = target["env_hang"]
         stopped: dict[str, float] = {}
         warm_told: list[Finding] = []  # the warm-up's finding that its rows told
 
         def stop_the_shown(ray: set[str]) -> bool:
             now = time.monotonic()
-            stalled = of["healthy_dqn"].first("env_runner_stalled")
+            stalled = of["env_hang"].first("env_runner_stalled")
             # The stacks and the bundle are taken off the poller's thread.
-            if "healthy_dqn" not in stopped and stalled is not None and (
+            if "env_hang" not in stopped and stalled is not None and (
                     any((tmp_path / "bundles").glob("*.json")) or now - stalled[0] > 30.0):
-                stopped["healthy_dqn"] = now
+                stopped["env_hang"] = now
             if "drops" not in stopped and of["drops"].first(Name.ENV_STEPS_DROPPED):
                 stopped["drops"] = now
             warm = of["warm"].said.get(Name.WARMUP)
@@ -217,15 +221,16 @@ def test_five_jobs_on_a_ray_start_cluster_are_found_each_named_as_it_is_then_gon
             for name in stopped:
                 if procs[name].popen.poll() is None:
                     procs[name].kill()  # its driver: Ray ends its actors
-            return ("healthy_dqn" in stopped and a not in ray and len(stopped) == 3
+            return ("env_hang" in stopped and a not in ray and len(stopped) == 3
                     and of["intensity"].first(Name.LEARNER_STALLED) is not None
-                    and procs["healthy_appo"].popen.poll() is not None)
+                    and all(procs[h].popen.poll() is not None
+                            for h in ("healthy_dqn", "healthy_appo")))
 
         tick_until(stop_the_shown, 300.0 + TTL_S)
         # The hung learner's job is still running: it stays watched.
         stayed = tick_until(lambda ray: target["intensity"] not in ray, 3.0) is None
         closed = car.incidents.list("all", target=a)
-    killed, left = stopped.get("healthy_dqn", 0.0), of["healthy_dqn"].left_at
+    killed, left = stopped.get("env_hang", 0.0), of["env_hang"].left_at
 
     for s in jobs.values():
         print(f"\n{s.announced['name']}: found {(s.found_at or 0) - s.announced['at']:.1f} s "
@@ -241,7 +246,7 @@ def test_five_jobs_on_a_ray_start_cluster_are_found_each_named_as_it_is_then_gon
         assert s.found_at - s.announced["at"] <= DISCOVER_EVERY_S + 2 * INTERVAL_S + SLACK_S
 
     # A hung environment: named within its window, nothing paged while the job trained.
-    healthy = of["healthy_dqn"]
+    healthy = of["env_hang"]
     stalled, after, window = healthy.named_within_window("env_runner_stalled")
     named_at = healthy.first("env_runner_stalled")[0]  # type: ignore[index]
     print(f"env_runner_stalled: named {after:.1f} s after the last trained step (window "
@@ -261,11 +266,12 @@ def test_five_jobs_on_a_ray_start_cluster_are_found_each_named_as_it_is_then_gon
     text = json.dumps(taken)
     assert "HangAfterSteps.step" in text and "harness/rllib_job.py" in text, text[:2000]
 
-    # Healthy APPO, its whole run; the warm-up, never paged, its ETA from its rows.
-    appo = of["healthy_appo"]
-    assert procs["healthy_appo"].popen.returncode == 0, "the healthy APPO job did not end well"
-    assert len(appo.moved) >= 3, "the APPO job never trained: the case proves nothing"
-    assert appo.paged == [], [(f.kind, f.summary) for _, f in appo.paged[:3]]
+    # The healthy jobs, each its whole run to its own end: never paged. The warm-up, never
+    # paged, its ETA from its rows.
+    for name in ("healthy_dqn", "healthy_appo"):
+        assert procs[name].popen.returncode == 0, f"{name} did not end well"
+        assert len(of[name].moved) >= 3, f"{name} never trained: the case proves nothing"
+        assert of[name].paged == [], [(f.kind, f.summary) for _, f in of[name].paged[:3]]
     warm = of["warm"]
     assert warm.paged == [], [(f.kind, f.summary) for _, f in warm.paged[:3]]
     assert warm.trained is not None and warm.trained[0] == 0 and not warm.trained[1], (
