@@ -109,23 +109,32 @@ class Proc:
                  ) -> dict[str, Any]:
         """The first JSON object line the child prints on stdout (that `match` accepts)."""
         deadline = time.monotonic() + timeout_s
-        assert self.log_path is not None
         while time.monotonic() < deadline:
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if "{" in line:
-                    try:
-                        # raw_decode from the first brace: a child's C++ threads log to the
-                        # same file and may write into the line before or after the JSON.
-                        record = json.JSONDecoder().raw_decode(line[line.index("{"):])[0]
-                    except ValueError:
-                        continue
-                    if isinstance(record, dict) and match(record):
-                        return record
+            record = self.announced(match)
+            if record is not None:
+                return record
             if self.popen.poll() is not None:
+                assert self.log_path is not None
                 raise RuntimeError(f"{self.args} exited {self.popen.returncode}: "
                                    f"{self.log_path.read_text(errors='replace')[-2000:]}")
             time.sleep(0.1)
         raise TimeoutError(f"{self.args} printed no JSON line in {timeout_s}s")
+
+    def announced(self, match: Callable[[dict[str, Any]], bool] = lambda record: True
+                  ) -> dict[str, Any] | None:
+        """The first JSON object line printed so far that `match` accepts, else None."""
+        assert self.log_path is not None
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if "{" in line:
+                try:
+                    # raw_decode from the first brace: a child's C++ threads log to the same
+                    # file and may write into the line before or after the JSON.
+                    record = json.JSONDecoder().raw_decode(line[line.index("{"):])[0]
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and match(record):
+                    return record
+        return None
 
     def signal(self, sig: int) -> None:
         try:

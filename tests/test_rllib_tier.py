@@ -9,13 +9,14 @@ that hangs in its update and an environment that hangs in `step()` are named wit
 kind within the window the rules state plus two polls, counted from the job's last progress
 as the history shows it. A cluster takes about a minute to start here, so the tier runs
 apart from make test's budget (`make test-ray` sets up .venv-rllib; without it, one skip
-line). make test's case (tests/test_rllib_make.py) runs the same faults, shorter, as five
+line). make test's case (tests/test_rllib_make.py) runs the same faults, shorter, as four
 jobs at once on one `ray start --head` cluster found with `--ray-job all`; these cases keep
 what it does not: two EnvRunners sampling flat out, the RLlibProbe, a minute's windows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -49,15 +50,21 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("algo", ["dqn", "appo"])
-def test_a_healthy_job_is_never_paged(spawn: Callable[..., Proc], tmp_path: Path,
-                                      short_temp: Path, algo: str) -> None:
-    announced, temp = start_job(spawn, tmp_path, short_temp,
+def test_a_healthy_job_is_never_paged_to_its_own_end(spawn: Callable[..., Proc],
+                                                      tmp_path: Path, short_temp: Path,
+                                                      algo: str) -> None:
+    # Its whole run: 100 s from its start, then algo.stop() (a DQN's EnvRunners killed, an
+    # APPO job's let go), watched past its end.
+    announced, temp = start_job(spawn, tmp_path, short_temp, "--seconds", "100",
                                 algo=DQN if algo == "dqn" else APPO)
-    paged, moved, _ = watch(tmp_path, announced, temp, 150.0)
+    paged, moved, began = watch(tmp_path, announced, temp, 150.0)
     print(f"\nhealthy {algo}: trained counter seen moving {len(moved)} times in 150 s, "
           f"{len(paged)} warning or critical findings")
     assert len(moved) >= 3, "the job never trained: the case proves nothing"
-    assert paged == [], [(round(t), f.kind, f.summary) for t, f in paged[:3]]
+    assert paged == [], [(round(t - began), f.kind, f.summary) for t, f in paged[:3]]
+    log = Path(announced["logdir"]) / "result.json"
+    last = json.loads(log.read_text().splitlines()[-1])
+    assert last["time_total_s"] >= 90, "it did not run to its end while watched"
 
 
 @pytest.mark.parametrize("fault,kind", [
