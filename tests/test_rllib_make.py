@@ -318,7 +318,11 @@ def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_
           f"(TTL {TTL_S:g} s)")
     assert stayed, "the job whose learner hangs left the watch"
     assert {f.kind for t, f in healthy.paged if t > named_at} <= {"env_runner_stalled"}
-    assert closed and all(r["closed_as"] == "gone" for r in closed), closed
+    # What was open when its driver was killed (the paged stall) closes as gone; a stall
+    # said at info while its start-up was slow on loaded cores resolved when it trained.
+    paged_incidents = [r for r in closed if r["severity"] != "info"]
+    assert paged_incidents and all(r["closed_as"] == "gone" for r in paged_incidents), [
+        (r["kind"], r["severity"], r["closed_as"]) for r in closed]
 
 
 def _answers(url: str) -> bool:
