@@ -57,7 +57,9 @@ def test_a_critical_bundle_outlives_a_sigkill_and_analyze_gives_its_verdict(
     _, base = sidecar("--reverb", address, *FAST, "--db", str(db))
     resumed = wait_until(lambda: critical(base), 10)
     polls = get_json(f"{base}/api/v1/targets", 2)[1]["targets"][0]["polls_total"]
-    assert resumed["incident_id"] == incident_id and polls <= 2
+    # A cycle's findings are published while the next cycle's polls run (poller.py), so
+    # the count read after the second cycle's publication may already hold the third poll.
+    assert resumed["incident_id"] == incident_id and polls <= 3
     rows = get_json(f"{base}/api/v1/incidents?state=all", 2)[1]["incidents"]
     assert [r["id"] for r in rows if r["kind"] == "warmup_impossible"] == [incident_id]
 
