@@ -84,7 +84,7 @@ launchpad-venv: $(UV)
 # compiled by one process of make test's RLlib case before its jobs start (the PRELUDE of
 # tests/support/rllib_jobs.py), and read by the processes after it. make test builds it beside
 # the other venvs and runs, in its frameworks lane, a `ray start --head` cluster with four
-# RLlib jobs watched by `--ray-job all` (tests/test_rllib_make.py: 140 s alone);
+# RLlib jobs watched by `--ray-job all` (tests/test_rllib_make.py: 140 to 177 s alone);
 # REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python
