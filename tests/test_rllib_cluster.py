@@ -37,13 +37,12 @@ import dataclasses
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness.procs import Proc, free_port, wait_until
+from harness.procs import Proc
 from replaywatch import bundle as bd
 from replaywatch.config import ALL_JOBS, PollConfig, RayTarget, WatchConfig
 from replaywatch.diagnosis.thresholds import Thresholds
@@ -55,6 +54,7 @@ from tests.support.rllib_jobs import (
     RLLIB_PY,
     RLLIB_READY,
     SLACK_S,
+    start_head,
     windows_in,
     write_bytecode,
 )
@@ -131,20 +131,8 @@ class Seen:
 def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_never_paged(
         spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))  # no token here: the machine's own is not read
-    port, dash = free_port(), free_port()
     bytecode = write_bytecode(spawn)  # while the head starts
-    spawn([str(RLLIB_PY.parent / "ray"), "start", "--head", "--block", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--num-cpus", "10", "--dashboard-host",
-           "127.0.0.1", "--dashboard-port", str(dash), "--temp-dir", str(short_temp),
-           "--disable-usage-stats", "--ray-client-server-port", str(free_port()),
-           "--dashboard-agent-listen-port", str(free_port())], name="ray-head")
-    dashboard = f"http://127.0.0.1:{dash}"
-    wait_until(lambda: _answers(f"{dashboard}/api/v0/actors?limit=1"), timeout_s=120)
+    port, dashboard = start_head(spawn, tmp_path / "home", short_temp, monkeypatch, 10)
     assert bytecode.popen.wait(timeout=120) == 0, bytecode.args
     results = tmp_path / "ray_results"
 
@@ -335,10 +323,3 @@ def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_
     assert paged_incidents and all(r["closed_as"] == "gone" for r in paged_incidents), [
         (r["kind"], r["severity"], r["closed_as"]) for r in closed]
 
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as r:
-            return r.status == 200
-    except OSError:
-        return False

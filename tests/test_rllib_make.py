@@ -25,19 +25,25 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness.procs import Proc, free_port, wait_until
+from harness.procs import Proc
 from replaywatch import bundle as bd
 from replaywatch.config import ALL_JOBS, PollConfig, RayTarget, WatchConfig
 from replaywatch.model import Finding, Name, Severity
 from replaywatch.sources.ray_jobs import DISCOVER_EVERY_S
 from replaywatch.wiring import build_sidecar
-from tests.support.rllib_jobs import INTERVAL_S, RLLIB_PY, RLLIB_READY, SLACK_S, windows_in
+from tests.support.rllib_jobs import (
+    INTERVAL_S,
+    RLLIB_PY,
+    RLLIB_READY,
+    SLACK_S,
+    start_head,
+    windows_in,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -57,19 +63,7 @@ TTL_S = 20.0
 def test_two_jobs_on_a_ray_start_cluster_are_found_the_hung_one_named_then_gone_after_its_ttl(
         spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "home"
-    (home / ".ray").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))  # no token here: the machine's own is not read
-    port, dash = free_port(), free_port()
-    spawn([str(RLLIB_PY.parent / "ray"), "start", "--head", "--block", "--port", str(port),
-           "--node-ip-address", "127.0.0.1", "--num-cpus", "4", "--dashboard-host",
-           "127.0.0.1", "--dashboard-port", str(dash), "--temp-dir", str(short_temp),
-           "--disable-usage-stats", "--ray-client-server-port", str(free_port()),
-           "--dashboard-agent-listen-port", str(free_port())], name="ray-head")
-    dashboard = f"http://127.0.0.1:{dash}"
-    wait_until(lambda: _answers(f"{dashboard}/api/v0/actors?limit=1"), timeout_s=120)
+    port, dashboard = start_head(spawn, tmp_path / "home", short_temp, monkeypatch, 4)
 
     def start(name: str, *flags: str) -> Proc:
         # One torch thread per process, as Ray gives its actors (OMP_NUM_THREADS=1) but not
@@ -187,10 +181,3 @@ def test_two_jobs_on_a_ray_start_cluster_are_found_the_hung_one_named_then_gone_
     assert paged_incidents and all(r["closed_as"] == "gone" for r in paged_incidents), [
         (r["kind"], r["severity"], r["closed_as"]) for r in closed]
 
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as r:
-            return r.status == 200
-    except OSError:
-        return False

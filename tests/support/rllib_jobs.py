@@ -5,10 +5,13 @@ cluster of its own, and a sidecar in the test's process watching it from outside
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.procs import ROOT, Proc
+import pytest
+
+from harness.procs import ROOT, Proc, free_port, wait_until
 from replaywatch.config import PollConfig, RayTarget, WatchConfig
 from replaywatch.model import Finding, Severity
 from replaywatch.wiring import build_sidecar
@@ -104,3 +107,31 @@ def windows_in(doc: object) -> list[float]:
     if isinstance(doc, list):
         return [w for v in doc for w in windows_in(v)]
     return []
+
+
+def start_head(spawn: Callable[..., Proc], home: Path, temp: Path,
+               monkeypatch: pytest.MonkeyPatch, num_cpus: int) -> tuple[int, str]:
+    """A `ray start --head` on this machine, answering: its GCS port and dashboard URL. No
+    token is set or read (HOME is `home`, Ray's auth variables unset), as on a cluster
+    started with Ray's defaults."""
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    (home / ".ray").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))  # the machine's own token is not read
+    port, dash = free_port(), free_port()
+    spawn([str(RLLIB_PY.parent / "ray"), "start", "--head", "--block", "--port", str(port),
+           "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus), "--dashboard-host",
+           "127.0.0.1", "--dashboard-port", str(dash), "--temp-dir", str(temp),
+           "--disable-usage-stats", "--ray-client-server-port", str(free_port()),
+           "--dashboard-agent-listen-port", str(free_port())], name="ray-head")
+    dashboard = f"http://127.0.0.1:{dash}"
+    wait_until(lambda: _answers(f"{dashboard}/api/v0/actors?limit=1"), timeout_s=120)
+    return port, dashboard
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as r:
+            return r.status == 200
+    except OSError:
+        return False
