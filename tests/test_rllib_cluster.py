@@ -1,8 +1,10 @@
-"""The RLlib tier's shared cluster (make test-ray): a `ray start --head` cluster on this
-machine running four real RLlib jobs at once (Ray 2.60, torch on the CPU, .venv-rllib), and
-one sidecar with `--ray-job all --ray-results DIR`: no per-job flag and no code change in any
-job.
+"""make test's RLlib tier: a `ray start --head` cluster on this machine running six real
+RLlib jobs at once (Ray 2.60, torch on the CPU, .venv-rllib), and one sidecar with
+`--ray-job all --ray-results DIR`: no per-job flag and no code change in any job.
 
+    healthy_dqn   a DQN with its replay buffer, its whole run to its own end (algo.stop()):
+                  never paged
+    healthy_appo  an APPO job, its learner in the driver, the same: never paged
     env_hang   a DQN with its replay buffer that trains, never paged, then its environment
                hangs in `step()`: `env_runner_stalled`, with the hung runner's stacks in its
                bundle, which replays to the same verdict
@@ -19,15 +21,13 @@ it. A job is stopped once it showed what it is for; the hung environment's drive
 that job leaves the watch after its TTL, its incidents closed as gone, never paged for it,
 and the hung Learner's job stays. Every job but the hung environment's, whose hang must come
 quickly, is paced as a simulator would be (tens of env steps a second): sampling CartPole
-flat out cost make test a core each. In make test these four cost it 527 to 647 s on a
-fresh clone (two jobs: 474 to 564), past its 8 minutes on 2 cores: make test runs two of them
-(tests/test_rllib_make.py), make test-ray all four.
+flat out cost make test a core each.
 
 The one cluster is started once for all of them, and one process writes the bytecode all
 the jobs' processes read (tests/support/rllib_jobs.py); where .venv-rllib cannot be
 built (no Python 3.11, no CPU build of torch), this case skips with one line. The RLlib
-tier's other cases (two EnvRunners flat out, the RLlibProbe, windows of a minute) are
-tests/test_rllib_tier.py.
+tier's longer cases (two EnvRunners flat out, the RLlibProbe, windows of a minute, each fault
+on a cluster of its own) run in `make test-ray` (tests/test_rllib_tier.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,9 +60,8 @@ from tests.support.rllib_jobs import (
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.long,
-    pytest.mark.skipif(os.environ.get("REPLAYWATCH_RAY_TESTS") != "1",
-                       reason="the RLlib tier runs in make test-ray"),
+    pytest.mark.frameworks,
+    pytest.mark.rllib,
     pytest.mark.timeout(480),
     pytest.mark.skipif(not RLLIB_READY.exists(), reason="no .venv-rllib: make rllib-venv says why"),
 ]
@@ -73,7 +71,11 @@ DQN = ["--algo", "dqn", "--min-steps-per-iteration", "100", *BASE]
 # APPO's driver asks its EnvRunners for samples without waiting (RLlib's
 # timeout_s_sampler_manager of 0) and spins: 0.6 of a core here, for nothing the case needs.
 APPO = ["--algo", "appo", "--min-time-per-iteration", "2", "--sampler-wait-s", "0.1", *BASE]
+HEALTHY_RUN_S = 30.0  # the healthy jobs' whole runs, each to its own end (algo.stop())
 JOBS: dict[str, list[str]] = {
+    "healthy_dqn": [*DQN, "--learning-starts", "100", "--env-step-s", "0.05",
+                    "--seconds", str(HEALTHY_RUN_S)],
+    "healthy_appo": [*APPO, "--env-step-s", "0.02", "--seconds", str(HEALTHY_RUN_S)],
     # Four iterations of 100 env steps, three of them training, then the hang: flat out,
     # a few seconds.
     "env_hang": [*DQN, "--learning-starts", "100", "--hang-env-after", "450",
@@ -128,11 +130,11 @@ class Seen:
             windows_in(finding.evidence))
 
 
-def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_never_paged(
+def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healthy_never_paged(
         spawn: Callable[..., Proc], tmp_path: Path, short_temp: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     bytecode = write_bytecode(spawn)  # while the head starts
-    port, dashboard = start_head(spawn, tmp_path / "home", short_temp, monkeypatch, 10)
+    port, dashboard = start_head(spawn, tmp_path / "home", short_temp, monkeypatch, 14)
     assert bytecode.popen.wait(timeout=120) == 0, bytecode.args
     results = tmp_path / "ray_results"
 
@@ -192,8 +194,8 @@ def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_
 
         # A job is stopped once it showed what it is for, so that the case's cores go to the
         # ones still judged: the hung environment's (its driver killed: it must leave after
-        # its TTL, never paged for it) and the warm-up. The APPO job ends on its own, and is
-        # watched to its end.
+        # its TTL, never paged for it) and the warm-up. The healthy jobs and the dropping
+        # APPO job end on their own, and are watched to their ends.
         stopped: dict[str, float] = {}
         warm_told: list[Finding] = []  # the warm-up's finding that its rows told
 
@@ -212,7 +214,9 @@ def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_
                 if procs[name].popen.poll() is None:
                     procs[name].kill()  # its driver: Ray ends its actors
             return ("env_hang" in stopped and of("env_hang").left_at is not None
-                    and "warm" in stopped and procs["appo"].popen.poll() is not None
+                    and "warm" in stopped
+                    and all(procs[n].popen.poll() is not None
+                            for n in ("appo", "healthy_dqn", "healthy_appo"))
                     and of("intensity").first(Name.LEARNER_STALLED) is not None)
 
         tick_until(stop_the_shown, 360.0 + TTL_S)
@@ -241,14 +245,20 @@ def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_
         assert job.found_at - announced[name]["at"] <= (
             DISCOVER_EVERY_S + 2 * INTERVAL_S + SLACK_S), name
 
+    # The healthy jobs, each its whole run to its own end: never paged.
+    for name in ("healthy_dqn", "healthy_appo"):
+        assert procs[name].popen.returncode == 0, f"{name} did not end well"
+        assert len(of(name).moved) >= 3, f"{name} never trained: the case proves nothing"
+        assert of(name).paged == [], [(f.kind, f.summary) for _, f in of(name).paged[:3]]
+
     # A hung environment: named within its window, nothing paged while the job trained.
-    healthy = of("env_hang")
-    stalled, after, window = healthy.named_within_window("env_runner_stalled")
-    named_at = healthy.first("env_runner_stalled")[0]  # type: ignore[index]
+    hung_env = of("env_hang")
+    stalled, after, window = hung_env.named_within_window("env_runner_stalled")
+    named_at = hung_env.first("env_runner_stalled")[0]  # type: ignore[index]
     print(f"env_runner_stalled: named {after:.1f} s after the last trained step (window "
           f"{window:.1f} s + 2 polls)")
     assert after <= window + 2 * INTERVAL_S + SLACK_S, (after, window, stalled.evidence)
-    assert [f.kind for t, f in healthy.paged if t < named_at] == [], "paged while it trained"
+    assert [f.kind for t, f in hung_env.paged if t < named_at] == [], "paged while it trained"
     assert stalled.fix
     # Its bundle holds the hung runner's stacks (the dashboard's py-spy where Ray serves it,
     # else this host's: the cluster is on this host), the frame it hangs in (the
@@ -316,7 +326,7 @@ def test_four_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_healthy_
     print(f"the hung job left {left - killed:.1f} s after its driver was killed "
           f"(TTL {TTL_S:g} s)")
     assert stayed, "the job whose learner hangs left the watch"
-    assert {f.kind for t, f in healthy.paged if t > named_at} <= {"env_runner_stalled"}
+    assert {f.kind for t, f in hung_env.paged if t > named_at} <= {"env_runner_stalled"}
     # What was open when its driver was killed (the paged stall) closes as gone; a stall
     # said at info while its start-up was slow on loaded cores resolved when it trained.
     paged_incidents = [r for r in closed if r["severity"] != "info"]

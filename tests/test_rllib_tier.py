@@ -9,10 +9,9 @@ that hangs in its update and an environment that hangs in `step()` are named wit
 kind within the window the rules state plus two polls, counted from the job's last progress
 as the history shows it. A cluster takes about a minute to start here, so the tier runs
 apart from make test's budget (`make test-ray` sets up .venv-rllib; without it, one skip
-line). tests/test_rllib_cluster.py runs the same faults, shorter, as four jobs at once on one
-`ray start --head` cluster found with `--ray-job all`; these cases keep what it does not: two
-EnvRunners sampling flat out, the RLlibProbe, a minute's windows. make test's case is
-tests/test_rllib_make.py.
+line). make test's case, tests/test_rllib_cluster.py, runs the same faults, shorter, as six
+jobs at once on one `ray start --head` cluster found with `--ray-job all`; these cases keep
+what it does not: two EnvRunners sampling flat out, the RLlibProbe, a minute's windows.
 """
 
 from __future__ import annotations
