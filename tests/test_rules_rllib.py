@@ -466,6 +466,24 @@ def test_a_few_steps_dropped_are_said_and_a_large_share_pages() -> None:
     assert early.severity is Severity.INFO and "not yet seen" in early.summary
 
 
+def test_drops_that_began_late_are_judged_since_they_began_not_over_the_healthy_look_back(
+        ) -> None:
+    # 34 env steps a second sampled for 400 s; from 340 s, 12 a second dropped (35 %). Over
+    # the whole look-back that is 5 %; since they began (a report before the first rise
+    # seen), or over the last ratio window, it is the share lost now.
+    late = Job(dropped=lambda t: 12.0 * reported(t - T0 - 340) if t > T0 + 350 else None)
+    f = judged(late, 400.0)[Name.ENV_STEPS_DROPPED]
+    assert f.severity is Severity.WARNING, f.summary
+    assert f.evidence["look_back_s"] == 400.0 and 60.0 <= f.evidence["judged_over_s"] <= 70.0
+    assert f.evidence["share_of_sampled"] == pytest.approx(
+        f.evidence["dropped"] / (34.0 * f.evidence["judged_over_s"]), rel=0.2)
+    assert f"in the last {f.evidence['judged_over_s']:.0f} s" in f.summary
+    # Drops of that rate since the look-back began: judged over all of it, as before.
+    early = Job(dropped=lambda t: 12.0 * reported(t - T0) if t > T0 + 10 else None)
+    g = judged(early, 400.0)[Name.ENV_STEPS_DROPPED]
+    assert g.severity is Severity.WARNING and g.evidence["judged_over_s"] >= 380.0
+
+
 def test_a_warm_up_of_days_at_the_sampled_rate_says_so_in_its_fix() -> None:
     long = Job(trained=lambda t: None, calls=lambda t: [],
                row_extra=lambda at: {"env_steps_sampled_lifetime": 34.0 * (at - T0),

@@ -513,8 +513,10 @@ ENV_STEPS_DROPPED = Kind(
     meaning="An RLlib job dropped sampled env steps within the look-back: its circular "
             "buffer's or its training step's drop counters, or the result rows' "
             "`learner_group_ts_dropped_lifetime` or aggregators' dropped steps, rose (how "
-            "many, per second, and their share of the steps sampled). The learner takes less "
-            "than is sampled. A warning from `dropped_share` (25 %) of the steps sampled; "
+            "many, per second, and their share of the steps sampled since they began, or "
+            "over the last `spi_window_s` where longer: a healthy phase before them does not "
+            "dilute it). The learner takes less than is sampled. A warning from "
+            "`dropped_share` (25 %) of the steps sampled; "
             "below it, info: an asynchronous learner's circular buffer overwrites what its "
             "learner did not take by design (a healthy APPO dropped 5 to 7 % here).",
     fix="If the learner is stalled, that is the cause. Otherwise fewer EnvRunners or more "

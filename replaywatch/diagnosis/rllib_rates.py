@@ -57,16 +57,25 @@ def is_env_steps_dropped(job: RllibJob, th: Thresholds) -> Finding | None:
     # known lost; the others are in the evidence.
     dropped = max(n for _, n, _ in rises)
     span = job.latest.observed_at - job.history[0].observed_at
-    sampled = job.sampled.gained if job.sampled is not None else None
+    # The share is of what was sampled since the drops began (a report interval before the
+    # first rise seen), or over the last ratio window where they began within it: a healthy
+    # phase the look-back still holds (several of a slow job's iterations) would dilute the
+    # share that is lost now.
+    began = min(at for _, _, at in rises) - rp.REPORT_S
+    judged_from = max(job.history[0].observed_at,
+                      min(began, job.latest.observed_at - th.spi_window_s))
+    judged_s = job.latest.observed_at - judged_from
+    sampled = _rise_since(job.sampled, judged_from) if job.sampled is not None else None
     evidence: dict[str, Any] = {
         "dropped": dropped, "by_series": {name: n for name, n, _ in rises},
         "look_back_s": round(span, 1),
         "dropped_per_s": round(dropped / span, 2) if span > 0 else None,
+        "judged_over_s": round(judged_s, 1),
         "env_steps_sampled": sampled,
         "share_of_sampled": round(dropped / sampled, 4) if sampled else None}
     share = f", {dropped / sampled:.0%} of the {sampled:.0f} sampled" if sampled else ""
     summary = (f"RLlib job {job.job_id} dropped {dropped:.0f} sampled env steps in the last "
-               f"{span:.0f} s{share}: the learner takes less than is sampled.")
+               f"{judged_s:.0f} s{share}: the learner takes less than is sampled.")
     fix = ("If learner_stalled is open for this job, that is the cause. Otherwise the learner "
            "is slower than the EnvRunners: fewer EnvRunners or more learners (num_learners).")
     evidence["page_share"] = th.dropped_share
@@ -87,6 +96,12 @@ def is_env_steps_dropped(job: RllibJob, th: Thresholds) -> Finding | None:
             summary=f"{summary[:-1]}, below the {th.dropped_share:.0%} that pages.",
             fix=f"Nothing, at this share. {fix}")
     return f
+
+
+def _rise_since(p: rp.Progress, since: float) -> float:
+    """How much a counter rose over the polls after `since`."""
+    before = [total for at, total in p.points if at <= since]
+    return p.gained - (before[-1] if before else 0.0)
 
 
 def _row_rise(job: RllibJob, field: str) -> tuple[float, float] | None:
