@@ -84,14 +84,14 @@ JOBS: dict[str, list[str]] = {
     # counter before its first update: the metrics alone could not tell it from a job that
     # never learns).
     "warm": [*DQN, "--learning-starts", "500000000", "--env-step-s", "0.05", "--seconds", "400"],
-    # Healthy for 10 s from its first update, then every update 4 s longer (a big network on
+    # Healthy for 30 s from its first update, then every update 4 s longer (a big network on
     # a small host: 16 env steps a second learned) while its EnvRunner samples up to 50: its
     # learner's circular buffer (in the driver, as a Learner actor's would be) overwrites what
     # it did not take. Then it ends on its own (algo.stop()), watched to its end. The share
-    # dropped is of all sampled in the look-back, the healthy phase's too: a healthy phase of
-    # 25 s in a run of 85 s kept it under 25 % to the end on make test's loaded cores.
+    # dropped is judged since the drops began (or over the last ratio window), not diluted by
+    # the healthy phase the look-back still holds.
     "appo": [*APPO, "--env-step-s", "0.02", "--learner-step-s", "4",
-             "--learner-slow-after-s", "10", "--seconds", "100"],
+             "--learner-slow-after-s", "30", "--seconds", "100"],
     # training_intensity 4 on one EnvRunner with a batch of 32 trains at 8 (RLlib rounds its
     # train rounds and counts the driver's sampler too: bench/RESULTS.md, RLlib replay
     # ratio); its Learner hangs 45 s after its first update, once the ratio was judged.
@@ -290,9 +290,10 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
     assert drop is not None, sorted(appo.said)
     dropped = drop[1]
     print(f"env_steps_dropped: {dropped.evidence['share_of_sampled']:.0%} of the "
-          f"{dropped.evidence['env_steps_sampled']:.0f} sampled, by "
-          f"{sorted(dropped.evidence['by_series'])}")
-    assert len([t for t in appo.moved if t < drop[0] - 20.0]) >= 3, "no healthy phase seen"
+          f"{dropped.evidence['env_steps_sampled']:.0f} sampled over the last "
+          f"{dropped.evidence['judged_over_s']:.0f} s of a look-back of "
+          f"{dropped.evidence['look_back_s']:.0f} s, by {sorted(dropped.evidence['by_series'])}")
+    assert len([t for t in appo.moved if t < drop[0] - 30.0]) >= 3, "no healthy phase seen"
     assert dropped.evidence["share_of_sampled"] >= dropped.evidence["page_share"]
     assert "num_learners" in dropped.fix
     assert {f.kind for _, f in appo.paged} == {Name.ENV_STEPS_DROPPED}
