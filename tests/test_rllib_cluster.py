@@ -5,15 +5,15 @@ RLlib jobs at once (Ray 2.60, torch on the CPU, .venv-rllib), and one sidecar wi
     healthy_dqn   a DQN with its replay buffer, its whole run to its own end (algo.stop()):
                   never paged
     healthy_appo  an APPO job, its learner in the driver, the same: never paged
-    env_hang   a DQN with its replay buffer that trains, never paged, then its environment
-               hangs in `step()`: `env_runner_stalled`, with the hung runner's stacks in its
-               bundle, which replays to the same verdict
-    warm       a warm-up that cannot end in days: `warmup` at info with its ETA, told by its
-               result rows, never paged, none of its neighbours' trained steps read
-    appo       an APPO job, healthy and never paged, then its learner slower than its
-               EnvRunner: `env_steps_dropped`, and nothing else to its own end (algo.stop())
-    intensity  a DQN whose training_intensity its rounding cannot reach: `spi_drift` with the
-               value that can; then its Learner hangs: `learner_stalled`
+    env_hang      a DQN with its replay buffer that trains, never paged, then its environment
+                  hangs in `step()`: `env_runner_stalled`, with the hung runner's stacks in
+                  its bundle, which replays to the same verdict
+    warm          a warm-up that cannot end in days: `warmup` at info with its ETA, told by
+                  its result rows, never paged, none of its neighbours' trained steps read
+    appo          an APPO job, healthy and never paged for 30 s, then its learner slower than
+                  its EnvRunner: `env_steps_dropped`, and nothing else to its own end
+    intensity     a DQN whose training_intensity its rounding cannot reach: `spi_drift` with
+                  the value that can; then its Learner hangs: `learner_stalled`
 
 Each job is a target within one discovery interval of its start; a hang is named within the
 window its finding states plus two polls of the job's last trained step, as the history shows
