@@ -85,6 +85,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hang-learner-after-s", type=float, default=0.0,
                    help="seconds from the learner's first update; 0: never (a hang that "
                         "comes after a phase long enough to judge, whatever the host's pace)")
+    p.add_argument("--hang-learner-on", default=None, metavar="FILE",
+                   help="the Learner hangs in its next update once FILE exists (a hang its "
+                        "watcher switches on once it has judged what came before, whatever "
+                        "the host's pace; the Learner must see this host's files)")
     p.add_argument("--learner-step-s", type=float, default=0.0,
                    help="seconds added to every compute_losses: a learner slower than its "
                         "EnvRunners (a big network on a small host)")
@@ -155,10 +159,12 @@ def env_creator(env_config: Any) -> gym.Env:
 
 
 def hanging_learner(base: type, after: int, step_s: float = 0.0,
-                    slow_after_s: float = 0.0, after_s: float = 0.0) -> type:
-    """`base` whose `compute_losses` never returns after `after` calls or once `after_s`
-    have passed since its first (0: always returns), a hung learner, and takes `step_s`
-    longer each call once `slow_after_s` have passed since its first, a slow one."""
+                    slow_after_s: float = 0.0, after_s: float = 0.0,
+                    on_file: str | None = None) -> type:
+    """`base` whose `compute_losses` never returns after `after` calls, once `after_s`
+    have passed since its first (0: always returns) or once `on_file` exists, a hung
+    learner, and takes `step_s` longer each call once `slow_after_s` have passed since its
+    first, a slow one."""
 
     class HangingLearner(base):  # type: ignore[misc, valid-type]
         _calls = 0
@@ -169,7 +175,8 @@ def hanging_learner(base: type, after: int, step_s: float = 0.0,
             if self._first is None:
                 self._first = time.monotonic()
             if (after and self._calls > after) or (
-                    after_s and time.monotonic() - self._first >= after_s):
+                    after_s and time.monotonic() - self._first >= after_s) or (
+                    on_file and os.path.exists(on_file)):
                 while True:
                     time.sleep(3600)
             if step_s and time.monotonic() - self._first >= slow_after_s:
@@ -177,7 +184,7 @@ def hanging_learner(base: type, after: int, step_s: float = 0.0,
             return super().compute_losses(*args, **kwargs)
 
     HangingLearner.__name__ = HangingLearner.__qualname__ = (
-        ("Hanging" if after or after_s else "Slow") + base.__name__)
+        ("Hanging" if after or after_s or on_file else "Slow") + base.__name__)
     return HangingLearner
 
 
@@ -282,12 +289,14 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.min_time_per_iteration is not None:
         reporting["min_time_s_per_iteration"] = args.min_time_per_iteration
     config.reporting(**reporting)
-    if args.hang_learner_after or args.hang_learner_after_s or args.learner_step_s:
+    if (args.hang_learner_after or args.hang_learner_after_s or args.hang_learner_on
+            or args.learner_step_s):
         config.training(learner_class=hanging_learner(config.get_default_learner_class(),
                                                       args.hang_learner_after,
                                                       args.learner_step_s,
                                                       args.learner_slow_after_s,
-                                                      args.hang_learner_after_s))
+                                                      args.hang_learner_after_s,
+                                                      args.hang_learner_on))
     return config
 
 
