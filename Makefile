@@ -156,7 +156,7 @@ test-memory: $(STAMP)
 # here, and each case is a real job of 2 to 4 minutes: about 25 minutes in all): real RLlib
 # jobs watched from outside with --ray (tests/test_rllib_tier.py, a local cluster per case,
 # .venv-rllib, 12 s to build from this machine's caches), the distributed agent joining a
-# `ray start --head`, and a multi-node cluster losing its actor node.
+# `ray start --head`, and a multi-node cluster losing its actor node, then running the seed.
 # Bytecode is written (PYTHONDONTWRITEBYTECODE emptied, as make test does): the first job
 # compiles what RLlib imports, the ones after read it (a job cost 51.0 CPU-s with every
 # process compiling, 32.4 with it written).
@@ -164,7 +164,8 @@ test-ray: $(STAMP) rllib-venv
 	PYTHONDONTWRITEBYTECODE= REPLAYWATCH_RAY_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider -rP $(PYTEST_ARGS) \
 		tests/test_rllib_tier.py \
 		tests/test_ray_cluster.py::test_a_ray_start_head_on_this_machine_is_joined_with_no_auth_variable \
-		tests/test_ray_cluster.py::test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers
+		tests/test_ray_cluster.py::test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers \
+		tests/test_ray_cluster.py::test_the_seed_in_distributed_form_is_worker_starvation_with_probes_and_sample_blocked_without
 
 # Two xdist workers: 840 tests in 37 s against 59 s in one process on this 2-core machine.
 test-fast: $(STAMP)

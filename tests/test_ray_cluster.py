@@ -11,9 +11,13 @@ supervisor's replacements start (each serving its slot's ActorProbe), inserts fl
 the finding resolves. The same warm cluster then runs the seed's configuration in its
 asynchronous form. (A hung learner in distributed mode: tests/test_agents_distributed.py.)
 
-In `make test-ray`: the dead actor node and its replacement, and a head started as Ray's own
-output says (`ray start --head`), token authentication on, joined with `--ray-address` and no
-`RAY_AUTH_MODE`; make test runs the seed's configuration on the multi-node cluster.
+All three run in `make test-ray`: the dead actor node and its replacement, a head started as
+Ray's own output says (`ray start --head`), token authentication on, joined with
+`--ray-address` and no `RAY_AUTH_MODE`, and the seed's configuration on the multi-node
+cluster. make test keeps the distributed agent on its own local Ray
+(tests/test_agents_distributed.py), the asynchronous seed's verdicts from recorded real dumps
+(tests/test_repro_actors.py) and the six-job RLlib cluster beside them; this cluster's 46
+CPU-s went to that.
 """
 
 from __future__ import annotations
@@ -141,8 +145,8 @@ def test_a_ray_start_head_on_this_machine_is_joined_with_no_auth_variable(
           f"{start_line_s:.1f}s, learning {learning_s:.1f}s, test {time.monotonic() - began:.1f}s")
 
 
-# A node killed and replaced takes a minute of both cores beside make test's RLlib job: make
-# test keeps the seed's run on the same kind of cluster (below), `make test-ray` runs this.
+# A node killed and replaced takes a minute of both cores beside make test's RLlib jobs:
+# `make test-ray` runs it, and the seed's run on the same warm cluster (below).
 @pytest.mark.skipif(os.environ.get("REPLAYWATCH_RAY_TESTS") != "1",
                     reason="a node killed and replaced runs in make test-ray")
 def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_then_recovers(
@@ -214,6 +218,8 @@ def test_roles_on_their_own_nodes_learn_and_a_dead_actor_node_is_sample_blocked_
           f"test {time.monotonic() - began:.1f}s")
 
 
+@pytest.mark.skipif(os.environ.get("REPLAYWATCH_RAY_TESTS") != "1",
+                    reason="the seed on a multi-node cluster runs in make test-ray")
 def test_the_seed_in_distributed_form_is_worker_starvation_with_probes_and_sample_blocked_without(
     ray_cluster: RayCluster,  # noqa: F811 (the same warm cluster)
     sidecar: Callable[..., tuple[Proc, str]],
