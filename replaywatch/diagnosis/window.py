@@ -273,14 +273,9 @@ _RESETS_KEPT = 1024  # a few cycles of every table's fine and coarse histories
 def _last_reset_index(snapshots: Sequence[TableSnapshot]) -> int:
     # Walks back from the newest point: the first reset found is the newest, and each
     # point's uptime is summed once (this runs for every table on every cycle).
-    # The uptime is summed here, not through worker_ms: two calls a point were half of what
-    # this walk cost the sidecar's cycle.
     cur, cur_ms = snapshots[-1].rate_limiter, worker_ms(snapshots[-1])
     for i in range(len(snapshots) - 1, 0, -1):
-        before = snapshots[i - 1]
-        prev, w = before.rate_limiter, before.worker_time
-        prev_ms = (w.running_ms + w.sampling_ms + w.inserting_ms + w.sleeping_ms
-                   + w.waiting_for_sampling_ms + w.waiting_for_inserts_ms)
+        prev, prev_ms = snapshots[i - 1].rate_limiter, worker_ms(snapshots[i - 1])
         if cur.inserts < prev.inserts or cur.samples < prev.samples or cur_ms < prev_ms:
             return i
         cur, cur_ms = prev, prev_ms
