@@ -65,6 +65,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--uniform-replay", action="store_true",
                    help="DQN: EpisodeReplayBuffer instead of the prioritized default")
     p.add_argument("--learner-queue-size", type=int, default=None, help="APPO")
+    p.add_argument("--circular-buffer-batches", type=int, default=None,
+                   help="APPO's circular_buffer_num_batches (RLlib's 8): with 1, a learner "
+                        "slower than its EnvRunners drops from its first slow update, not "
+                        "once 8 batches have filled")
     p.add_argument("--sampler-wait-s", type=float, default=None,
                    help="APPO's timeout_s_sampler_manager: how long its driver waits for its "
                         "EnvRunners' samples each training step (RLlib's 0: it spins)")
@@ -75,6 +79,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="min_time_s_per_iteration")
     p.add_argument("--iterations", type=int, default=0, help="0: until --seconds")
     p.add_argument("--seconds", type=float, default=60.0, help="0: until --iterations")
+    p.add_argument("--stop-on", default=None, metavar="FILE",
+                   help="end (algo.stop()) after the iteration in which FILE exists: a job "
+                        "its watcher ends once it showed what it is for")
     p.add_argument("--hang-env-after", type=int, default=0, help="env steps; 0: never")
     p.add_argument("--hang-env-runner", type=int, default=1,
                    help="the EnvRunner index whose env hangs (0: every one)")
@@ -262,6 +269,8 @@ def build_config(args: argparse.Namespace) -> Any:
         training = {}
         if args.learner_queue_size is not None:
             training["learner_queue_size"] = args.learner_queue_size
+        if args.circular_buffer_batches is not None:
+            training["circular_buffer_num_batches"] = args.circular_buffer_batches
         if args.sampler_wait_s is not None:
             training["timeout_s_sampler_manager"] = args.sampler_wait_s
     fragment = args.rollout_fragment_length
@@ -360,6 +369,8 @@ def main(argv: list[str]) -> int:
         if args.iterations and iteration >= args.iterations:
             break
         if args.seconds and time.monotonic() - start >= args.seconds:
+            break
+        if args.stop_on and os.path.exists(args.stop_on):
             break
     algo.stop()
     ray.shutdown()

@@ -88,11 +88,15 @@ JOBS: dict[str, list[str]] = {
     # Healthy for 30 s from its first update, then every update 4 s longer (a big network on
     # a small host: 16 env steps a second learned) while its EnvRunner samples up to 50: its
     # learner's circular buffer (in the driver, as a Learner actor's would be) overwrites what
-    # it did not take. Then it ends on its own (algo.stop()), watched to its end. The share
-    # dropped is judged since the drops began (or over the last ratio window), not diluted by
-    # the healthy phase the look-back still holds.
+    # it did not take. A buffer of one batch (RLlib's is 8) drops from the first slow update:
+    # with 8, the drops began once 8 batches had filled and, on loaded cores, were judged
+    # at 26 % of what was sampled (25 % pages), or not by the job's 100th second. Then it ends
+    # on its own (algo.stop()) once the test saw the drops named, watched to its end. The
+    # share dropped is judged since the drops began (or over the last ratio window), not
+    # diluted by the healthy phase the look-back still holds.
     "appo": [*APPO, "--env-step-s", "0.02", "--learner-step-s", "4",
-             "--learner-slow-after-s", "30", "--seconds", "100"],
+             "--learner-slow-after-s", "30", "--circular-buffer-batches", "1",
+             "--seconds", "150"],
     # training_intensity 4 on one EnvRunner with a batch of 32 trains at 8 (RLlib rounds its
     # train rounds and counts the driver's sampler too: bench/RESULTS.md, RLlib replay
     # ratio); its Learner hangs once the ratio was judged (the test switches the hang on:
@@ -141,7 +145,9 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
     assert bytecode.popen.wait(timeout=120) == 0, bytecode.args
     results = tmp_path / "ray_results"
     hang_learner = tmp_path / "hang-learner"  # the intensity job's Learner hangs once it exists
-    flags_of = {**JOBS, "intensity": [*JOBS["intensity"], "--hang-learner-on", str(hang_learner)]}
+    appo_stop = tmp_path / "appo-stop"  # the dropping APPO job ends once it exists
+    flags_of = {**JOBS, "intensity": [*JOBS["intensity"], "--hang-learner-on", str(hang_learner)],
+                "appo": [*JOBS["appo"], "--stop-on", str(appo_stop)]}
 
     # All start together: their start-ups (torch, RLlib) overlap. One torch thread per
     # process, as Ray gives its actors (OMP_NUM_THREADS=1) but not a driver.
@@ -149,6 +155,8 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
                           f"127.0.0.1:{port}", "--logdir", str(results / name)],
                          name=name, env={"OMP_NUM_THREADS": "1"})
              for name, flags in flags_of.items()}
+    began = time.monotonic()
+    ended: dict[str, float] = {}  # by job: when its driver was first seen gone
     seen: dict[str, Seen] = collections.defaultdict(Seen)  # by target
     announced: dict[str, dict] = {}  # by job: its line, and when this test first read it
     empty = Seen()
@@ -175,6 +183,8 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
                     if name not in announced and (line := proc.announced(
                             lambda r: r.get("event") == "rllib_job")) is not None:
                         announced[name] = {**line, "at": now}
+                    if name not in ended and proc.popen.poll() is not None:
+                        ended[name] = now
                 for f in state.findings:
                     seen[f.target].said[str(f.kind)] = f
                     if f.severity >= Severity.WARNING:
@@ -217,6 +227,8 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
                 warm_told.append(warm)
             if of("intensity").first(Name.SPI_DRIFT) is not None and not hang_learner.exists():
                 hang_learner.touch()
+            if of("appo").first(Name.ENV_STEPS_DROPPED) is not None and not appo_stop.exists():
+                appo_stop.touch()
             for name in stopped:
                 if procs[name].popen.poll() is None:
                     procs[name].kill()  # its driver: Ray ends its actors
@@ -233,6 +245,13 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
         a = f"{dashboard} job {announced['env_hang']['job_id']}"
         closed = car.incidents.list("all", target=a)
     killed, left = stopped.get("env_hang", 0.0), of("env_hang").left_at
+    # The case's timeline: what its length is made of.
+    for name in JOBS:
+        marks = {"announced": announced.get(name, {}).get("at"), "ended": ended.get(name),
+                 **{str(f.kind): t for t, f in reversed(of(name).paged)}}
+        print(f"timeline {name}: " + ", ".join(f"{k} {v - began:.0f} s" for k, v in
+                                                marks.items() if v is not None))
+    print(f"timeline: the case's watch ended {time.monotonic() - began:.0f} s in")
 
     for name in JOBS:
         job, line = of(name), announced.get(name, {})
