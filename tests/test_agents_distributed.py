@@ -46,8 +46,12 @@ def test_actors_held_by_the_policy_lag_bound_wait_on_a_hung_learner(
     # jobs: the bound, not Reverb, is what stops them. Tolerance 50 (max_diff 652,800) was
     # reached before the hang once: two actors at 650 steps/s each against a learner at
     # 150 steps/s blocked in insert at 13 s, and never waited on the learner.
+    # Paced as a simulator and a bigger network would be (5 ms an env step, 20 ms a learner
+    # step): flat out, the actors and the learner cost the case 54 CPU-s, paced 40 and 46,
+    # for nothing it needs.
     flags = [*SMALL, "--num-actors", "2", "--tolerance", "1000", "--max-policy-lag", "20",
-             "--inject-stall", "learner-hang@12"]
+             "--inject-stall", "learner-hang@12", "--env-step-delay-s", "0.005",
+             "--learner-step-delay-s", "0.02"]
     with AgentProcess(flags, log=tmp_path / "agent.log") as agent:
         start = agent.start_line(timeout_s=150)
         urls, reverb = start["actor_probes"], start["reverb"]
