@@ -16,11 +16,12 @@ SMALL = [
 
 
 def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
-    # Long enough (~25 s idle) that the loop probe is still stepping when it is read twice:
-    # with 1200 steps an idle machine finished the run between the two reads.
+    # Long enough that the loop probe is still stepping when it is read twice (with 1200
+    # steps flat out an idle machine finished the run between the two reads): 1500 steps
+    # paced at 10 ms, as a simulator would be, take 15 s or more; 3000 flat out took 37 CPU-s.
     with AgentProcess(
-        [*SMALL, "--steps", "3000", "--eval-every", "800", "--eval-episodes", "1",
-         "--replay-probe-listen", "127.0.0.1:0"]
+        [*SMALL, "--steps", "1500", "--env-step-delay-s", "0.01", "--eval-every", "800",
+         "--eval-episodes", "1", "--replay-probe-listen", "127.0.0.1:0"]
     ) as agent:
         start = agent.start_line(timeout_s=120)
         assert start["mode"] == "sync" and start["table"] == "priority_table"
@@ -50,8 +51,8 @@ def test_sync_run_inserts_samples_and_serves_the_probe() -> None:
         assert later["items_created_total"] > loop["items_created_total"]
         done = agent.wait_for(lambda r: r["event"] == "done", timeout_s=240)
         final = [r for r in agent.records if r["event"] == "progress"][-1]
-    assert done["env_steps"] >= 3000 and done["learner_steps"] > 0
-    assert final["inserts"] >= 3000 and final["samples"] >= 64 * done["learner_steps"]
+    assert done["env_steps"] >= 1500 and done["learner_steps"] > 0
+    assert final["inserts"] >= 1500 and final["samples"] >= 64 * done["learner_steps"]
     assert any(r["event"] == "eval" for r in agent.records)
 
 
