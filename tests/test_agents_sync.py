@@ -61,9 +61,12 @@ def test_a_pixels_learner_steps_then_hangs_without_blocking_in_next() -> None:
     # networks learn (steps before the hang, injected 22 s in), and a hung learner
     # stops stepping without being blocked in next(). At 8 s the pixels networks' first
     # compile, beside make test's other two lanes, had left one step (twice, 2026-12-01);
-    # at 14 s too, once the RLlib case's two jobs started beside it (2026-12-07).
+    # at 14 s too, once the RLlib case's two jobs started beside it (2026-12-07). Paced (5 ms
+    # an env step, 50 ms a learner step): the steps it needs are a few, not a core's worth;
+    # 25.7 CPU-s alone against 41.4 flat out.
     flags = [*SMALL, "--pixels", "--batch-size", "16", "--samples-per-insert", "16",
-             "--steps", "1000000", "--inject-stall", "learner-hang@22"]
+             "--steps", "1000000", "--inject-stall", "learner-hang@22",
+             "--env-step-delay-s", "0.005", "--learner-step-delay-s", "0.05"]
     with AgentProcess(flags) as agent:
         assert agent.start_line(timeout_s=120)["pixels"] is True
         agent.wait_for(lambda r: r["event"] == "stall_injected", timeout_s=150)
