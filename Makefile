@@ -84,7 +84,7 @@ launchpad-venv: $(UV)
 # compiled by one process (the PRELUDE of tests/support/rllib_jobs.py) before the jobs start.
 # make test builds it beside the other venvs and runs, in its frameworks lane, a `ray start
 # --head` cluster with six RLlib jobs watched by `--ray-job all` (tests/test_rllib_cluster.py:
-# 139 to 177 s and 142 to 182 CPU-s alone, 184 to 201 s in make test);
+# 128 to 139 s and 167 to 186 CPU-s alone, 165 s and 142 CPU-s in make test);
 # REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python
