@@ -76,6 +76,12 @@ def parent_death_signal(sig: int) -> Callable[[], None]:
     return arm
 
 
+# How long a child may take to print its first line. Most import TensorFlow, JAX or torch
+# first: alone a few seconds, but on make test's 2 shared cores, niced beside a cluster of
+# RLlib jobs, one took over a minute. A child that dies is said at once, whatever this is.
+STARTUP_S = 240.0
+
+
 class Proc:
     """A child in its own session, so the whole group can be signalled."""
 
@@ -104,7 +110,7 @@ class Proc:
     def pid(self) -> int:
         return self.popen.pid
 
-    def announce(self, timeout_s: float = 60.0,
+    def announce(self, timeout_s: float = STARTUP_S,
                  match: Callable[[dict[str, Any]], bool] = lambda record: True
                  ) -> dict[str, Any]:
         """The first JSON object line the child prints on stdout (that `match` accepts)."""

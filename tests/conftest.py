@@ -97,7 +97,7 @@ def reverb_workload(spawn: Callable[..., Proc]) -> Callable[..., tuple[Proc, str
 
     def start(*flags: str, port: int = 0) -> tuple[Proc, str]:
         proc = spawn([PYTHON, WORKLOAD, "--port", str(port), *flags], name="reverb")
-        return proc, proc.announce(timeout_s=60)["reverb"]
+        return proc, proc.announce()["reverb"]
 
     return start
 
@@ -109,7 +109,7 @@ def reverb_servers(spawn: Callable[..., Proc]) -> Callable[[int], list[str]]:
 
     def start(n: int) -> list[str]:
         proc = spawn([PYTHON, WORKLOAD, "--servers", str(n)], name="reverb")
-        return list(proc.announce(timeout_s=60)["all"])
+        return list(proc.announce()["all"])
 
     return start
 

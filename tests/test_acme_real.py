@@ -42,7 +42,7 @@ WATCH_S = 12.0  # a healthy loop watched for four stall windows
 def start_loop(spawn: Callable[..., Proc], workers: int, *flags: str) -> dict[str, Any]:
     proc = spawn([PYTHON, "-m", "tests.support.acme_compat", EXAMPLE,
                   "--num-parallel-calls", str(workers), *flags], name=f"acme-{workers}")
-    return proc.announce(timeout_s=150)
+    return proc.announce()
 
 
 def sidecar(stack: ExitStack, job: dict[str, Any], tmp_path: Path, with_probe: bool

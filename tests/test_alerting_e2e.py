@@ -178,7 +178,7 @@ def test_the_seed_hang_fires_worker_starvation_to_the_webhook_and_fills_every_pa
                        "--reverb-port", str(reverb_port),
                        "--probe-listen", f"127.0.0.1:{probe_port}", "--eval-every", "0",
                        "--steps", "10000000", "--seed", str(attempt)], name="agent")
-        start = agent.announce(timeout_s=120)
+        start = agent.announce()
         assert start["reverb"] == f"127.0.0.1:{reverb_port}", start
         return agent, start, watcher, base, prometheus, started_at
 

@@ -45,7 +45,7 @@ SCRIPT = "harness/replay_checkpoints.py"
 def replay(spawn: Callable[..., Proc], *flags: str, name: str = "replay",
            argv: tuple[str, ...] = ()) -> tuple[Proc, dict]:
     proc = spawn([*argv, PYTHON, SCRIPT, *flags], name=name)
-    return proc, proc.announce(timeout_s=120, match=lambda r: r.get("event") == "serving")
+    return proc, proc.announce(match=lambda r: r.get("event") == "serving")
 
 
 def watching(address: str, probe: str, interval_s: float = 0.2) -> Sidecar:

@@ -177,7 +177,7 @@ def test_a_paused_process_holds_its_probe_with_its_server_until_the_grace_ends(
     # grace both are down.
     job = spawn([PYTHON, "harness/reverb_workload.py", "--actor-probe", "--insert-hz", "100"],
                 name="loop")
-    start = job.announce(timeout_s=60)
+    start = job.announce()
     _, base = sidecar("--reverb", start["reverb"], "--probe", start["probe"], *FAST,
                       "--checkpoint-grace-s", "6", "--db", str(tmp_path / "i.db"))
     wait_until(lambda: all(t["up"] for t in _targets(base).values()), 20)

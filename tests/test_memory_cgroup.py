@@ -74,7 +74,7 @@ def test_a_table_that_cannot_fit_is_named_long_before_the_kill(
         spawn: Callable[..., Proc], cgroup: Path, tmp_path: Path) -> None:
     hog = spawn([PYTHON, "harness/memory_hog.py", "--cgroup", str(cgroup),
                  "--max-size", str(MAX_SIZE), "--rate", str(RATE)], name="memory-hog")
-    start = hog.announce(timeout_s=120)
+    start = hog.announce()
     used = int((cgroup / "memory.usage_in_bytes").read_text())
     (cgroup / "memory.limit_in_bytes").write_text(str(used + HEADROOM))
     config = WatchConfig(targets=(start["reverb"],), reverb_pids=((start["reverb"],
@@ -143,7 +143,7 @@ def _shards(spawn: Callable[..., Proc], cgroup: Path, sizes: tuple[int, ...], tm
     hogs = [spawn([PYTHON, "harness/memory_hog.py", "--cgroup", str(cgroup), "--max-size",
                    str(size), "--rate", str(SHARD_RATE)], name=f"{name}-{i}")
             for i, size in enumerate(sizes)]
-    addresses = [hog.announce(timeout_s=120)["reverb"] for hog in hogs]
+    addresses = [hog.announce()["reverb"] for hog in hogs]
     listed = tmp_path / f"{name}.json"
     listed.write_text(json.dumps([{"targets": addresses, "labels": {"job": "pong"}}]))
     return hogs, listed

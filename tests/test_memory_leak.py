@@ -40,9 +40,9 @@ LEAK_WITHIN_S = 600.0
 def test_a_writer_keeping_its_episode_alive_is_a_leak_and_a_steady_full_table_is_not(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     leaking = spawn([PYTHON, "harness/memory_hog.py", "--max-size", "500", "--rate", "20",
-                     "--keep-episode", "--actor-probe"], name="leaking").announce(timeout_s=120)
+                     "--keep-episode", "--actor-probe"], name="leaking").announce()
     steady = spawn([PYTHON, "harness/memory_hog.py", "--max-size", str(STEADY_MAX), "--rate",
-                    "90"], name="steady").announce(timeout_s=120)
+                    "90"], name="steady").announce()
     config = WatchConfig(
         targets=(leaking["reverb"], steady["reverb"]),
         reverb_pids=((leaking["reverb"], leaking["pid"]), (steady["reverb"], steady["pid"])),

@@ -44,7 +44,7 @@ def test_the_sidecar_reads_a_servers_memory_from_its_replay_probe(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     hog = spawn([PYTHON, "harness/memory_hog.py", "--max-size", "20000", "--rate", "200",
                  "--replay-probe"], name="replay")
-    start = hog.announce(timeout_s=120)
+    start = hog.announce()
     target, url = start["reverb"], start["replay_probe"]
     config = WatchConfig(targets=(target,), probes=(ProbeTarget(url, target),),
                          poll=PollConfig(interval_s=1.0, history_s=900.0))

@@ -44,7 +44,7 @@ def test_a_hung_synchronous_loop_is_worker_starvation_from_two_real_dumps(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     learner = spawn([sys.executable, "tests/support/starved_learner.py", "--workers", "4",
                      "--batch", "16", "--credit", "40"], name="starved-learner")
-    job = learner.announce(timeout_s=90)
+    job = learner.announce()
     th = Thresholds(stall_window_s=WINDOW_S, min_history_s=0.5, startup_grace_s=1.0)
     config = WatchConfig(targets=(job["reverb"],), trainer_pid=int(job["pid"]),
                          poll=PollConfig(interval_s=POLL_S, history_s=300.0), thresholds=th)

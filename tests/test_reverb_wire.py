@@ -237,7 +237,7 @@ def test_a_live_reverb_0_7_2_server_reads_as_its_own_client_reports(spawn: Any) 
     python = _launchpad_python()
     child = spawn([str(python), "tests/fixtures/record_server_info_0_7.py", "--serve"],
                   name="reverb-0.7.2")
-    announced = child.announce(timeout_s=60, match=lambda record: "port" in record)
+    announced = child.announce(match=lambda record: "port" in record)
     source = ReverbSource(f"127.0.0.1:{announced['port']}", timeout_s=2.0)
     try:
         outcome = source.poll()

@@ -172,7 +172,7 @@ def _starved_job(spawn: Callable[..., Proc]) -> dict[str, Any]:
     """A real Reverb server + TrainerProbe whose learner hangs in next() (worker starvation)."""
     learner = spawn([PYTHON, "tests/support/starved_learner.py", "--workers", "4", "--batch",
                      "16", "--credit", "40", "--name", LEARNER], name="starved-learner")
-    return learner.announce(timeout_s=90)
+    return learner.announce()
 
 
 def _active(base: str, kind: str) -> dict[str, Any] | None:

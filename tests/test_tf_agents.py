@@ -49,7 +49,7 @@ CONFIG_KINDS = {"deadlock_risk", "batch_exceeds_headroom", "worker_starvation"}
 
 def start_job(spawn: Callable[..., Proc], name: str, *flags: str) -> dict[str, Any]:
     proc = spawn([PYTHON, EXAMPLE, *flags], name=name)
-    return proc.announce(timeout_s=150)
+    return proc.announce()
 
 
 def sidecar(stack: ExitStack, job: dict[str, Any], tmp_path: Path, name: str) -> Sidecar:
