@@ -150,11 +150,11 @@ def test_a_hand_written_loop_with_a_finite_max_diff_is_named_worker_starvation(
 
 def test_one_worker_below_a_batch_is_named_before_the_first_next(tmp_path: Path) -> None:
     # batch 256, error_buffer 100: 100 samples can never complete a batch. Watched for the
-    # 1.5 s before the first insert (--start-delay 4): named from the configuration and the
-    # loop's wrapped writer alone.
+    # 1.5 s before the first insert (--start-delay 10: room for the check's own start on loaded
+    # cores): named from the configuration and the loop's wrapped writer alone.
     doc = check(tmp_path, ["--layout", "sync-ratio", "--workers", "1", "--batch-size", "256",
                            "--samples-per-insert", "128", "--min-size", "1000",
-                           "--error-buffer", "100", "--start-delay", "4"], 1.5, "below")
+                           "--error-buffer", "100", "--start-delay", "10"], 1.5, "below")
     (probe,) = [p["snapshot"] for p in doc["probes"]]
     assert probe["batches_retrieved"] == 0 and not probe["blocked_in_next"]
     assert probe["items_inserted"] == 0  # not one insert yet: the wrapped writer says it all
@@ -179,7 +179,7 @@ def test_a_scheduled_loop_that_declares_nothing_is_a_risk_then_proven_when_it_as
     cell = ["--layout", "sync-ratio", "--workers", "1", "--batch-size", "256",
             "--samples-per-insert", "128", "--min-size", "1000", "--error-buffer", "100",
             "--undeclared-gate"]
-    doc = check(tmp_path, [*cell, "--start-delay", "4"], 1.5, "undeclared-before")
+    doc = check(tmp_path, [*cell, "--start-delay", "10"], 1.5, "undeclared-before")
     (risk,) = [f for f in doc["findings"] if f["kind"] == "deadlock_risk"]
     assert (risk["severity"], risk["evidence"]["verdict"]) == ("warning", "will_hang")
     assert risk["evidence"]["gate"] == "unknown" and "gate is unknown" in risk["summary"]
