@@ -44,7 +44,7 @@ import pytest
 from harness.procs import Proc
 from replaywatch import bundle as bd
 from replaywatch.config import ALL_JOBS, PollConfig, RayTarget, WatchConfig
-from replaywatch.diagnosis.rllib_progress import REPORT_S
+from replaywatch.diagnosis.rllib_rates import late_reads_allow
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Name, Severity
 from replaywatch.sources.ray_jobs import DISCOVER_EVERY_S
@@ -338,7 +338,7 @@ def test_six_jobs_on_a_ray_start_cluster_each_found_and_named_as_it_is_the_healt
     # on a fresh clone's loaded cores, 1,248 trained against 73 sampled read 17.1 once
     # (|1248 - 8 x 73| = 664 steps, within the 739 two late reports allow over its 24.8 s).
     ev = drift[1].evidence
-    late = (ev["env_steps_trained"] + 8.0 * ev["env_steps_sampled"]) * REPORT_S / ev["over_s"]
+    late = late_reads_allow(ev["env_steps_trained"], ev["env_steps_sampled"], 8.0, ev["over_s"])
     assert (ev["observed_trained_per_sampled"] == pytest.approx(8.0, rel=0.15) or abs(
         ev["env_steps_trained"] - 8.0 * ev["env_steps_sampled"]) <= late), ev
     assert "Set training_intensity to 2:" in drift[1].fix, drift[1].fix

@@ -20,6 +20,7 @@ import pytest
 
 from replaywatch.diagnosis import kinds, rllib_actors, rllib_progress, rules, rules_rllib
 from replaywatch.diagnosis.registry import Rule, Shape
+from replaywatch.diagnosis.rllib_rates import late_reads_allow
 from replaywatch.diagnosis.rules_rllib import judge_rllib
 from replaywatch.diagnosis.thresholds import Thresholds
 from replaywatch.model import Finding, Name, Severity
@@ -632,6 +633,18 @@ def test_a_job_training_at_twice_its_intensity_is_spi_drift_with_the_fix_that_wo
 
 def test_a_job_training_as_asked_is_not_drift() -> None:
     assert Name.SPI_DRIFT not in judged(ratio_job(4.0), 300.0)
+
+
+def test_the_ratio_allows_each_counter_a_report_late_and_says_how_much() -> None:
+    # Over 290 s at 20 sampled a second, each counter may be read a report (10 s) late: at 8
+    # trained per sampled against the 4 asked, (46,400 + 4 x 5,800) / 290 x 10 = 2,400 steps
+    # allowed, and 23,200 steps off 4 x 5,800 is past it.
+    ev = judged(ratio_job(8.0), 300.0)[Name.SPI_DRIFT].evidence
+    assert (ev["env_steps_trained"], ev["env_steps_sampled"], ev["over_s"]) == (
+        46_400.0, 5_800.0, 290.0)
+    assert ev["allowed_error_steps"] == late_reads_allow(46_400.0, 5_800.0, 4.0, 290.0) == 2400
+    # 4.3 is 7.5 % off 4: within the tolerance, not drift.
+    assert Name.SPI_DRIFT not in judged(ratio_job(4.3), 300.0)
 
 
 def test_steps_sampled_in_a_warm_up_that_ends_in_view_do_not_count_in_the_ratio() -> None:

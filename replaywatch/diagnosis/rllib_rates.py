@@ -129,8 +129,7 @@ def is_ratio_off(job: RllibJob, th: Thresholds) -> Finding | None:
     trained, sampled, span = measured
     asked = row.training_intensity
     observed = trained / sampled
-    # Each counter may be read up to one report interval late.
-    allowance = (trained / span + asked * sampled / span) * rp.REPORT_S
+    allowance = late_reads_allow(trained, sampled, asked, span)
     if abs(observed / asked - 1) <= rr.TOLERANCE or abs(trained - asked * sampled) <= allowance:
         return None
     config = replay_config(row)
@@ -149,6 +148,13 @@ def is_ratio_off(job: RllibJob, th: Thresholds) -> Finding | None:
                   f" (RLlib's rounding predicts {predicted.trained_per_sampled:.3g})") + ".")
     return job.finding(kinds.SPI_DRIFT, summary, evidence, _ratio_fix(config, asked),
                        since=job.now - span)
+
+
+def late_reads_allow(trained: float, sampled: float, ratio: float, span_s: float) -> float:
+    """How far `trained` may stand from `ratio` x `sampled`, in env steps, with each counter
+    read up to one report interval late (rllib_progress.REPORT_S): a report's worth of each
+    counter's rate over `span_s`."""
+    return (trained + ratio * sampled) / span_s * rp.REPORT_S
 
 
 def _measured(job: RllibJob, th: Thresholds) -> tuple[float, float, float] | None:
