@@ -84,7 +84,7 @@ launchpad-venv: $(UV)
 # compiled by one process (the PRELUDE of tests/support/rllib_jobs.py) before the jobs start.
 # make test builds it beside the other venvs and runs, in its frameworks lane, a `ray start
 # --head` cluster with six RLlib jobs watched by `--ray-job all` (tests/test_rllib_cluster.py:
-# 128 to 139 s and 167 to 186 CPU-s alone, 165 s and 142 CPU-s in make test);
+# 123 to 139 s and 158 to 186 CPU-s alone, 165 to 229 s and 142 to 208 CPU-s in make test);
 # REQUIRE_RLLIB=1 (CI's .ci/run) makes a skipped RLlib tier a failure.
 RL_VENV := .venv-rllib
 RL_PY := $(RL_VENV)/bin/python
