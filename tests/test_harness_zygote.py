@@ -1,0 +1,83 @@
+"""A workload forked from the zygote is the process `python SCRIPT ARGS` would be, as far as
+a test can see: its own session, its argv, environment, working directory and output, its
+exit status (a signal's included), and it dies with the client that asked for it.
+
+The zygote here preloads only `json`: what is checked is the fork, not TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.procs import PYTHON, ROOT, Forked, wait_until
+
+SCRIPT = """
+import json, os, sys, time
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+                  "env": os.environ.get("ZYGOTE_TEST"), "sid": os.getsid(0),
+                  "pid": os.getpid(), "name": __name__}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(120)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _fork(tmp_path: Path, *args: str) -> tuple[Forked, Path]:
+    script, log = tmp_path / "child.py", tmp_path / f"child-{args[0]}.log"
+    script.write_text(SCRIPT)
+    with open(log, "wb") as out:
+        child = Forked([PYTHON, str(script), *args],
+                       {**os.environ, "ZYGOTE_TEST": "seen", "PYTHONUNBUFFERED": "1"},
+                       out.fileno(), ("json",))
+    return child, log
+
+
+def _record(log: Path) -> dict:
+    wait_until(lambda: "{" in log.read_text(), timeout_s=30)
+    return dict(json.loads(log.read_text().splitlines()[0]))
+
+
+def test_a_forked_child_is_its_script_run_as_main_in_a_session_of_its_own(
+        tmp_path: Path) -> None:
+    child, log = _fork(tmp_path, "3")
+    assert child.wait(timeout=30) == 3
+    record = _record(log)
+    assert record["pid"] == child.pid and record["sid"] == child.pid
+    assert record["argv"] == [str(tmp_path / "child.py"), "3"]
+    assert record["cwd"] == str(ROOT) and record["path0"] == str(tmp_path)
+    assert record["env"] == "seen" and record["name"] == "__main__"
+    assert "to stderr" in log.read_text()
+
+
+def test_a_signalled_child_reads_as_popen_would_and_a_wait_can_time_out(
+        tmp_path: Path) -> None:
+    child, log = _fork(tmp_path, "sleep")
+    _record(log)
+    assert child.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.2)
+    os.killpg(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    assert child.poll() == -signal.SIGKILL
+
+
+def test_a_child_whose_client_leaves_is_killed(tmp_path: Path) -> None:
+    child, log = _fork(tmp_path, "sleep")
+    pid = _record(log)["pid"]
+    child._conn.close()  # as when the test's process dies
+    assert wait_until(lambda: not _alive(pid), timeout_s=10)
