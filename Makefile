@@ -139,7 +139,7 @@ test:
 	@# networks: XLA's executables kept in .cache/jax are read by the ones after the first.
 	$(PY) -m mypy replaywatch > .mypy.log 2>&1 & typecheck=$$!; \
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-	PYTHONDONTWRITEBYTECODE= REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
+	PYTHONDONTWRITEBYTECODE= REPLAYWATCH_FORK_WORKLOADS=1 REPLAYWATCH_LAUNCHPAD_PYTHON=$$( [ -f $(LP_STAMP) ] && echo $(LP_PY) ) \
 	REPLAYWATCH_REQUIRE_LAUNCHPAD=$(REQUIRE_LAUNCHPAD) REPLAYWATCH_REQUIRE_RLLIB=$(REQUIRE_RLLIB) \
 		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS); \
 	tests=$$?; wait $$typecheck; types=$$?; cat .mypy.log; \
