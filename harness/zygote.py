@@ -4,9 +4,11 @@ real Reverb server or client.
 
 Usage: python -m harness.zygote SOCKET MODULE...
 
-Why: importing Reverb costs 3.5 to 5 CPU-s here, and `make test` starts some forty
-workloads (reverb_workload, loop_workload, replay_checkpoints): about 150 CPU-s of its
-roughly 950, on 2 cores, spent importing the same modules. A fork costs milliseconds.
+Why: importing Reverb costs 3.5 to 5 CPU-s here, and `make test` starts some fifty such
+processes (reverb_workload, loop_workload, replay_checkpoints, the TF-Agents example, the
+JAX agent): about 150 CPU-s of its roughly 950, on 2 cores, spent importing the same
+modules. A fork costs milliseconds. The programs and what each preloads: FORKABLE in
+harness/procs.py.
 
 What the child gets is what `python SCRIPT ARGS` would give it: its own session (so its
 group can be signalled), the caller's stdin/stdout/stderr (passed as descriptors), working
@@ -17,14 +19,15 @@ what TensorFlow read from the environment at import was the zygote's.
 
 Fork safety: at the fork only the zygote's main thread runs Python; the other threads
 importing TensorFlow leaves are OpenBLAS's servers (numpy's, scipy's), which OpenBLAS stops
-and restarts across a fork. No TensorFlow runtime, gRPC channel or eager context exists
-before the fork: the zygote only imports.
+and restarts across a fork. No TensorFlow runtime, gRPC channel, eager context or JAX
+backend exists before the fork: the zygote only imports.
 
 Protocol, one connection per child on an AF_UNIX socket: the client sends one JSON line
-(argv, env, cwd, nice) with three descriptors (SCM_RIGHTS); the zygote answers `{"pid": N}` and,
-when the child exits, `{"status": S}` (Popen's returncode: minus the signal that killed
-it). A client that goes away takes its child with it (SIGKILL to the child's group), and
-a zygote whose parent dies kills its children and exits.
+(argv from the script or module on, whether it is a module, env, cwd, nice) with three
+descriptors (SCM_RIGHTS); the zygote answers `{"pid": N}` and, when the child exits,
+`{"status": S}` (Popen's returncode: minus the signal that killed it). A client that goes
+away takes its child with it (SIGKILL to the child's group), and a zygote whose parent
+dies kills its children and exits.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ def _send(conn: socket.socket, record: dict[str, Any]) -> None:
         pass
 
 
-def _enter_child(request: dict[str, Any], fds: list[int]) -> str:
-    """In the fork: become `python SCRIPT ARGS`; the script's path to run."""
+def _enter_child(request: dict[str, Any], fds: list[int]) -> tuple[str, bool]:
+    """In the fork: become `python SCRIPT ARGS` (or `python -m MODULE ARGS`); what to run,
+    and whether it is a module."""
     os.setsid()
     try:
         os.setpriority(os.PRIO_PROCESS, 0, request["nice"])  # its client's, as a Popen child
@@ -70,17 +74,19 @@ def _enter_child(request: dict[str, Any], fds: list[int]) -> str:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    script = request["argv"][1]
-    sys.argv = list(request["argv"][1:])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    program = request["argv"][0]
+    sys.argv = list(request["argv"])  # runpy sets argv[0] to the file it runs
+    # What Python puts first on sys.path: the script's directory, or for -m the cwd.
+    sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(
+        os.path.abspath(program))
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     import numpy as np
     np.random.seed()  # numpy's global stream was drawn once, in the zygote
-    return script
+    return program, bool(request["module"])
 
 
-def serve(path: str) -> str | None:
-    """The zygote's loop; returns only in a child, with the script it must run."""
+def serve(path: str) -> tuple[str, bool] | None:
+    """The zygote's loop; returns only in a child, with what it must run."""
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -153,11 +159,15 @@ def main() -> None:
     path, preload = sys.argv[1], sys.argv[2:]
     for name in preload:
         __import__(name)
-    script = serve(path)
-    if script is None:
+    program = serve(path)
+    if program is None:
         return
     import runpy
-    runpy.run_path(script, run_name="__main__")
+    name, module = program
+    if module:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(name, run_name="__main__")
 
 
 if __name__ == "__main__":

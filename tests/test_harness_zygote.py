@@ -17,16 +17,7 @@ import pytest
 
 from harness.procs import PYTHON, ROOT, Forked, wait_until
 
-SCRIPT = """
-import json, os, sys, time
-print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
-                  "env": os.environ.get("ZYGOTE_TEST"), "sid": os.getsid(0),
-                  "pid": os.getpid(), "name": __name__}), flush=True)
-print("to stderr", file=sys.stderr, flush=True)
-if sys.argv[1] == "sleep":
-    time.sleep(120)
-sys.exit(int(sys.argv[1]))
-"""
+SCRIPT = (ROOT / "tests" / "support" / "zygote_child.py").read_text()
 
 
 def _alive(pid: int) -> bool:
@@ -74,6 +65,18 @@ def test_a_signalled_child_reads_as_popen_would_and_a_wait_can_time_out(
     os.killpg(child.pid, signal.SIGKILL)
     assert child.wait(timeout=30) == -signal.SIGKILL
     assert child.poll() == -signal.SIGKILL
+
+
+def test_a_module_run_with_dash_m_writes_to_pipes_the_caller_reads(tmp_path: Path) -> None:
+    child = Forked([PYTHON, "-u", "-m", "tests.support.zygote_child", "5"],
+                   {**os.environ, "ZYGOTE_TEST": "piped"}, None, ("json",))
+    assert child.stdout is not None and child.stderr is not None
+    record = json.loads(child.stdout.readline())
+    assert record["argv"] == [str(ROOT / "tests" / "support" / "zygote_child.py"), "5"]
+    assert record["path0"] == str(ROOT) and record["name"] == "__main__"
+    assert record["env"] == "piped" and record["sid"] == child.pid
+    assert child.stderr.readline() == "to stderr\n"
+    assert child.wait(timeout=30) == 5
 
 
 def test_a_child_whose_client_leaves_is_killed(tmp_path: Path) -> None:
