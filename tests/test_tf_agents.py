@@ -74,7 +74,13 @@ def test_a_healthy_tf_agents_loop_of_32_threads_raises_no_risk(
             assert time.monotonic() - start < 120, "no batch in 120 s"
             state = watched.poller.tick()
             alarms += [f for f in state.findings if f.kind in CONFIG_KINDS]
-            batches = get_json(f"{job['probe']}/probe", 2.0)[1]["batches_retrieved"]
+            try:
+                batches = get_json(f"{job['probe']}/probe", 2.0)[1]["batches_retrieved"]
+            except OSError:
+                # On make test's loaded cores the job once answered neither its probe nor
+                # ServerInfo for 2 s, early in its run; the sidecar says so and polls on, and
+                # so does this. What is judged is what the sidecar said, to WATCH_S of training.
+                continue
             if batches and training is None:
                 training = time.monotonic()
             time.sleep(POLL_S)
