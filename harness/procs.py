@@ -99,6 +99,7 @@ FORKABLE = {
     "harness/reverb_workload.py": _REVERB,
     "harness/loop_workload.py": _REVERB,
     "harness/replay_checkpoints.py": _REVERB,
+    "tests/support/starved_learner.py": _REVERB,
     "examples/tf_agents_dqn.py": _REVERB + (
         "tf_agents.agents.dqn.dqn_agent", "tf_agents.drivers.py_driver",
         "tf_agents.environments.suite_gym", "tf_agents.environments.tf_py_environment",

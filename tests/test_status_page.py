@@ -140,24 +140,35 @@ def test_static_serves_only_its_allow_list(
 
 # -- in a real browser ----------------------------------------------------------------------------
 
-@pytest.fixture
-def browser_page(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A headless Chromium page at laptop size that records errors and every request."""
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the module's page tests (1.7 CPU-s a launch here); each test
+    gets a context of its own, so no storage, token or cache passes from one to the next."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip("make system-deps installs Debian's chromium")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
         try:
-            page = browser.new_page(viewport=LAPTOP)
-            page.set_default_timeout(30_000)
-            page.errors, page.requests = [], []
-            page.on("pageerror", lambda e: page.errors.append(f"pageerror: {e}"))
-            page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
-            page.on("request", lambda r: page.requests.append(r.url))
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture
+def browser_page(chromium: Any) -> Iterator[Any]:
+    """A page at laptop size, in a fresh context, that records errors and every request."""
+    context = chromium.new_context(viewport=LAPTOP)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        page.errors, page.requests = [], []
+        page.on("pageerror", lambda e: page.errors.append(f"pageerror: {e}"))
+        page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+        page.on("request", lambda r: page.requests.append(r.url))
+        yield page
+    finally:
+        context.close()
 
 
 def _screenshot(page: Any, name: str) -> Path:
