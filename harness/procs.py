@@ -86,14 +86,11 @@ def parent_death_signal(sig: int) -> Callable[[], None]:
 STARTUP_S = 240.0
 
 
-# The programs whose preloaded modules read nothing at import from the environment that a
+# The programs whose preloaded modules read nothing from the environment at import that a
 # test sets per process: where REPLAYWATCH_FORK_WORKLOADS=1 (make test) each is forked from a
-# zygote that imported them once (harness/zygote.py), not started from scratch. The zygote
-# starts with its first child's environment, and what a module read then holds for every
-# child (the RLlib jobs all run with OMP_NUM_THREADS=1, which libgomp reads as torch loads
-# it). Measured here: four workload modules 154.8 -> 88.8 CPU-s, test_tf_agents 96.9 ->
-# 79.0, two agent modules 83.6 -> 77.3, the RLlib cluster case 198.1 -> 175.9. A child that
-# asks for a death signal is always started as before.
+# zygote that imported them once (harness/zygote.py), not started from scratch. Measured
+# here: four workload modules 154.8 -> 88.8 CPU-s, test_tf_agents 96.9 -> 79.0, two agent
+# modules 83.6 -> 77.3. A child that asks for a death signal is always started as before.
 _REVERB = ("numpy", "reverb", "tensorflow", "replaywatch.probe")
 FORKABLE = {
     "harness/reverb_workload.py": _REVERB,
@@ -112,18 +109,12 @@ FORKABLE = {
     "-m agents.run": _REVERB + ("jax", "haiku", "optax", "agents.local"),
     # Acme's example, after the shims that must come before Acme's first import (not Acme).
     "-m tests.support.acme_compat": _REVERB + ("jax",),
-    # An RLlib job's driver, run by .venv-rllib's Python: Ray, RLlib's algorithms, torch.
-    "harness/rllib_job.py": ("gymnasium", "numpy", "ray", "torch", "ray.tune.registry",
-                             "ray.tune.utils.util", "ray.rllib.algorithms.dqn",
-                             "ray.rllib.algorithms.appo",
-                             "ray.rllib.utils.replay_buffers.episode_replay_buffer"),
 }
 
 
 def fork_key(args: list[str]) -> str | None:
-    """What `args` runs, as FORKABLE names it (`SCRIPT`, or `-m MODULE`), if a Python runs it
-    (ours, or a tier's venv's: the zygote is that Python's)."""
-    rest = args[1:] if args and Path(args[0]).name.startswith("python") else []
+    """What `args` runs, as FORKABLE names it (`SCRIPT`, or `-m MODULE`), if Python runs it."""
+    rest = args[1:] if args[:1] == [PYTHON] else []
     rest = rest[1:] if rest[:1] == ["-u"] else rest  # unbuffered: so is every forked child
     if rest[:1] == ["-m"] and len(rest) > 1:
         return f"-m {rest[1]}"
@@ -132,17 +123,15 @@ _zygote_lock = threading.Lock()
 _zygotes: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], str]] = {}
 
 
-def _zygote_path(python: str, preload: tuple[str, ...], env: dict[str, str]) -> str:
-    """The socket of this process's zygote for `python` and `preload`, started (or
-    restarted) here."""
-    key = (python, *preload)
+def _zygote_path(preload: tuple[str, ...], env: dict[str, str]) -> str:
+    """The socket of this process's zygote for `preload`, started (or restarted) here."""
     with _zygote_lock:
-        if key in _zygotes and _zygotes[key][0].poll() is None:
-            return _zygotes[key][1]
+        if preload in _zygotes and _zygotes[preload][0].poll() is None:
+            return _zygotes[preload][1]
         home = tempfile.mkdtemp(prefix="rwz-")  # short: AF_UNIX paths fit in 107 bytes
         path, log = os.path.join(home, "sock"), Path(home, "log")
         with open(log, "wb") as out:
-            zygote = subprocess.Popen([python, "-m", "harness.zygote", path, *preload],
+            zygote = subprocess.Popen([PYTHON, "-m", "harness.zygote", path, *preload],
                                       cwd=ROOT, start_new_session=True, stdout=out,
                                       stderr=subprocess.STDOUT, env=env)
         atexit.register(zygote.kill)
@@ -153,7 +142,7 @@ def _zygote_path(python: str, preload: tuple[str, ...], env: dict[str, str]) -> 
                 raise RuntimeError(f"the workload zygote did not start: "
                                    f"{log.read_text(errors='replace')[-2000:]}")
             time.sleep(0.05)
-        _zygotes[key] = (zygote, path)
+        _zygotes[preload] = (zygote, path)
         return path
 
 
@@ -174,7 +163,7 @@ class Forked:
         self.stderr: IO[str] | None = None
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.settimeout(30.0)
-        self._conn.connect(_zygote_path(args[0], preload, env))
+        self._conn.connect(_zygote_path(preload, env))
         program = args[args.index(key.split()[-1]):]  # from the script or module on
         request = {"argv": program, "module": key.startswith("-m "), "env": env,
                    "cwd": str(ROOT), "nice": os.nice(0)}
