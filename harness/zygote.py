@@ -22,6 +22,14 @@ importing TensorFlow leaves are OpenBLAS's servers (numpy's, scipy's), which Ope
 and restarts across a fork. No TensorFlow runtime, gRPC channel, eager context or JAX
 backend exists before the fork: the zygote only imports.
 
+What draws randomness after the fork draws its own: Python's `random` reseeds itself in a
+fork, numpy's global stream is reseeded here, and Reverb's keys and TensorFlow's unseeded
+ops were checked to differ between two children.
+Not Ray: its C++ IDs come from a generator seeded once per process, at import, and two RLlib
+drivers forked after importing Ray drew the same WorkerIDs and ObjectIDs (one died in
+Ray's WarmupStore: "Seal() called on an object without a reference to it"). A zygote that
+finds Ray among its modules refuses to start.
+
 Protocol, one connection per child on an AF_UNIX socket: the client sends one JSON line
 (argv from the script or module on, whether it is a module, env, cwd, nice) with three
 descriptors (SCM_RIGHTS); the zygote answers `{"pid": N}` and, when the child exits,
@@ -159,6 +167,9 @@ def main() -> None:
     path, preload = sys.argv[1], sys.argv[2:]
     for name in preload:
         __import__(name)
+    if "ray" in sys.modules:
+        sys.exit(f"harness.zygote: {' '.join(preload)} imports Ray, whose IDs every forked "
+                 "child would draw alike: start such a program as a process of its own")
     program = serve(path)
     if program is None:
         return

@@ -79,7 +79,28 @@ def test_a_module_run_with_dash_m_writes_to_pipes_the_caller_reads(tmp_path: Pat
     assert child.wait(timeout=30) == 5
 
 
-def test_a_child_whose_client_leaves_is_killed(tmp_path: Path) -> None:
+def test_forked_children_draw_their_own_random_numbers(tmp_path: Path) -> None:
+    script = tmp_path / "draw.py"
+    script.write_text("import random, numpy\nprint(random.random(), numpy.random.rand())\n")
+    draws = []
+    for n in range(2):
+        log = tmp_path / f"draw-{n}.log"
+        with open(log, "wb") as out:
+            child = Forked([PYTHON, str(script)], dict(os.environ), out.fileno(),
+                           ("numpy", "random"))
+        assert child.wait(timeout=30) == 0
+        draws.append(log.read_text().split())
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1], draws
+
+
+def test_a_zygote_that_would_fork_ray_refuses_to_start(tmp_path: Path) -> None:
+    # The main venv has Ray (its multi-node tests), so the refusal can be seen here.
+    with pytest.raises(RuntimeError, match="imports Ray"):
+        Forked([PYTHON, str(tmp_path / "never.py")], dict(os.environ), 1, ("ray",))
+
+
+def test_a_child_whose_client_leaves_is_killed(
+        tmp_path: Path) -> None:
     child, log = _fork(tmp_path, "sleep")
     pid = _record(log)["pid"]
     child._conn.close()  # as when the test's process dies
