@@ -135,9 +135,10 @@ test:
 	@# pytest rewrites the asserts of every test module and of its plugins' (hypothesis,
 	@# schemathesis: about 280 modules) in each xdist worker; with PYTHONDONTWRITEBYTECODE set it
 	@# keeps none of it, and each worker's collection took 11 s of CPU instead of 8.
-	@# The Reverb workloads, the TF-Agents example and the JAX agent are forked from a zygote
-	@# per xdist worker that imported TensorFlow and Reverb once (harness/zygote.py): some fifty
-	@# processes imported them at 3.5 to 5 CPU-s each, a sixth of this CPU-bound suite.
+	@# The programs in FORKABLE (harness/procs.py: the Reverb workloads, the TF-Agents and Acme
+	@# examples, the JAX agent) are forked from a zygote per xdist worker that imported their
+	@# modules once (harness/zygote.py): some fifty processes imported TensorFlow and Reverb at
+	@# 3.5 to 5 CPU-s each, a sixth of this CPU-bound suite.
 	@# The JAX agent's processes (each test's trainer, each Ray actor) compile the same
 	@# networks: XLA's executables kept in .cache/jax are read by the ones after the first.
 	$(PY) -m mypy replaywatch > .mypy.log 2>&1 & typecheck=$$!; \
