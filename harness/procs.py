@@ -61,6 +61,15 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` runs: a killed child its parent has not reaped yet (a zombie) is gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -90,7 +99,9 @@ STARTUP_S = 240.0
 # test sets per process: where REPLAYWATCH_FORK_WORKLOADS=1 (make test) each is forked from a
 # zygote that imported them once (harness/zygote.py), not started from scratch. Measured
 # here: four workload modules 154.8 -> 88.8 CPU-s, test_tf_agents 96.9 -> 79.0, two agent
-# modules 83.6 -> 77.3. A child that asks for a death signal is always started as before.
+# modules 83.6 -> 77.3. A zygote starts with its first child's environment: what a module
+# reads from it at import holds for every child. A child that asks for a death signal is
+# always started as before.
 _REVERB = ("numpy", "reverb", "tensorflow", "replaywatch.probe")
 FORKABLE = {
     "harness/reverb_workload.py": _REVERB,
@@ -119,6 +130,8 @@ def fork_key(args: list[str]) -> str | None:
     if rest[:1] == ["-m"] and len(rest) > 1:
         return f"-m {rest[1]}"
     return rest[0] if rest else None
+
+
 _zygote_lock = threading.Lock()
 _zygotes: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], str]] = {}
 
@@ -191,7 +204,11 @@ class Forked:
             if not select.select([self._conn], [], [], left)[0]:
                 return None
             data = self._conn.recv(4096)
-            if not data:  # the zygote died: the child was killed with it
+            if not data:  # the zygote died: its child is not left running unwatched
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
                 return {"status": -signal.SIGKILL}
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.procs import PYTHON, Proc, descendants, free_port, wait_until
+from harness.procs import PYTHON, Proc, alive, descendants, free_port, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo"), pytest.mark.timeout(240)]
 
@@ -26,13 +26,6 @@ def demo(tmp_path: Path, port: int) -> Proc:
     return Proc([PYTHON, "tools/demo.py"], env={"DEMO_PORT": str(port), "DEMO_DIR": str(tmp_path)},
                 stdout_path=tmp_path / "demo.out")
 
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def test_a_port_already_answering_is_refused_before_anything_starts(tmp_path: Path) -> None:

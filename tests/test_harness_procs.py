@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
-from harness.procs import PYTHON, Proc, descendants, wait_until
+from harness.procs import PYTHON, Proc, alive, descendants, wait_until
 
 # A parent that starts a grandchild in a session of its own, as Ray does, and says its pid.
 PARENT = """
@@ -23,13 +22,6 @@ time.sleep(120)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a killed child its parent has not reaped yet is gone
-
 
 def test_kill_reaches_a_descendant_in_its_own_session(spawn: Callable[..., Proc]) -> None:
     parent = spawn([PYTHON, "-c", PARENT], name="parent")
@@ -37,11 +29,11 @@ def test_kill_reaches_a_descendant_in_its_own_session(spawn: Callable[..., Proc]
     assert grandchild in descendants(parent.pid)
     assert os.getpgid(grandchild) != os.getpgid(parent.pid)  # out of reach of killpg
     parent.kill()
-    assert wait_until(lambda: not _alive(grandchild), timeout_s=10)
+    assert wait_until(lambda: not alive(grandchild), timeout_s=10)
 
 
 def test_terminate_reaches_it_too_after_the_child_exits(spawn: Callable[..., Proc]) -> None:
     parent = spawn([PYTHON, "-c", PARENT], name="parent")
     grandchild = parent.announce(timeout_s=30)["grandchild"]
     assert parent.terminate(timeout_s=5) is not None  # TERM ends the parent itself
-    assert wait_until(lambda: not _alive(grandchild), timeout_s=10)
+    assert wait_until(lambda: not alive(grandchild), timeout_s=10)

@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.procs import PYTHON, ROOT, Forked, wait_until
+from harness import procs
+from harness.procs import PYTHON, ROOT, Forked, alive, wait_until
 
 SCRIPT = (ROOT / "tests" / "support" / "zygote_child.py").read_text()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _fork(tmp_path: Path, *args: str) -> tuple[Forked, Path]:
@@ -99,9 +93,19 @@ def test_a_zygote_that_would_fork_ray_refuses_to_start(tmp_path: Path) -> None:
         Forked([PYTHON, str(tmp_path / "never.py")], dict(os.environ), 1, ("ray",))
 
 
-def test_a_child_whose_client_leaves_is_killed(
-        tmp_path: Path) -> None:
+def test_a_child_whose_client_leaves_is_killed(tmp_path: Path) -> None:
     child, log = _fork(tmp_path, "sleep")
     pid = _record(log)["pid"]
     child._conn.close()  # as when the test's process dies
-    assert wait_until(lambda: not _alive(pid), timeout_s=10)
+    assert wait_until(lambda: not alive(pid), timeout_s=10)
+
+
+def test_a_child_whose_zygote_dies_is_killed_and_reads_as_killed(tmp_path: Path) -> None:
+    child, log = _fork(tmp_path, "sleep")
+    pid = _record(log)["pid"]
+    zygote, _ = procs._zygotes[("json",)]
+    zygote.kill()  # its children are in sessions of their own: only the client can end them
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    assert wait_until(lambda: not alive(pid), timeout_s=10)
+    again, _ = _fork(tmp_path, "0")  # the next child gets a new zygote
+    assert again.wait(timeout=60) == 0
