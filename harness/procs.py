@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -147,6 +148,7 @@ def _zygote_path(preload: tuple[str, ...], env: dict[str, str]) -> str:
             zygote = subprocess.Popen([PYTHON, "-m", "harness.zygote", path, *preload],
                                       cwd=ROOT, start_new_session=True, stdout=out,
                                       stderr=subprocess.STDOUT, env=env)
+        atexit.register(shutil.rmtree, home, True)  # runs after the kill below (LIFO)
         atexit.register(zygote.kill)
         deadline = time.monotonic() + STARTUP_S
         while b'"zygote"' not in log.read_bytes():
