@@ -426,6 +426,41 @@ def test_a_stall_past_the_first_update_keeps_paging_once_it_outlasts_the_look_ba
     assert f.severity is Severity.CRITICAL and f.evidence["calls"][0]["running_s"] == 600.0
 
 
+def young_appo(call_from_s: float) -> Job:
+    """A young APPO job of one EnvRunner, as a loaded host showed it: iterations of 2 s whose
+    rows count no sampled or trained step for 11 iterations (the runner's first sample call
+    runs that long), then 64 a row; no counter exported yet; one `apply` call of its runner
+    listed from `call_from_s`."""
+    def counted(at: float) -> dict[str, Any]:
+        done = max(0.0, round((at - T0) / 2.0) - 11)
+        return ({"env_steps_sampled_lifetime": 64.0 * done,
+                 "env_steps_trained_lifetime": 67.0 * done} if done else {})
+    return Job(algo="APPO", runners=1, iteration_s=2.0, sampled=lambda n, t: None,
+               trained=lambda t: None, row_extra=counted,
+               calls=lambda t: ([call(ActorRole.ENV_RUNNER, 0, t - T0 - call_from_s,
+                                      T0 + call_from_s)] if t > T0 + call_from_s else []))
+
+
+def test_a_first_sample_call_past_the_first_update_is_still_start_up() -> None:
+    # The call began before any row counted a trained step: the runner's first sample call
+    # on a loaded host, or its listing late. The rows counting steps since are the job
+    # starting, not a runner hung after it had run.
+    f = judged(young_appo(call_from_s=1.0), 35.0)[Name.ENV_RUNNER_STALLED]
+    assert f.evidence["calls"][0]["running_s"] == 34.0
+    assert f.evidence["calls"][0]["window_s"] == TH.stall_window_s
+    assert f.severity is Severity.INFO and f.evidence["would_be"] == "critical"
+    assert f.summary.startswith("Start-up")
+    late = judged(young_appo(call_from_s=1.0), 35.0, Thresholds(startup_grace_s=30.0))
+    assert late[Name.ENV_RUNNER_STALLED].severity is Severity.CRITICAL
+
+
+def test_a_call_that_began_after_the_first_update_pages_on_an_unlearned_window() -> None:
+    # Row 12 (24 s in) is the first to count trained steps, row 11 (22 s) the last that
+    # counts none: a call begun at 25 s began in a job that had trained.
+    f = judged(young_appo(call_from_s=25.0), 40.0)[Name.ENV_RUNNER_STALLED]
+    assert f.severity is Severity.CRITICAL and f.evidence["calls"][0]["running_s"] == 15.0
+
+
 # -- warm-up -----------------------------------------------------------------------------------
 
 def test_sampling_below_learning_starts_is_warmup_not_a_stalled_learner() -> None:

@@ -11,9 +11,11 @@ learn its rhythm, it is judged by `stall_window_s` (a counter's floor at least),
 the job has not finished its first update (a first compile may take minutes) the hangs
 found then do not page in its first `startup_grace_s`: they are said as info with when they
 would page. The job's start comes from its result rows (`timestamp - time_total_s`), else
-the oldest snapshot held. Past its first update nothing is held, as learner_starting ends at
-the first step: a stall that outlasts the look-back leaves no rhythm in view, and must
-still page.
+the oldest snapshot held. A hang is start-up by when it began: one that began before the
+job's first update (a runner's first sample call, the learner's first compile) stays start-up
+after other parts of the job have trained; one that began after it is judged as any other,
+even when it outlasted the look-back so that no rhythm is left in view, as learner_starting
+ends at the first step.
 """
 
 from __future__ import annotations
@@ -123,13 +125,35 @@ def has_trained(job: RllibJob) -> bool:
                    for s in job.history for r in s.results))
 
 
-def grace(job: RllibJob, learned: bool) -> tuple[float, str] | None:
-    """(began at, how known) while a hang judged by an unlearned window must not page: the
-    job has not finished its first update (a first compile may take minutes) and is younger
-    than `startup_grace_s`. Past its first update a stall is judged as any other, even when
-    it outlasted the look-back so that no rhythm is left in view."""
-    if learned or has_trained(job):
+def untrained_at(job: RllibJob) -> float | None:
+    """The newest time the job is known not to have trained yet: the end of the last
+    iteration whose row counts no trained step, where a later row in view counts some (so
+    the rows do carry the key, and its absence before was no update yet). None where the
+    rows show no such turn (the first update before the look-back, or rows that never
+    count trained steps)."""
+    rows = sorted({r.iteration: r for s in job.history for r in s.results
+                   if r.iteration is not None and r.timestamp is not None}.items())
+    before: float | None = None
+    for _, r in rows:
+        if (r.env_steps_trained_lifetime or 0) > 0:
+            return before
+        before = r.timestamp
+    return None
+
+
+def grace(job: RllibJob, learned: bool, began: float) -> tuple[float, str] | None:
+    """(began at, how known) while a hang judged by an unlearned window must not page: it
+    began before the job's first update (a first compile, a runner's first sample call may
+    take minutes on a loaded host) and the job is younger than `startup_grace_s`. `began`:
+    when the hang began, the latest of its parts' (a hang that began after the first update
+    pages, even beside one that began before). Past its first update a stall is judged as any
+    other, even when it outlasted the look-back so that no rhythm is left in view."""
+    if learned:
         return None
+    if has_trained(job):
+        untrained = untrained_at(job)
+        if untrained is None or began >= untrained:
+            return None
     start, basis = started_at(job), "result rows (timestamp - time_total_s)"
     if start is None:
         start, basis = job.history[0].observed_at, "the oldest snapshot held (no result row)"

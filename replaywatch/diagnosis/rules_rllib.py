@@ -85,11 +85,11 @@ def is_learner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
         evidence["learner_queue"], sentence = said[0], said[1]
         fix = " ".join(part for part in (said[2], fix) if part)
         summary = f"{summary} {sentence}"
-    since = min([job.now - (t.running_for_s or 0.0) for t, _ in hung]
-                + ([trained.since] if trained is not None else []))
+    begins = ([job.now - (t.running_for_s or 0.0) for t, _ in hung]
+              + ([trained.since] if trained is not None else []))
     learned = trained is not None and trained.learned
-    return rj.held(job.finding(kinds.LEARNER_STALLED, summary, evidence, fix, since),
-                   rj.grace(job, learned), th, job.now)
+    return rj.held(job.finding(kinds.LEARNER_STALLED, summary, evidence, fix, min(begins)),
+                   rj.grace(job, learned, max(begins)), th, job.now)
 
 
 def learner_thread(live: RllibLive | None) -> tuple[str, dict[str, Any]] | None:
@@ -216,12 +216,12 @@ def is_env_runner_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
                f"{', '.join(str(p) for p in pids)}): {_sync_words(algo)}")
     fix = (f"`py-spy dump --pid {_one(pids)}`: the stack shows the env call that hangs (a hang "
            "raises nothing, so RLlib restarts no runner for it).")
-    since = min([job.now - (t.running_for_s or 0.0) for t, _ in hung]
-                + [r["resting_since"] for r in flat])
+    begins = ([job.now - (t.running_for_s or 0.0) for t, _ in hung]
+              + [r["resting_since"] for r in flat])
     learned = all(w.basis in (rp.Basis.LEARNED, rp.Basis.PAUSE) for _, w in hung) and all(
         r["window_learned"] for r in flat)
-    return rj.held(job.finding(kinds.ENV_RUNNER_STALLED, summary, evidence, fix, since),
-                   rj.grace(job, learned), th, job.now)
+    return rj.held(job.finding(kinds.ENV_RUNNER_STALLED, summary, evidence, fix, min(begins)),
+                   rj.grace(job, learned, max(begins)), th, job.now)
 
 
 def _sync_words(algo: str | None) -> str:
@@ -311,7 +311,7 @@ def is_driver_stalled(job: RllibJob, th: Thresholds) -> Finding | None:
     since = max(p.since for p in series if p.current)
     learned = all(p.learned for p in series if p.current)
     return rj.held(job.finding(kinds.DRIVER_STALLED, summary, evidence, fix, since),
-                   rj.grace(job, learned), th, job.now)
+                   rj.grace(job, learned, since), th, job.now)
 
 
 # -- warmup ------------------------------------------------------------------------------------
