@@ -21,7 +21,9 @@ import pytest
 import reverb
 
 from replaywatch.diagnosis import stall_window as sw
+from replaywatch.diagnosis import window as win
 from replaywatch.diagnosis.rules_startup import PACED_POLLS, learner_paced_polls
+from replaywatch.diagnosis.window import samples_of
 from replaywatch.probe import ActorProbe, TrainerProbe
 from replaywatch.state import Published
 from tests.support.repro import (
@@ -110,18 +112,34 @@ def test_learner_starting_while_the_first_step_compiles_then_healthy(servers) ->
         took = tick_until(sidecar, lambda s: "learner_starting" in kinds(s), 4.0, seen,
                           replay_each=False)
         tick_until(sidecar, lambda s: False, 4.0 - (took or 4.0), seen, replay_each=False)
+        since = time.time()  # the history's stamps are wall time
         learning.start()  # the first step is done: it samples
         after: list[Published] = []
-        # Start-up ends once sampling has moved for a stall window: bounded like any kind.
-        ended = tick_until(sidecar, lambda s: "learner_starting" not in kinds(s),
-                           DEADLINE_S + SLACK_S, after)
+        # Start-up is said while it explains a stall: it goes once the learner's draws let
+        # the actor insert again, and at the latest once the sidecar has seen sampling flow
+        # for a stall window (or drawn in PACED_POLLS polls). Judged by what the sidecar saw,
+        # not by a clock: the threads drawing here share a loaded host's cores (once they
+        # moved too little in 3.4 s). Up to 30 s, as the neighbouring case waits.
+        ended = tick_until(sidecar, lambda s: "learner_starting" not in kinds(s), 30.0, after,
+                           replay_each=False)
+        target = f"127.0.0.1:{server.port}"
+        history = sidecar.history.table(target, "replay", since)
     acting.stop()
     learning.stop()
+    flowed = next((b.observed_at for i, b in enumerate(history) if (
+        win.progressing_s(history[:i + 1], samples_of) >= WINDOW_S
+        or learner_paced_polls(history[:i + 1]) >= PACED_POLLS)), None)
     print(f"\nlearner_starting shown {took} s into the start-up, gone {ended} s after the "
-          "first step")
+          f"first step, sampling seen flowing {None if flowed is None else flowed - since} s "
+          "after it")
     assert took is not None and took <= DEADLINE_S + SLACK_S
     assert not set().union(*(alarms(s) for s in seen + after))
     assert ended is not None, kinds(after[-1])
+    end = after[-1].tables[(target, "replay")]
+    # Gone because the learner draws, and never held past the poll that saw sampling flow.
+    before = seen[-1].tables[(target, "replay")]  # the last poll of the compile
+    assert samples_of(end) > samples_of(before), (samples_of(end), samples_of(before))
+    assert flowed is None or end.observed_at <= flowed, (end.observed_at, flowed)
 
 
 def test_a_learner_that_trains_briefly_then_hangs_is_a_stall_from_reverb_alone(servers) -> None:
