@@ -137,6 +137,15 @@ _zygote_lock = threading.Lock()
 _zygotes: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], str]] = {}
 
 
+def _forget_zygote(preload: tuple[str, ...], path: str) -> None:
+    """Drops the zygote at `path` once it is gone, so that the next ask starts another."""
+    with _zygote_lock:
+        if preload in _zygotes and _zygotes[preload][1] == path:
+            zygote = _zygotes.pop(preload)[0]
+            zygote.kill()
+            zygote.wait(timeout=30)
+
+
 def _zygote_path(preload: tuple[str, ...], env: dict[str, str]) -> str:
     """The socket of this process's zygote for `preload`, started (or restarted) here."""
     with _zygote_lock:
@@ -176,27 +185,54 @@ class Forked:
         self.returncode: int | None = None
         self.stdout: IO[str] | None = None
         self.stderr: IO[str] | None = None
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.settimeout(30.0)
-        self._conn.connect(_zygote_path(preload, env))
+        self.pid = 0  # none yet: the zygote's first reply names it
         program = args[args.index(key.split()[-1]):]  # from the script or module on
         request = {"argv": program, "module": key.startswith("-m "), "env": env,
                    "cwd": str(ROOT), "nice": os.nice(0)}
+        reply: dict[str, Any] | None = None
+        for attempt in (1, 2):
+            path = _zygote_path(preload, env)
+            try:
+                reply = self._ask(path, request, out)
+                break
+            except (ConnectionRefusedError, ConnectionResetError, BrokenPipeError,
+                    FileNotFoundError) as e:
+                # A zygote that died as it was asked: its connection closed before the
+                # listening socket went, so a dying one is still taken for alive. Its kernel
+                # refused or reset the request unread, so nothing was forked: ask a new one.
+                self._conn.close()
+                for pipe in (self.stdout, self.stderr):
+                    if pipe is not None:
+                        pipe.close()
+                self.stdout = self.stderr = None
+                if attempt == 2:
+                    raise RuntimeError(f"the workload zygote could not start {args}: {e}"
+                                       ) from None
+                _forget_zygote(preload, path)
+        if reply is None or "pid" not in reply:
+            raise RuntimeError(f"the workload zygote could not start {args}: {reply}")
+        self.pid = int(reply["pid"])
+
+    def _ask(self, path: str, request: dict[str, Any], out: int | None
+             ) -> dict[str, Any] | None:
+        """Sends `request` to the zygote at `path`: its first reply (the child's pid)."""
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.settimeout(30.0)
+        self._conn.connect(path)
         ends: list[int] = []
         if out is None:
             (read_out, write_out), (read_err, write_err) = os.pipe(), os.pipe()
             self.stdout, self.stderr = open(read_out), open(read_err)  # noqa: SIM115
             ends = [write_out, write_err]
-        with open(os.devnull, "rb") as stdin:
-            socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"],
-                            [stdin.fileno(), *(ends if out is None else [out, out])])
-        for end in ends:  # the child holds its own copies
-            os.close(end)
+        try:
+            with open(os.devnull, "rb") as stdin:
+                socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"],
+                                [stdin.fileno(), *(ends if out is None else [out, out])])
+        finally:
+            for end in ends:  # the child holds its own copies
+                os.close(end)
         self._buffer = b""
-        reply = self._line(30.0)
-        if reply is None or "pid" not in reply:
-            raise RuntimeError(f"the workload zygote could not start {args}: {reply}")
-        self.pid = int(reply["pid"])
+        return self._line(30.0)
 
     def _line(self, timeout_s: float | None) -> dict[str, Any] | None:
         """The zygote's next line; None when none came in `timeout_s`."""
@@ -207,6 +243,8 @@ class Forked:
                 return None
             data = self._conn.recv(4096)
             if not data:  # the zygote died: its child is not left running unwatched
+                if not self.pid:  # it read the request and died: never asked twice
+                    return {"status": -signal.SIGKILL}
                 try:
                     os.killpg(self.pid, signal.SIGKILL)
                 except OSError:
@@ -234,7 +272,7 @@ class Forked:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
+        if self.returncode is None and self.pid:
             os.kill(self.pid, sig)
 
     def kill(self) -> None:

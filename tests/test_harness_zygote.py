@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,18 @@ def test_a_child_whose_zygote_dies_is_killed_and_reads_as_killed(tmp_path: Path)
     assert wait_until(lambda: not alive(pid), timeout_s=10)
     again, _ = _fork(tmp_path, "0")  # the next child gets a new zygote
     assert again.wait(timeout=60) == 0
+
+
+def test_a_zygote_that_dies_as_it_is_asked_is_replaced_and_the_child_starts(
+        tmp_path: Path) -> None:
+    # A zygote that is dying still reads as alive, and its listening socket still queues a
+    # request, which its death resets unread: a fresh clone's run failed there once.
+    first, _ = _fork(tmp_path, "0")
+    assert first.wait(timeout=30) == 0
+    zygote, _ = procs._zygotes[("json",)]
+    zygote.send_signal(signal.SIGSTOP)  # alive to poll(), answering nothing
+    threading.Timer(1.0, zygote.kill).start()
+    child, _ = _fork(tmp_path, "4")
+    assert child.wait(timeout=60) == 4
+    assert zygote.poll() == -signal.SIGKILL
+    assert procs._zygotes[("json",)][0] is not zygote
