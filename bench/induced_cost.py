@@ -55,15 +55,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 def induced_per_call(pid: int, call: Callable[[], Any], seconds: float,
-                     idle_s: float = 1.0) -> dict[str, float]:
-    """Target CPU ms and our own CPU ms per call, calls made back to back for `seconds`."""
+                     idle_s: float = 1.0, min_calls: int = 0) -> dict[str, float]:
+    """Target CPU ms and our own CPU ms per call, calls made back to back for `seconds`, and
+    on until `min_calls` were made (a loaded host makes fewer in the same seconds)."""
     for _ in range(20):
         call()  # connections, channels and caches warm
     c0, w0 = cpu_seconds(pid), time.monotonic()
     time.sleep(idle_s)
     idle_rate = (cpu_seconds(pid) - c0) / (time.monotonic() - w0)
     calls, c0, own0, w0 = 0, cpu_seconds(pid), time.process_time(), time.monotonic()
-    while time.monotonic() - w0 < seconds:
+    while time.monotonic() - w0 < seconds or calls < min_calls:
         call()
         calls += 1
     target, own, wall = (cpu_seconds(pid) - c0, time.process_time() - own0,
