@@ -21,8 +21,12 @@ import pytest
 import reverb
 
 from replaywatch.diagnosis import stall_window as sw
-from replaywatch.diagnosis import window as win
-from replaywatch.diagnosis.rules_startup import PACED_POLLS, learner_paced_polls
+from replaywatch.diagnosis.case import TableCase
+from replaywatch.diagnosis.rules_startup import (
+    PACED_POLLS,
+    learner_paced_polls,
+    sampling_has_flowed,
+)
 from replaywatch.diagnosis.window import samples_of
 from replaywatch.probe import ActorProbe, TrainerProbe
 from replaywatch.state import Published
@@ -124,11 +128,12 @@ def test_learner_starting_while_the_first_step_compiles_then_healthy(servers) ->
                            replay_each=False)
         target = f"127.0.0.1:{server.port}"
         history = sidecar.history.table(target, "replay", since)
+        th = sidecar.config.thresholds
     acting.stop()
     learning.stop()
-    flowed = next((b.observed_at for i, b in enumerate(history) if (
-        win.progressing_s(history[:i + 1], samples_of) >= WINDOW_S
-        or learner_paced_polls(history[:i + 1]) >= PACED_POLLS)), None)
+    # The first poll at which the rule's own test of sampling having flowed held.
+    flowed = next((b.observed_at for i, b in enumerate(history) if sampling_has_flowed(
+        TableCase(target, tuple(history[:i + 1]), (), b.observed_at), th)), None)
     print(f"\nlearner_starting shown {took} s into the start-up, gone {ended} s after the "
           f"first step, sampling seen flowing {None if flowed is None else flowed - since} s "
           "after it")
