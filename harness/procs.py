@@ -243,12 +243,11 @@ class Forked:
                 return None
             data = self._conn.recv(4096)
             if not data:  # the zygote died: its child is not left running unwatched
-                if not self.pid:  # it read the request and died: never asked twice
-                    return {"status": -signal.SIGKILL}
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                if self.pid:  # none yet: it read the request and died (never asked twice)
+                    try:
+                        os.killpg(self.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
                 return {"status": -signal.SIGKILL}
             self._buffer += data
         line, self._buffer = self._buffer.split(b"\n", 1)
