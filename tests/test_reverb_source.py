@@ -132,9 +132,9 @@ def test_minsize_limiter_reads_as_insert_blocking_disabled(server: reverb.Server
 
 
 def test_a_dead_address_fails_fast_as_data_not_an_exception() -> None:
-    outcome = ReverbSource("127.0.0.1:9", timeout_s=0.5).poll()
+    outcome = ReverbSource("127.0.0.1:9", timeout_s=2.0).poll()
     assert not outcome.ok and "unreachable" in (outcome.error or "")
-    assert outcome.duration_s < 0.6
+    assert outcome.duration_s < 1.0  # refused at once, not waited out to the deadline
 
 
 def test_a_connection_nothing_answers_is_no_answer_not_unreachable() -> None:
