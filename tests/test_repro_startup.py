@@ -271,7 +271,10 @@ def test_learner_starting_with_the_trainer_probe(servers, steps: bool, grace: fl
 
 
 def test_a_learner_that_never_starts_is_critical_once_the_grace_ends(servers) -> None:
-    grace = 4.0
+    # The grace runs from the server's start; the blocked inserts must be seen for a stall
+    # window first. At 4 s, loaded cores once delayed the first answers until the grace had
+    # ended and the stall opened critical at once, never held: 6 s leaves them room.
+    grace = 6.0
     servers.append(server := reverb.Server([blocking_table()]))
     acting = actor(reverb.Client(f"localhost:{server.port}"))
     acting.start()

@@ -14,11 +14,10 @@ import pytest
 pytestmark = pytest.mark.slow  # starts pytest in a process of its own
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "retry_alone.py"
+# pytest's record says both failed; alone, one passes and one fails again
 TESTS = '''
-import os
-
 def test_passes_alone():
-    assert "PYTEST_XDIST_WORKER" not in os.environ
+    assert True
 
 def test_fails_always():
     assert False
