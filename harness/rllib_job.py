@@ -79,6 +79,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="min_time_s_per_iteration")
     p.add_argument("--iterations", type=int, default=0, help="0: until --seconds")
     p.add_argument("--seconds", type=float, default=60.0, help="0: until --iterations")
+    p.add_argument("--seconds-trained", type=float, default=0.0,
+                   help="end this long after the first iteration whose row counts a trained "
+                        "step (--seconds stays the cap): a healthy run whose length is its "
+                        "training, however long a loaded host keeps it in start-up; 0: off")
     p.add_argument("--stop-on", default=None, metavar="FILE",
                    help="end (algo.stop()) after the iteration in which FILE exists: a job "
                         "its watcher ends once it showed what it is for")
@@ -352,9 +356,12 @@ def main(argv: list[str]) -> int:
     }), flush=True)
     start = time.monotonic()
     iteration = 0
+    first_trained: float | None = None
     while True:
         result = algo.train()
         iteration += 1
+        if first_trained is None and trained_steps(result) > 0:
+            first_trained = time.monotonic()
         if not args.no_rows:
             write_row(logdir / "result.json", result)
         line = {"event": "iteration", "iteration": iteration,
@@ -370,11 +377,20 @@ def main(argv: list[str]) -> int:
             break
         if args.seconds and time.monotonic() - start >= args.seconds:
             break
+        if args.seconds_trained and first_trained is not None and (
+                time.monotonic() - first_trained >= args.seconds_trained):
+            break
         if args.stop_on and os.path.exists(args.stop_on):
             break
     algo.stop()
     ray.shutdown()
     return 0
+
+
+def trained_steps(result: dict[str, Any]) -> float:
+    """The env steps the learners trained on so far, as the row says (0 where it does not)."""
+    counted = result.get("learners", {}).get("__all_modules__", {})
+    return float(counted.get("num_env_steps_trained_lifetime", 0) or 0)
 
 
 if __name__ == "__main__":

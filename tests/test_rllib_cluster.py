@@ -2,8 +2,8 @@
 RLlib jobs at once (Ray 2.60, torch on the CPU, .venv-rllib), and one sidecar with
 `--ray-job all --ray-results DIR`: no per-job flag and no code change in any job.
 
-    healthy_dqn   a DQN with its replay buffer, its whole run to its own end (algo.stop()):
-                  never paged
+    healthy_dqn   a DQN with its replay buffer, its whole run to its own end (algo.stop(),
+                  22 s after its first update, however long start-up took): never paged
     healthy_appo  an APPO job, its learner in the driver, the same: never paged
     env_hang      a DQN with its replay buffer that trains, never paged, then its environment
                   hangs in `step()`: `env_runner_stalled`, with the hung runner's stacks in
@@ -72,11 +72,13 @@ DQN = ["--algo", "dqn", "--min-steps-per-iteration", "100", *BASE]
 # APPO's driver asks its EnvRunners for samples without waiting (RLlib's
 # timeout_s_sampler_manager of 0) and spins: 0.6 of a core here, for nothing the case needs.
 APPO = ["--algo", "appo", "--min-time-per-iteration", "2", "--sampler-wait-s", "0.1", *BASE]
-HEALTHY_RUN_S = 30.0  # the healthy jobs' whole runs, each to its own end (algo.stop())
+# The healthy jobs' runs, each to its own end (algo.stop()): 22 s from their first update,
+# at most 120 s. A run of fixed length (30 s) once spent 28 s of it in start-up on loaded
+# cores (APPO's EnvRunner first sampled in row 15 of 15) and proved nothing.
+HEALTHY = ["--seconds-trained", "22", "--seconds", "120"]
 JOBS: dict[str, list[str]] = {
-    "healthy_dqn": [*DQN, "--learning-starts", "100", "--env-step-s", "0.05",
-                    "--seconds", str(HEALTHY_RUN_S)],
-    "healthy_appo": [*APPO, "--env-step-s", "0.02", "--seconds", str(HEALTHY_RUN_S)],
+    "healthy_dqn": [*DQN, "--learning-starts", "100", "--env-step-s", "0.05", *HEALTHY],
+    "healthy_appo": [*APPO, "--env-step-s", "0.02", *HEALTHY],
     # Four iterations of 100 env steps, three of them training, then the hang: flat out,
     # a few seconds.
     "env_hang": [*DQN, "--learning-starts", "100", "--hang-env-after", "450",
