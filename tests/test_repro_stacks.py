@@ -46,8 +46,12 @@ def test_a_hung_synchronous_loop_is_worker_starvation_from_two_real_dumps(
                      "--batch", "16", "--credit", "40"], name="starved-learner")
     job = learner.announce()
     th = Thresholds(stall_window_s=WINDOW_S, min_history_s=0.5, startup_grace_s=1.0)
+    # Polled every 0.2 s, each poll given 1 s: at the default 0.16 s, loaded cores left the
+    # learner's server unanswered for polls on end, read (rightly) as `checkpointing`, a
+    # server holding its lock, and the starvation went unjudged for the test's 60 s.
     config = WatchConfig(targets=(job["reverb"],), trainer_pid=int(job["pid"]),
-                         poll=PollConfig(interval_s=POLL_S, history_s=300.0), thresholds=th)
+                         poll=PollConfig(interval_s=POLL_S, timeout_s=1.0, history_s=300.0),
+                         thresholds=th)
     seen: list[str] = []
     with build_sidecar(config, incidents_path=str(tmp_path / "incidents.db")) as core:
         deadline, starved, opened_at = time.monotonic() + 60, None, None
