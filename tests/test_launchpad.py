@@ -108,9 +108,12 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Program]]:
 def sidecar(stack: ExitStack, nodes: dict[str, dict[str, Any]], probes: bool) -> Sidecar:
     reverb = nodes["learner"]["reverb"].replace("localhost", "127.0.0.1")
     urls = sorted(n["probe"] for n in nodes.values()) if probes else []
+    # Polled every 0.25 s, each poll given 1 s: at the default 0.2 s, three slow answers in a
+    # row on loaded cores (0.75 s) read as probe_down on a healthy loop. The default 1 s
+    # interval gives a probe 3 s.
     config = WatchConfig(targets=(reverb,), probes=tuple(ProbeTarget(u, None) for u in urls),
                          thresholds=THRESHOLDS,
-                         poll=PollConfig(interval_s=POLL_S, history_s=300.0))
+                         poll=PollConfig(interval_s=POLL_S, timeout_s=1.0, history_s=300.0))
     return stack.enter_context(build_sidecar(config, incidents_path=":memory:"))
 
 
