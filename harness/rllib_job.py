@@ -388,7 +388,11 @@ def main(argv: list[str]) -> int:
 
 
 def trained_steps(result: dict[str, Any]) -> float:
-    """The env steps the learners trained on so far, as the row says (0 where it does not)."""
+    """The env steps the learners trained on so far, as the row says (0 where it does not).
+
+    The key replaywatch's row reader takes (ResultKeys.ENV_STEPS_TRAINED_LIFETIME), read
+    here by hand: the job imports nothing of replaywatch unless `--probe-listen` asks, as a
+    user's job would not."""
     counted = result.get("learners", {}).get("__all_modules__", {})
     return float(counted.get("num_env_steps_trained_lifetime", 0) or 0)
 
