@@ -124,9 +124,12 @@ def test_metrics_from_their_own_port_match_the_apis_and_end_with_the_sidecar(
                          str(tmp_path / "i.db"), "--metrics-listen", f"127.0.0.1:{mport}",
                          "--protect-metrics", env={"REPLAYWATCH_TOKEN": "s3cret"})
     url, auth = f"http://127.0.0.1:{mport}/metrics", {"Authorization": "Bearer s3cret"}
-    down = 'replaywatch_target_up{target="127.0.0.1:9"} 0.0'
-    text = wait_until(lambda: (r := get_text(url, 2, auth))[0] == 200 and down in r[1] and r[1],
-                      20)
+    # Once target_down has opened (after down_polls failed polls) the series stay the same
+    # from cycle to cycle; before it, the two renders may fall either side of its opening.
+    down = ('replaywatch_target_up{target="127.0.0.1:9"} 0.0',
+            'replaywatch_finding_active{kind="target_down"')
+    text = wait_until(lambda: (r := get_text(url, 2, auth))[0] == 200
+                      and all(d in r[1] for d in down) and r[1], 20)
     api = get_text(f"{base}/metrics", 2, auth)[1]
     # Both are the poller's render of a cycle: the same series, whichever cycle each caught.
     assert _series(text) == _series(api)
